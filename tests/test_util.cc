@@ -1,0 +1,83 @@
+#include "tests/test_util.h"
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+namespace cubist::testing {
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/cubist_test.XXXXXX";
+  char* p = ::mkdtemp(tmpl.data());
+  if (p == nullptr) {
+    ADD_FAILURE() << "mkdtemp failed";
+    std::abort();
+  }
+  path_ = p;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  // Objects in the cache are read-only; make everything writable before removal.
+  std::filesystem::remove_all(path_, ec);
+  if (ec) {
+    std::string cmd = "chmod -R u+w '" + path_ + "' && rm -rf '" + path_ + "'";
+    (void)std::system(cmd.c_str());
+  }
+}
+
+void WriteFileOrDie(const std::string& path, std::string_view data) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  if (!out) {
+    ADD_FAILURE() << "cannot write " << path;
+    std::abort();
+  }
+}
+
+std::string ReadFileOrDie(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    ADD_FAILURE() << "cannot read " << path;
+    std::abort();
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool FileExists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+
+std::string RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string out(n, '\0');
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>(rng() & 0xff);
+  return out;
+}
+
+int RunCommand(const std::string& command, std::string* output) {
+  std::string full = command + " 2>&1";
+  FILE* p = ::popen(full.c_str(), "r");
+  if (p == nullptr) return -1;
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = ::pclose(p);
+  if (output != nullptr) *output = std::move(out);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+}  // namespace cubist::testing
