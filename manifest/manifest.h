@@ -43,7 +43,9 @@ using ExtraFields = std::map<std::string, std::string>;
 struct Artifact {
   std::string path;    // relative, normalised, '/'-separated
   std::string sha256;  // 64 lowercase hex characters
-  uint64_t size = 0;   // bytes
+  // Bytes. Always present in a JSON manifest; absent for a FlashInfer checksums.txt,
+  // where the fetcher then caps the download at FetchOptions::max_unknown_size.
+  std::optional<uint64_t> size;
   ExtraFields extras;
 
   bool operator==(const Artifact&) const = default;
