@@ -4,6 +4,7 @@
 #ifndef CUBIST_BASE_STRINGS_H_
 #define CUBIST_BASE_STRINGS_H_
 
+#include <string>
 #include <string_view>
 
 #include "absl/strings/string_view.h"
@@ -12,6 +13,8 @@ namespace cubist {
 
 inline absl::string_view Sv(std::string_view s) { return {s.data(), s.size()}; }
 inline std::string_view Sv(absl::string_view s) { return {s.data(), s.size()}; }
+inline absl::string_view Sv(const std::string& s) { return {s.data(), s.size()}; }
+inline absl::string_view Sv(const char* s) { return absl::string_view(s); }
 
 }  // namespace cubist
 

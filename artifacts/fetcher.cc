@@ -1,0 +1,746 @@
+#include "artifacts/fetcher.h"
+
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "artifacts/curl_handles.h"
+#include "artifacts/group_commit.h"
+#include "artifacts/sources.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
+#include "base/strings.h"
+#include "base/unique_fd.h"
+
+namespace cubist {
+
+const char* FetchOutcomeName(FetchOutcome outcome) {
+  switch (outcome) {
+    case FetchOutcome::kCached: return "cached";
+    case FetchOutcome::kDownloaded: return "downloaded";
+    case FetchOutcome::kReused: return "reused";
+    case FetchOutcome::kFailed: return "failed";
+  }
+  return "?";
+}
+
+std::vector<FetchItem> PlanFetch(const Manifest& manifest,
+                                 const std::vector<std::string>& mirrors,
+                                 const std::vector<std::string>& filters) {
+  std::vector<std::string> bases = ArtifactBases(manifest, mirrors);
+  std::vector<FetchItem> items;
+  items.reserve(manifest.artifacts.size());
+  for (const Artifact& a : manifest.artifacts) {
+    if (!filters.empty()) {
+      bool match = std::any_of(filters.begin(), filters.end(), [&](const std::string& g) {
+        return ::fnmatch(g.c_str(), a.path.c_str(), 0) == 0;
+      });
+      if (!match) continue;
+    }
+    FetchItem item;
+    item.artifact = a;
+    for (const std::string& b : bases) item.urls.push_back(JoinUrl(b, a.path));
+    items.push_back(std::move(item));
+  }
+  return items;
+}
+
+namespace {
+
+// Ranks failure codes for the report: the first listed is the most serious.
+int Severity(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kDataLoss: return 6;
+    case absl::StatusCode::kResourceExhausted: return 5;
+    case absl::StatusCode::kPermissionDenied: return 4;
+    case absl::StatusCode::kDeadlineExceeded: return 3;
+    case absl::StatusCode::kUnavailable: return 2;
+    case absl::StatusCode::kNotFound: return 1;
+    default: return 0;
+  }
+}
+
+// One artifact's state across all its attempts. Owned by the worker that took it.
+struct Job {
+  const FetchItem* item = nullptr;
+  ArtifactResult* result = nullptr;
+  size_t source = 0;          // index into item->urls
+  int attempts_here = 0;      // failed attempts on the current source
+  std::vector<std::string> source_errors;
+  absl::StatusCode worst = absl::StatusCode::kOk;
+  FileLock lock;
+  UniqueFd fd;                // the temp file
+  Sha256 hasher;              // state covers the first `offset` bytes of the temp file
+  uint64_t offset = 0;
+  bool resumed = false;       // some bytes came from an earlier attempt
+  bool restarted = false;     // already retried from byte 0 after a resumed mismatch
+  bool waited_for_lock = false;
+  absl::Time ready_at = absl::InfinitePast();
+  absl::Time lock_wait_started = absl::InfinitePast();
+  absl::Duration lock_poll = absl::Milliseconds(5);
+};
+
+// One HTTP(S) or file transfer of a Job.
+struct Transfer {
+  Job* job = nullptr;
+  CurlEasy easy;
+  std::string url;
+  uint64_t start_offset = 0;
+  uint64_t received = 0;
+  uint64_t limit = 0;  // most bytes the whole file may have
+  bool status_checked = false;
+  bool discard = false;      // an error body
+  bool oversize = false;
+  bool bad_range = false;
+  bool range_ignored = false;
+  int write_errno = 0;
+  std::optional<uint64_t> content_range_start;
+  std::optional<absl::Duration> retry_after;
+  char errbuf[CURL_ERROR_SIZE] = {0};
+  FetchProgress* progress = nullptr;
+};
+
+struct Shared {
+  const Store& store;
+  const FetchOptions& options;
+  std::vector<Job>& jobs;
+  std::vector<size_t> todo;  // indices into jobs that need work
+  std::atomic<size_t> next{0};
+  GroupCommitter& committer;
+  FetchProgress* progress;
+  int per_worker;
+};
+
+std::string CaBundleFromEnv() {
+  for (const char* v : {"CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
+    const char* s = std::getenv(v);
+    if (s != nullptr && *s != '\0') return s;
+  }
+  return "";
+}
+
+class Worker {
+ public:
+  explicit Worker(Shared& shared)
+      : s_(shared), multi_(curl_multi_init()), rng_(std::random_device{}()) {
+    curl_multi_setopt(multi_.get(), CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
+    ca_bundle_ = CaBundleFromEnv();
+    const char* ca_dir = std::getenv("SSL_CERT_DIR");
+    if (ca_dir != nullptr) ca_dir_ = ca_dir;
+  }
+
+  void Run() {
+    for (;;) {
+      absl::Time now = absl::Now();
+      // Jobs waiting for a backoff or a lock whose time has come.
+      for (size_t i = 0; i < waiting_.size() && active_ < s_.per_worker;) {
+        if (waiting_[i]->ready_at <= now) {
+          Job* job = waiting_[i];
+          waiting_.erase(waiting_.begin() + static_cast<long>(i));
+          Step(job);
+        } else {
+          ++i;
+        }
+      }
+      while (active_ < s_.per_worker) {
+        size_t k = s_.next.fetch_add(1);
+        if (k >= s_.todo.size()) break;
+        Step(&s_.jobs[s_.todo[k]]);
+      }
+      if (active_ == 0 && waiting_.empty() && s_.next.load() >= s_.todo.size()) return;
+
+      int running = 0;
+      curl_multi_perform(multi_.get(), &running);
+      int queued = 0;
+      while (CURLMsg* msg = curl_multi_info_read(multi_.get(), &queued)) {
+        if (msg->msg != CURLMSG_DONE) continue;
+        Transfer* t = nullptr;
+        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, reinterpret_cast<char**>(&t));
+        CURLcode rc = msg->data.result;
+        curl_multi_remove_handle(multi_.get(), msg->easy_handle);
+        --active_;
+        std::unique_ptr<Transfer> owned(t);
+        OnDone(*owned, rc);
+      }
+      int timeout_ms = 100;
+      if (!waiting_.empty()) {
+        absl::Time soonest = absl::InfiniteFuture();
+        for (Job* j : waiting_) soonest = std::min(soonest, j->ready_at);
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(
+            absl::ToInt64Milliseconds(soonest - absl::Now()), 0, 100));
+      }
+      if (active_ > 0) {
+        curl_multi_poll(multi_.get(), nullptr, 0, timeout_ms, nullptr);
+      } else if (timeout_ms > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+      }
+    }
+  }
+
+ private:
+  const Artifact& A(const Job* job) const { return job->item->artifact; }
+
+  void Finish(Job* job, FetchOutcome outcome) {
+    job->result->outcome = outcome;
+    job->result->status = absl::OkStatus();
+    job->lock.Release();
+    if (s_.progress != nullptr) s_.progress->files_done.fetch_add(1);
+  }
+
+  void DropTemp(Job* job) {
+    if (job->fd.valid()) {
+      job->fd.Reset();
+      ::unlink(s_.store.TempPath(A(job).sha256).c_str());
+    }
+    job->hasher.Finish();
+    job->offset = 0;
+    job->resumed = false;
+  }
+
+  void Fail(Job* job, absl::Status status) {
+    DropTemp(job);
+    job->lock.Release();
+    job->result->outcome = FetchOutcome::kFailed;
+    job->result->status = std::move(status);
+    if (s_.progress != nullptr) s_.progress->files_failed.fetch_add(1);
+  }
+
+  // Combines the per-source errors into the artifact's final error.
+  void FailAllSources(Job* job) {
+    std::string msg;
+    if (job->source_errors.size() == 1) {
+      msg = absl::StrCat("fetch ", A(job).path, " ", job->source_errors[0]);
+    } else {
+      msg = absl::StrCat("fetch ", A(job).path, ": all ", job->source_errors.size(),
+                         " sources failed: ", absl::StrJoin(job->source_errors, "; "));
+    }
+    absl::StatusCode code =
+        job->worst == absl::StatusCode::kOk ? absl::StatusCode::kUnavailable : job->worst;
+    Fail(job, absl::Status(code, msg));
+  }
+
+  void NextSource(Job* job, absl::StatusCode code, std::string error) {
+    job->source_errors.push_back(std::move(error));
+    if (Severity(code) > Severity(job->worst)) job->worst = code;
+    job->source++;
+    job->attempts_here = 0;
+    if (job->source >= job->item->urls.size()) {
+      FailAllSources(job);
+      return;
+    }
+    job->ready_at = absl::Now();
+    waiting_.push_back(job);
+  }
+
+  void Retry(Job* job, absl::StatusCode code, const std::string& error,
+             std::optional<absl::Duration> retry_after) {
+    job->attempts_here++;
+    if (job->attempts_here >= s_.options.attempts_per_source) {
+      NextSource(job, code,
+                 absl::StrCat(error, " (", job->attempts_here, " attempts)"));
+      return;
+    }
+    absl::Duration delay;
+    if (retry_after.has_value()) {
+      delay = std::min(*retry_after, s_.options.retry_after_max);
+    } else {
+      // Full jitter around an exponential schedule, so that many ranks that failed
+      // together do not retry together.
+      absl::Duration cap = std::min(
+          s_.options.backoff_base * (1 << std::min(job->attempts_here - 1, 16)),
+          s_.options.backoff_max);
+      std::uniform_real_distribution<double> u(0.5, 1.0);
+      delay = cap * u(rng_);
+    }
+    job->ready_at = absl::Now() + delay;
+    waiting_.push_back(job);
+  }
+
+  // Advances a job: cached check, lock, second look, temp file, transfer.
+  void Step(Job* job) {
+    const Artifact& a = A(job);
+    if (!job->lock.held()) {
+      ObjectState state = s_.store.Probe(a.sha256, a.size);
+      if (state == ObjectState::kPresent) {
+        Finish(job, job->waited_for_lock ? FetchOutcome::kReused : FetchOutcome::kCached);
+        return;
+      }
+      if (s_.options.offline) {
+        Fail(job, absl::NotFoundError(absl::StrCat(
+                      "fetch ", a.path, ": not in the cache, and --offline forbids the "
+                      "network; fetch it where the network is reachable, or copy the "
+                      "cache directory to this node")));
+        return;
+      }
+      auto lock = s_.store.TryLockObject(a.sha256);
+      if (!lock.ok()) {
+        Fail(job, Annotate(lock.status(), absl::StrCat("fetch ", a.path)));
+        return;
+      }
+      if (!lock->held()) {
+        absl::Time now = absl::Now();
+        if (!job->waited_for_lock) {
+          job->waited_for_lock = true;
+          job->lock_wait_started = now;
+        } else if (now - job->lock_wait_started > s_.options.lock_timeout) {
+          Fail(job, absl::DeadlineExceededError(absl::StrCat(
+                        "fetch ", a.path, ": another process has held ",
+                        s_.store.LockPath(a.sha256), " for ",
+                        absl::FormatDuration(s_.options.lock_timeout),
+                        "; if no cubist process is running, delete that file")));
+          return;
+        }
+        job->ready_at = now + job->lock_poll;
+        job->lock_poll = std::min(job->lock_poll * 2, absl::Milliseconds(100));
+        waiting_.push_back(job);
+        return;
+      }
+      job->lock = *std::move(lock);
+      // The second look: another process may have published while we took the lock.
+      state = s_.store.Probe(a.sha256, a.size);
+      if (state == ObjectState::kPresent) {
+        Finish(job, job->waited_for_lock ? FetchOutcome::kReused : FetchOutcome::kCached);
+        return;
+      }
+      if (state != ObjectState::kMissing) {
+        // Wrong size or something planted there: never trust it, replace it.
+        absl::Status rm = s_.store.Remove(a.sha256);
+        if (!rm.ok()) {
+          Fail(job, Annotate(rm, absl::StrCat("fetch ", a.path)));
+          return;
+        }
+      }
+      absl::Status opened = OpenTemp(job);
+      if (!opened.ok()) {
+        Fail(job, Annotate(opened, absl::StrCat("fetch ", a.path)));
+        return;
+      }
+    }
+    StartTransfer(job);
+  }
+
+  // Opens the object's temp file. A partial file left by a killed process is resumed:
+  // its bytes are hashed again (the new hasher must cover them) and the transfer asks
+  // for the rest. Only the lock holder gets here, so nobody else writes this file.
+  absl::Status OpenTemp(Job* job) {
+    const Artifact& a = A(job);
+    std::string path = s_.store.TempPath(a.sha256);
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
+    uint64_t existing = static_cast<uint64_t>(st.st_size);
+    job->hasher.Finish();
+    job->offset = 0;
+    if (existing > 0 && (!a.size.has_value() || existing < *a.size)) {
+      std::vector<char> buf(1 << 20);
+      uint64_t done = 0;
+      while (done < existing) {
+        ssize_t n = ::pread(fd.get(), buf.data(), buf.size(), static_cast<off_t>(done));
+        if (n <= 0) break;
+        job->hasher.Update(buf.data(), static_cast<size_t>(n));
+        done += static_cast<uint64_t>(n);
+      }
+      if (done == existing) {
+        job->offset = existing;
+        job->resumed = true;
+      } else {
+        job->hasher.Finish();
+      }
+    }
+    if (job->offset == 0 && existing > 0 && ::ftruncate(fd.get(), 0) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("truncate ", path));
+    }
+    if (::lseek(fd.get(), static_cast<off_t>(job->offset), SEEK_SET) < 0) {
+      return ErrnoToStatus(errno, absl::StrCat("seek ", path));
+    }
+    job->fd = std::move(fd);
+    return absl::OkStatus();
+  }
+
+  void Restart(Job* job) {
+    job->hasher.Finish();
+    job->offset = 0;
+    job->resumed = false;
+    if (::ftruncate(job->fd.get(), 0) != 0 || ::lseek(job->fd.get(), 0, SEEK_SET) < 0) {
+      Fail(job, ErrnoToStatus(errno, absl::StrCat("fetch ", A(job).path, ": truncate")));
+    }
+  }
+
+  static size_t OnHeader(char* data, size_t size, size_t n, void* user) {
+    auto* t = static_cast<Transfer*>(user);
+    std::string_view line(data, size * n);
+    if (absl::StartsWith(Sv(line), "HTTP/")) {
+      t->content_range_start.reset();
+      t->retry_after.reset();
+    } else if (absl::StartsWithIgnoreCase(Sv(line), "content-range:")) {
+      // "Content-Range: bytes 100-199/200"
+      std::string_view v = line.substr(14);
+      size_t b = v.find("bytes");
+      if (b != std::string_view::npos) {
+        v = v.substr(b + 5);
+        absl::string_view start = absl::StripAsciiWhitespace(Sv(v.substr(0, v.find('-'))));
+        uint64_t x;
+        if (absl::SimpleAtoi(start, &x)) t->content_range_start = x;
+      }
+    } else if (absl::StartsWithIgnoreCase(Sv(line), "retry-after:")) {
+      int64_t secs;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(Sv(line.substr(12))), &secs) &&
+          secs >= 0) {
+        t->retry_after = absl::Seconds(secs);
+      }
+    }
+    return size * n;
+  }
+
+  // Decides, at the first body byte (or at the end for an empty body), what the
+  // response is: an error page to discard, a range answer to check, or data.
+  static bool CheckStatus(Transfer* t) {
+    if (t->status_checked) return true;
+    t->status_checked = true;
+    long code = 0;
+    curl_easy_getinfo(t->easy.get(), CURLINFO_RESPONSE_CODE, &code);
+    bool is_file = absl::StartsWithIgnoreCase(Sv(t->url), "file://");
+    if (!is_file && (code < 200 || code >= 300)) {
+      t->discard = true;
+      return true;
+    }
+    Job* job = t->job;
+    if (job->offset > 0 && !is_file) {
+      if (code == 200) {
+        // The server ignored Range and sends the whole file: start over.
+        t->range_ignored = true;
+        job->hasher.Finish();
+        job->offset = 0;
+        t->start_offset = 0;
+        if (::ftruncate(job->fd.get(), 0) != 0 || ::lseek(job->fd.get(), 0, SEEK_SET) < 0) {
+          t->write_errno = errno;
+          return false;
+        }
+      } else if (code == 206 && t->content_range_start != job->offset) {
+        t->bad_range = true;  // answered a range we did not ask for
+        return false;
+      }
+    }
+    return true;
+  }
+
+  static size_t OnWrite(char* data, size_t size, size_t n, void* user) {
+    auto* t = static_cast<Transfer*>(user);
+    size_t len = size * n;
+    if (!CheckStatus(t)) return 0;
+    if (t->discard) return len;
+    Job* job = t->job;
+    if (job->offset + t->received + len > t->limit) {
+      t->oversize = true;  // stop at the declared size + 1 byte: never store more
+      return 0;
+    }
+    size_t off = 0;
+    while (off < len) {
+      ssize_t w = ::write(job->fd.get(), data + off, len - off);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        t->write_errno = errno;
+        return 0;
+      }
+      off += static_cast<size_t>(w);
+    }
+    job->hasher.Update(data, len);
+    t->received += len;
+    if (t->progress != nullptr) t->progress->bytes_received.fetch_add(len);
+    return len;
+  }
+
+  void StartTransfer(Job* job) {
+    auto t = std::make_unique<Transfer>();
+    t->job = job;
+    t->url = job->item->urls[job->source];
+    t->start_offset = job->offset;
+    t->progress = s_.progress;
+    const Artifact& a = A(job);
+    t->limit = a.size.has_value() ? *a.size : s_.options.max_unknown_size;
+    t->easy.reset(curl_easy_init());
+    CURL* e = t->easy.get();
+    curl_easy_setopt(e, CURLOPT_URL, t->url.c_str());
+    curl_easy_setopt(e, CURLOPT_PRIVATE, t.get());
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &Worker::OnWrite);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, t.get());
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &Worker::OnHeader);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get());
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(e, CURLOPT_MAXREDIRS, static_cast<long>(s_.options.max_redirects));
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https,file");
+    curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
+                     static_cast<long>(absl::ToInt64Milliseconds(s_.options.connect_timeout)));
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, static_cast<long>(s_.options.low_speed_bytes));
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME,
+                     static_cast<long>(std::max<int64_t>(
+                         1, absl::ToInt64Seconds(s_.options.low_speed_time))));
+    curl_easy_setopt(e, CURLOPT_USERAGENT, "cubist/0.1");
+    curl_easy_setopt(e, CURLOPT_PIPEWAIT, 1L);
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 256L * 1024L);
+    if (!ca_bundle_.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ca_bundle_.c_str());
+    if (!ca_dir_.empty()) curl_easy_setopt(e, CURLOPT_CAPATH, ca_dir_.c_str());
+    if (job->offset > 0) {
+      curl_easy_setopt(e, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(job->offset));
+    }
+    job->result->attempts++;
+    if (curl_multi_add_handle(multi_.get(), e) != CURLM_OK) {
+      Fail(job, absl::InternalError(absl::StrCat("fetch ", a.path, ": curl_multi_add_handle")));
+      return;
+    }
+    ++active_;
+    t.release();  // owned by the multi handle until CURLMSG_DONE
+  }
+
+  static bool Transient(CURLcode rc) {
+    switch (rc) {
+      case CURLE_COULDNT_CONNECT:
+      case CURLE_COULDNT_RESOLVE_HOST:
+      case CURLE_COULDNT_RESOLVE_PROXY:
+      case CURLE_OPERATION_TIMEDOUT:
+      case CURLE_RECV_ERROR:
+      case CURLE_SEND_ERROR:
+      case CURLE_PARTIAL_FILE:
+      case CURLE_GOT_NOTHING:
+      case CURLE_HTTP2:
+      case CURLE_HTTP2_STREAM:
+      case CURLE_SSL_CONNECT_ERROR:
+      case CURLE_WEIRD_SERVER_REPLY:
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  void OnDone(Transfer& t, CURLcode rc) {
+    Job* job = t.job;
+    const Artifact& a = A(job);
+    job->result->bytes_received += t.received;
+    if (rc == CURLE_OK || t.received > 0) CheckStatus(&t);
+    long code = 0;
+    curl_easy_getinfo(t.easy.get(), CURLINFO_RESPONSE_CODE, &code);
+    std::string from = absl::StrCat("from ", t.url);
+
+    if (t.write_errno != 0) {
+      Fail(job, ErrnoToStatus(t.write_errno,
+                              absl::StrCat("fetch ", a.path, ": write ",
+                                           s_.store.TempPath(a.sha256))));
+      return;
+    }
+    if (t.oversize) {
+      DropTemp(job);
+      job->fd = UniqueFd();
+      ReopenAfterDrop(job);
+      NextSource(job, absl::StatusCode::kDataLoss,
+                 absl::StrCat(from, ": the server sent more than the declared ", t.limit,
+                              " bytes; stopped there; the source serves a different file, "
+                              "try --mirror or report it"));
+      return;
+    }
+    if (t.bad_range) {
+      Restart(job);
+      if (job->lock.held()) {
+        Retry(job, absl::StatusCode::kUnavailable,
+              absl::StrCat(from, ": answered a different byte range than requested"),
+              std::nullopt);
+      }
+      return;
+    }
+    job->offset += t.received;
+    if (t.received > 0 && t.start_offset > 0) job->resumed = true;
+
+    if (rc != CURLE_OK) {
+      std::string why = t.errbuf[0] != '\0' ? t.errbuf : curl_easy_strerror(rc);
+      if (rc == CURLE_FILE_COULDNT_READ_FILE) {
+        NextSource(job, absl::StatusCode::kNotFound, absl::StrCat(from, ": ", why));
+      } else if (rc == CURLE_RANGE_ERROR || rc == CURLE_BAD_DOWNLOAD_RESUME) {
+        Restart(job);
+        if (job->lock.held()) {
+          Retry(job, absl::StatusCode::kUnavailable, absl::StrCat(from, ": ", why),
+                std::nullopt);
+        }
+      } else if (Transient(rc)) {
+        Retry(job, absl::StatusCode::kUnavailable, absl::StrCat(from, ": ", why),
+              std::nullopt);
+      } else {
+        NextSource(job, absl::StatusCode::kUnavailable, absl::StrCat(from, ": ", why));
+      }
+      return;
+    }
+    if (t.discard) {
+      std::string why = absl::StrCat(from, ": HTTP ", code);
+      if (code == 404 || code == 410) {
+        NextSource(job, absl::StatusCode::kNotFound, absl::StrCat(why, " (not found)"));
+      } else if (code == 408 || code == 429 || code >= 500) {
+        Retry(job, absl::StatusCode::kUnavailable, why, t.retry_after);
+      } else if (code == 416) {
+        Restart(job);
+        if (job->lock.held()) Retry(job, absl::StatusCode::kUnavailable, why, std::nullopt);
+      } else {
+        NextSource(job, absl::StatusCode::kUnavailable, why);
+      }
+      return;
+    }
+    uint64_t total = job->offset;
+    if (a.size.has_value() && total != *a.size) {
+      DropTemp(job);
+      ReopenAfterDrop(job);
+      NextSource(job, absl::StatusCode::kDataLoss,
+                 absl::StrCat(from, ": size mismatch: expected ", *a.size, " bytes, got ",
+                              total, "; the source serves a different file, try --mirror "
+                              "or report it"));
+      return;
+    }
+    std::string got = ToHex(job->hasher.Finish());
+    if (got != a.sha256) {
+      if (job->resumed && !job->restarted) {
+        // The bytes before the resume point may be stale; one clean try first.
+        job->restarted = true;
+        Restart(job);
+        if (job->lock.held()) {
+          job->ready_at = absl::Now();
+          waiting_.push_back(job);
+        }
+        return;
+      }
+      DropTemp(job);
+      ReopenAfterDrop(job);
+      NextSource(job, absl::StatusCode::kDataLoss,
+                 absl::StrCat(from, ": sha256 mismatch: expected ", a.sha256, ", got ",
+                              got, " (", total, " bytes); the mirror serves a different "
+                              "file, try --mirror or report it"));
+      return;
+    }
+    // Verified: hand over to the group committer, which publishes and unlocks.
+    job->result->url = t.url;
+    GroupCommitter::Pending p;
+    p.sha256 = a.sha256;
+    p.temp_path = s_.store.TempPath(a.sha256);
+    p.fd = std::move(job->fd);
+    p.lock = std::move(job->lock);
+    ArtifactResult* result = job->result;
+    FetchProgress* progress = s_.progress;
+    std::string path = a.path;
+    p.done = [result, progress, path](absl::Status st) {
+      if (st.ok()) {
+        result->outcome = FetchOutcome::kDownloaded;
+        result->status = absl::OkStatus();
+        if (progress != nullptr) progress->files_done.fetch_add(1);
+      } else {
+        result->outcome = FetchOutcome::kFailed;
+        result->status = Annotate(st, absl::StrCat("fetch ", path));
+        if (progress != nullptr) progress->files_failed.fetch_add(1);
+      }
+    };
+    s_.committer.Submit(std::move(p));
+  }
+
+  // After a mismatch the temp file is gone; the next source starts a fresh one.
+  void ReopenAfterDrop(Job* job) {
+    absl::Status s = OpenTemp(job);
+    if (!s.ok()) Fail(job, Annotate(s, absl::StrCat("fetch ", A(job).path)));
+  }
+
+  Shared& s_;
+  CurlMulti multi_;
+  std::mt19937_64 rng_;
+  std::deque<Job*> waiting_;
+  int active_ = 0;
+  std::string ca_bundle_;
+  std::string ca_dir_;
+};
+
+}  // namespace
+
+FetchReport FetchArtifacts(const Store& store, const std::vector<FetchItem>& items,
+                           const FetchOptions& options, FetchProgress* progress) {
+  absl::Time start = absl::Now();
+  FetchReport report;
+  report.results.resize(items.size());
+  std::vector<Job> jobs(items.size());
+  std::vector<size_t> todo;
+  // Pass one, on this thread: what is already present needs no lock, no thread and no
+  // network (a warm start of an engine takes only this path).
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Artifact& a = items[i].artifact;
+    ArtifactResult& r = report.results[i];
+    r.path = a.path;
+    r.sha256 = a.sha256;
+    jobs[i].item = &items[i];
+    jobs[i].result = &r;
+    if (store.Probe(a.sha256, a.size) == ObjectState::kPresent) {
+      r.outcome = FetchOutcome::kCached;
+    } else {
+      todo.push_back(i);
+    }
+  }
+  if (progress != nullptr) {
+    progress->files_total = todo.size();
+    for (size_t i : todo) progress->bytes_total += items[i].artifact.size.value_or(0);
+  }
+  if (!todo.empty()) {
+    EnsureCurlInitialized();
+    GroupCommitter committer(store, options.durable);
+    int threads = options.threads > 0
+                      ? options.threads
+                      : static_cast<int>(std::min(4u, std::max(1u, std::thread::hardware_concurrency())));
+    int jobs_total = std::max(1, options.jobs);
+    threads = std::clamp(threads, 1, std::min<int>(jobs_total, static_cast<int>(todo.size())));
+    Shared shared{store, options, jobs, std::move(todo), {}, committer, progress,
+                  (jobs_total + threads - 1) / threads};
+    std::vector<std::thread> pool;
+    for (int i = 0; i < threads; ++i) {
+      pool.emplace_back([&shared] { Worker(shared).Run(); });
+    }
+    for (auto& t : pool) t.join();
+    // ~GroupCommitter publishes what is still queued before we read the results.
+  }
+  absl::Status first_failure;
+  absl::StatusCode worst = absl::StatusCode::kOk;
+  for (const ArtifactResult& r : report.results) {
+    report.bytes_received += r.bytes_received;
+    switch (r.outcome) {
+      case FetchOutcome::kCached: ++report.cached; break;
+      case FetchOutcome::kDownloaded: ++report.downloaded; break;
+      case FetchOutcome::kReused: ++report.reused; break;
+      case FetchOutcome::kFailed:
+        ++report.failed;
+        if (first_failure.ok()) first_failure = r.status;
+        if (Severity(r.status.code()) > Severity(worst) || worst == absl::StatusCode::kOk) {
+          worst = r.status.code();
+        }
+        break;
+    }
+  }
+  if (report.failed > 0) {
+    report.status = absl::Status(
+        worst, report.failed == 1
+                   ? std::string(first_failure.message())
+                   : absl::StrCat(report.failed, " of ", items.size(),
+                                  " artifacts failed; first: ", first_failure.message()));
+  }
+  report.elapsed = absl::Now() - start;
+  return report;
+}
+
+}  // namespace cubist

@@ -1,0 +1,38 @@
+// Where an artifact can be fetched from: the mirrors the user named (--mirror), then
+// the manifest's base_urls, then the directory the manifest itself came from. Each
+// base is an http(s):// or file:// URL or a local directory path.
+#ifndef CUBIST_ARTIFACTS_SOURCES_H_
+#define CUBIST_ARTIFACTS_SOURCES_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cubist {
+
+struct Manifest;
+
+// True for http://, https:// and file:// locations.
+bool IsUrl(std::string_view location);
+bool IsNetworkUrl(std::string_view location);  // http:// or https://
+
+// The directory part of a manifest location, as a base for relative artifact paths:
+// "https://h/a/manifest.json" -> "https://h/a/", "/srv/repo/manifest.json" ->
+// "file:///srv/repo/".
+std::string LocationBase(std::string_view manifest_location);
+
+// Turns a local directory path into a file:// URL base ending in '/'; URLs are returned
+// with a trailing '/' added when missing.
+std::string NormalizeBase(std::string_view base);
+
+// base + the artifact's path with each segment percent-encoded (RFC 3986 unreserved
+// characters kept).
+std::string JoinUrl(std::string_view base, std::string_view relative_path);
+
+// The ordered, de-duplicated list of bases for a manifest.
+std::vector<std::string> ArtifactBases(const Manifest& manifest,
+                                       const std::vector<std::string>& mirrors);
+
+}  // namespace cubist
+
+#endif  // CUBIST_ARTIFACTS_SOURCES_H_

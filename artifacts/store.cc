@@ -1,0 +1,138 @@
+#include "artifacts/store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "base/file_util.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
+#include "base/strings.h"
+#include "manifest/manifest.h"
+
+namespace cubist {
+
+absl::StatusOr<Store> Store::Open(const std::string& root, bool create) {
+  if (root.empty()) return absl::InvalidArgumentError("cache directory: empty path");
+  if (!create) {
+    struct stat st;
+    if (::stat(root.c_str(), &st) != 0) {
+      return absl::NotFoundError(absl::StrCat(
+          "cache ", root, ": does not exist; run 'cubist fetch' first or pass --cache"));
+    }
+    return Store(root);
+  }
+  for (const char* sub : {"", "/objects/sha256", "/tmp", "/locks", "/manifests", "/state"}) {
+    absl::Status s = MakeDirs(root + sub);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("cache ", root, ": ", s.message(),
+                                                 "; choose a writable directory with "
+                                                 "--cache or CUBIST_CACHE_DIR"));
+    }
+  }
+  if (::access(root.c_str(), W_OK) != 0 || ::access((root + "/tmp").c_str(), W_OK) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cache ", root, ": not writable by this user; choose a writable directory with "
+        "--cache or CUBIST_CACHE_DIR"));
+  }
+  return Store(root);
+}
+
+std::string Store::ObjectPath(std::string_view sha256) const {
+  return absl::StrCat(root_, "/objects/sha256/", Sv(sha256.substr(0, 2)), "/", Sv(sha256));
+}
+std::string Store::TempPath(std::string_view sha256) const {
+  return absl::StrCat(root_, "/tmp/", Sv(sha256), ".part");
+}
+std::string Store::LockPath(std::string_view sha256) const {
+  return absl::StrCat(root_, "/locks/", Sv(sha256), ".lock");
+}
+
+ObjectState Store::Probe(std::string_view sha256, std::optional<uint64_t> size,
+                         uint64_t* actual_size) const {
+  struct stat st;
+  if (::lstat(ObjectPath(sha256).c_str(), &st) != 0) return ObjectState::kMissing;
+  if (!S_ISREG(st.st_mode)) return ObjectState::kNotRegular;
+  if (actual_size != nullptr) *actual_size = static_cast<uint64_t>(st.st_size);
+  if (size.has_value() && static_cast<uint64_t>(st.st_size) != *size) {
+    return ObjectState::kWrongSize;
+  }
+  return ObjectState::kPresent;
+}
+
+absl::StatusOr<FileLock> Store::LockObject(std::string_view sha256,
+                                           absl::Duration timeout) const {
+  return FileLock::Acquire(LockPath(sha256), timeout);
+}
+
+absl::StatusOr<FileLock> Store::TryLockObject(std::string_view sha256) const {
+  return FileLock::TryAcquire(LockPath(sha256));
+}
+
+absl::Status Store::Publish(const std::string& temp_path, std::string_view sha256) const {
+  std::string dest = ObjectPath(sha256);
+  CUBIST_RETURN_IF_ERROR(MakeDirs(DirName(dest)));
+  if (::chmod(temp_path.c_str(), 0444) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("chmod ", temp_path));
+  }
+  // Something planted at the object's path (a symlink, a directory) must not survive:
+  // rename() replaces a file or link atomically, but not a directory.
+  struct stat st;
+  if (::lstat(dest.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dest, ": a directory stands where a cache object belongs; remove it"));
+  }
+  if (::rename(temp_path.c_str(), dest.c_str()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("rename into ", dest));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::SyncObjectDir(std::string_view sha256) const {
+  return SyncDir(DirName(ObjectPath(sha256)));
+}
+
+absl::Status Store::Remove(std::string_view sha256) const {
+  std::string path = ObjectPath(sha256);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, absl::StrCat("remove ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::KeepManifest(const Manifest& manifest, std::string_view bytes) const {
+  if (manifest.name.empty()) return absl::OkStatus();
+  return WriteFileAtomically(absl::StrCat(ManifestsDir(), "/", manifest.name, ".json"),
+                             bytes);
+}
+
+absl::StatusOr<std::vector<std::string>> Store::ListObjects() const {
+  std::vector<std::string> out;
+  std::string base = root_ + "/objects/sha256";
+  DIR* top = ::opendir(base.c_str());
+  if (top == nullptr) {
+    if (errno == ENOENT) return out;
+    return ErrnoToStatus(errno, absl::StrCat("list ", base));
+  }
+  while (dirent* shard = ::readdir(top)) {
+    std::string name = shard->d_name;
+    if (name.size() != 2) continue;
+    std::string dir = base + "/" + name;
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) continue;
+    while (dirent* e = ::readdir(d)) {
+      std::string obj = e->d_name;
+      if (obj == "." || obj == "..") continue;
+      out.push_back(obj);
+    }
+    ::closedir(d);
+  }
+  ::closedir(top);
+  return out;
+}
+
+}  // namespace cubist

@@ -1,0 +1,103 @@
+#include "base/file_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "base/unique_fd.h"
+
+namespace cubist {
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, uint64_t max_bytes) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
+  std::string out;
+  struct stat st;
+  if (::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) &&
+      static_cast<uint64_t>(st.st_size) <= max_bytes) {
+    out.reserve(static_cast<size_t>(st.st_size));
+  }
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, absl::StrCat(path, ": read failed"));
+    }
+    if (n == 0) break;
+    if (out.size() + static_cast<uint64_t>(n) > max_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": larger than the limit of ", max_bytes, " bytes; is this the right file?"));
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+std::string DirName(std::string_view path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string_view::npos) return ".";
+  if (slash == 0) return "/";
+  return std::string(path.substr(0, slash));
+}
+
+absl::Status SyncDir(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open directory ", path));
+  if (::fsync(fd.get()) != 0 && errno != EINVAL) {
+    return ErrnoToStatus(errno, absl::StrCat("fsync directory ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MakeDirs(const std::string& path, mode_t mode) {
+  if (path.empty()) return absl::OkStatus();
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": exists and is not a directory; move it away"));
+  }
+  std::string parent = DirName(path);
+  if (parent != path && parent != "." && parent != "/") {
+    absl::Status s = MakeDirs(parent, mode);
+    if (!s.ok()) return s;
+  }
+  if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) {
+    return ErrnoToStatus(errno, absl::StrCat("create directory ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, std::string_view data,
+                                 mode_t mode) {
+  std::string dir = DirName(path);
+  std::random_device rd;
+  std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", rd());
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode));
+  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("write ", path));
+  auto fail = [&](int err, const char* what) {
+    ::unlink(tmp.c_str());
+    return ErrnoToStatus(err, absl::StrCat(what, " ", path));
+  };
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return fail(errno, "write");
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (::fchmod(fd.get(), mode) != 0) return fail(errno, "chmod");
+  if (::fsync(fd.get()) != 0) return fail(errno, "fsync");
+  fd.Reset();
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail(errno, "rename into");
+  return SyncDir(dir);
+}
+
+}  // namespace cubist
