@@ -79,10 +79,12 @@ struct KernelInfo {
 
 // One image: an ELF cubin, or a PTX text, possibly inside a fatbin.
 struct ImageInfo {
-  enum class Kind : uint8_t { kCubin, kPtx };
+  enum class Kind : uint8_t { kCubin, kPtx, kOther /* e.g. LTO IR */ };
   Kind kind = Kind::kCubin;
   SmTarget sm;              // for PTX: the virtual architecture (compute_XY)
   bool compressed = false;  // fatbin entry stored compressed (contents not inspected)
+  uint32_t fatbin_kind = 0; // the fatbin entry's kind field (1 PTX, 2 ELF), 0 for a cubin
+  uint64_t fatbin_flags = 0;  // the fatbin entry's flags (0x100000 `a`, 0x200000 `f`)
   uint64_t offset = 0;      // of the image's bytes within the inspected buffer
   uint64_t size = 0;        // bytes of the image as stored
 

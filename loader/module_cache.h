@@ -154,11 +154,14 @@ class ModuleCache {
   static constexpr uint32_t kMaxChunks = 4096;  // about 4 million ids of each kind
 
   ModuleCache(DriverApi& driver, CUcontext context, DeviceSm sm, Options options);
-  absl::StatusOr<ImageId> AddImageSlot(std::unique_ptr<ImageSlot> slot);
-  ImageSlot* image_slot(ImageId id) const;
-  FunctionSlot* function_slot(FunctionId id) const;
-  absl::Status EnsureLoaded(ImageSlot& image);
-  absl::StatusOr<CUfunction> Resolve(FunctionSlot& fn);
+  absl::StatusOr<ImageId> AddImageSlot(std::string name, std::string bytes, bool from_file,
+                                       ImageOptions options);
+  ImageSlot* image_slot(uint32_t index) const;
+  FunctionSlot* function_slot(uint32_t index) const;
+  // Both run with the image's mutex held.
+  absl::Status EnsureLoadedLocked(ImageSlot& image);
+  absl::StatusOr<CUfunction> ResolveLocked(ImageSlot& image, FunctionSlot& fn);
+  absl::StatusOr<CUfunction> ResolveSlow(FunctionSlot& fn);
 
   DriverApi* driver_;
   CUcontext context_;
