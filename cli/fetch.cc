@@ -1,7 +1,179 @@
-// PENDING: replaced by the real subcommand before commit.
+// cubist fetch: brings a manifest's artifacts into the cache, verified.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_format.h"
+#include "artifacts/fetcher.h"
 #include "cli/command.h"
+#include "cli/common.h"
+#include "cli/exit_codes.h"
+
 namespace cubist::cli {
-void RegisterFetch(CLI::App& app, Globals& g) {
-  app.add_subcommand("fetch", "(pending)");
+namespace {
+
+struct FetchFlags {
+  std::string manifest;
+  std::string cache;
+  int jobs = 16;
+  bool offline = false;
+  std::vector<std::string> mirrors;
+  std::vector<std::string> filters;
+  bool json = false;
+  bool quiet = false;
+  int retries = 4;
+  TrustFlags trust;
+};
+
+// Redraws one status line on stderr while the fetch runs (only on a terminal).
+class ProgressBar {
+ public:
+  explicit ProgressBar(const FetchProgress& p) : p_(p), thread_([this] { Loop(); }) {}
+  ~ProgressBar() {
+    stop_ = true;
+    thread_.join();
+    std::fprintf(stderr, "\r\033[K");
+  }
+
+ private:
+  void Loop() {
+    auto start = std::chrono::steady_clock::now();
+    while (!stop_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      uint64_t bytes = p_.bytes_received.load();
+      uint64_t files = p_.files_done.load() + p_.files_failed.load();
+      int width = 24;
+      double frac = p_.bytes_total > 0 ? std::min(1.0, double(bytes) / p_.bytes_total)
+                    : p_.files_total > 0 ? double(files) / p_.files_total : 0;
+      int fill = static_cast<int>(frac * width);
+      std::fprintf(stderr, "\r\033[K[%s%s] %llu/%llu files  %s/%s  %s/s",
+                   std::string(fill, '#').c_str(), std::string(width - fill, ' ').c_str(),
+                   static_cast<unsigned long long>(files),
+                   static_cast<unsigned long long>(p_.files_total), HumanBytes(bytes).c_str(),
+                   HumanBytes(p_.bytes_total).c_str(),
+                   HumanBytes(secs > 0 ? static_cast<uint64_t>(bytes / secs) : 0).c_str());
+      std::fflush(stderr);
+    }
+  }
+  const FetchProgress& p_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+int RunFetch(const FetchFlags& f) {
+  auto store = OpenStore(f.cache, /*create=*/true);
+  if (!store.ok()) return PrintError(store.status());
+  auto opened = OpenManifestForCommand(f.manifest, f.trust, &*store, f.offline,
+                                       /*record_version=*/true);
+  if (!opened.ok()) return PrintError(opened.status());
+  const Manifest& m = opened->manifest;
+  std::vector<FetchItem> items = PlanFetch(m, f.mirrors, f.filters);
+  if (items.empty() && !f.filters.empty()) {
+    return PrintError(absl::NotFoundError(absl::StrCat(
+        "fetch: no artifact of ", f.manifest, " matches --filter ", f.filters[0],
+        "; see 'cubist list'")));
+  }
+  FetchOptions options;
+  options.jobs = f.jobs;
+  options.offline = f.offline;
+  options.attempts_per_source = f.retries;
+  FetchProgress progress;
+  FetchReport report;
+  {
+    std::optional<ProgressBar> bar;
+    bool tty = ::isatty(STDERR_FILENO) && !f.quiet && !f.json;
+    // Nothing to draw when everything is cached; the bar starts only when work exists.
+    bool need = std::any_of(items.begin(), items.end(), [&](const FetchItem& it) {
+      return store->Probe(it.artifact.sha256, it.artifact.size) != ObjectState::kPresent;
+    });
+    if (tty && need) bar.emplace(progress);
+    report = FetchArtifacts(*store, items, options, &progress);
+  }
+  if (report.failed == 0 && !m.name.empty()) {
+    // Kept for gc only once everything it names is present.
+    absl::Status kept = store->KeepManifest(m, opened->bytes);
+    if (!kept.ok()) std::fprintf(stderr, "cubist: warning: %s\n", std::string(kept.message()).c_str());
+  }
+  double secs = absl::ToDoubleSeconds(report.elapsed);
+  if (f.json) {
+    nlohmann::json j;
+    j["manifest"] = f.manifest;
+    j["name"] = m.name;
+    j["version"] = m.version;
+    j["digest"] = m.digest;
+    j["cache"] = store->root();
+    j["seconds"] = secs;
+    j["bytes_received"] = report.bytes_received;
+    j["counts"] = {{"cached", report.cached}, {"downloaded", report.downloaded},
+                   {"reused", report.reused}, {"failed", report.failed}};
+    nlohmann::json arts = nlohmann::json::array();
+    for (const ArtifactResult& r : report.results) {
+      nlohmann::json a = {{"path", r.path}, {"sha256", r.sha256},
+                          {"outcome", FetchOutcomeName(r.outcome)},
+                          {"attempts", r.attempts}, {"bytes_received", r.bytes_received}};
+      if (!r.url.empty()) a["url"] = r.url;
+      if (!r.status.ok()) {
+        a["error"] = std::string(r.status.message());
+        a["code"] = absl::StatusCodeToString(r.status.code());
+      }
+      arts.push_back(std::move(a));
+    }
+    j["artifacts"] = std::move(arts);
+    j["ok"] = report.failed == 0;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    for (const ArtifactResult& r : report.results) {
+      if (!r.status.ok()) {
+        std::fprintf(stderr, "cubist: error: %s\n", std::string(r.status.message()).c_str());
+      }
+    }
+    if (!f.quiet || report.failed > 0) {
+      std::printf(
+          "%s %zu artifacts of %s v%lld (%s received) in %.2f s: %d downloaded, %d reused "
+          "from another process, %d already cached, %d failed; cache %s\n",
+          report.failed == 0 ? "fetched" : "FAILED to fetch", report.results.size(),
+          m.name.empty() ? f.manifest.c_str() : m.name.c_str(),
+          static_cast<long long>(m.version), HumanBytes(report.bytes_received).c_str(), secs,
+          report.downloaded, report.reused, report.cached, report.failed,
+          store->root().c_str());
+    }
+  }
+  return ExitCodeFor(report.status);
 }
+
+}  // namespace
+
+void RegisterFetch(CLI::App& app, Globals& g) {
+  auto flags = std::make_shared<FetchFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "fetch", "Download a manifest's artifacts into the cache, verifying every byte");
+  cmd->add_option("--manifest,-m", flags->manifest, "Manifest URL or path (JSON or checksums.txt)")
+      ->required();
+  cmd->add_option("--cache", flags->cache,
+                  "Cache directory (default: $CUBIST_CACHE_DIR, $XDG_CACHE_HOME/cubist, "
+                  "~/.cache/cubist)");
+  cmd->add_option("-j,--jobs", flags->jobs, "Concurrent transfers")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_flag("--offline", flags->offline,
+                "No network: fail, listing them, if artifacts are not cached");
+  cmd->add_option("--mirror", flags->mirrors,
+                  "Base URL or directory to try before the manifest's own; repeatable");
+  cmd->add_option("--filter", flags->filters,
+                  "Only artifacts whose path matches this glob; repeatable");
+  cmd->add_option("--retries", flags->retries, "Attempts per source for transient failures")
+      ->check(CLI::Range(1, 20))
+      ->capture_default_str();
+  cmd->add_flag("--json", flags->json, "Print a JSON report on stdout");
+  cmd->add_flag("-q,--quiet", flags->quiet, "No progress bar and no summary unless failed");
+  AddTrustFlags(cmd, &flags->trust);
+  cmd->callback([flags, &g] { g.exit_code = RunFetch(*flags); });
+}
+
 }  // namespace cubist::cli

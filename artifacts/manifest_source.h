@@ -1,0 +1,60 @@
+// Reading a manifest from where the user says it is, and every check made on it before
+// cubist acts on it: size cap, detached signature (before parsing), parse and
+// validation, expiry, rollback. One function so that `fetch`, `verify`, `list`, the
+// engine Runtime and every other consumer apply the same rules.
+#ifndef CUBIST_ARTIFACTS_MANIFEST_SOURCE_H_
+#define CUBIST_ARTIFACTS_MANIFEST_SOURCE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "artifacts/store.h"
+#include "manifest/manifest.h"
+#include "manifest/trust.h"
+
+namespace cubist {
+
+struct OpenManifestOptions {
+  // No network: a URL manifest is read from the copy the cache kept at the last online
+  // read (NotFound naming the URL when there is none).
+  bool offline = false;
+  TrustPolicy trust;
+  uint64_t max_bytes = uint64_t{64} << 20;
+  absl::Duration timeout = absl::Seconds(60);
+  int attempts = 4;  // for 5xx, timeouts and resets
+  // Optional: where URL manifests are remembered for offline use and where the
+  // rollback record lives. Without a store neither happens.
+  const Store* store = nullptr;
+  // Record the version as the highest verified (fetch does; read-only commands don't,
+  // they only compare).
+  bool record_version = false;
+};
+
+struct OpenedManifest {
+  Manifest manifest;
+  std::string bytes;          // the exact bytes that were verified and parsed
+  bool from_offline_copy = false;
+};
+
+// Reads `location` (http(s):// or file:// URL, or a local path; a JSON manifest or a
+// FlashInfer checksums.txt), checks and parses it. Errors: NotFound (404, no such
+// file), Unavailable (network, after retries), InvalidArgument (malformed, too large),
+// PermissionDenied (signature), FailedPrecondition (expired, rollback).
+[[nodiscard]] absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
+                                                          const OpenManifestOptions& options);
+
+// Reads the bytes at a URL or path, at most `max_bytes` (InvalidArgument beyond).
+// NotFound for HTTP 404/410 and missing files; Unavailable for other failures after
+// `attempts` tries with backoff.
+[[nodiscard]] absl::StatusOr<std::string> ReadLocation(std::string_view location,
+                                                       uint64_t max_bytes,
+                                                       absl::Duration timeout,
+                                                       int attempts);
+
+}  // namespace cubist
+
+#endif  // CUBIST_ARTIFACTS_MANIFEST_SOURCE_H_

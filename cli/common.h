@@ -1,0 +1,49 @@
+// Pieces shared by the subcommands that read a manifest and the cache: the store from
+// --cache, the manifest through artifacts/manifest_source.h with the trust flags, and
+// human-readable sizes. Header-only so that each subcommand stays one file.
+#ifndef CUBIST_CLI_COMMON_H_
+#define CUBIST_CLI_COMMON_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "artifacts/cache_dir.h"
+#include "artifacts/manifest_source.h"
+#include "artifacts/store.h"
+#include "base/status_macros.h"
+#include "cli/trust_flags.h"
+
+namespace cubist::cli {
+
+// Opens the cache named by --cache (or the environment). `create` false for read-only
+// commands, which then report a missing cache as NotFound.
+inline absl::StatusOr<Store> OpenStore(const std::string& cache_flag, bool create) {
+  CUBIST_ASSIGN_OR_RETURN(std::string root, ResolveCacheDir(cache_flag));
+  return Store::Open(root, create);
+}
+
+inline absl::StatusOr<OpenedManifest> OpenManifestForCommand(const std::string& location,
+                                                             const TrustFlags& trust,
+                                                             const Store* store,
+                                                             bool offline,
+                                                             bool record_version) {
+  OpenManifestOptions options;
+  CUBIST_ASSIGN_OR_RETURN(options.trust, trust.Policy());
+  options.offline = offline;
+  options.store = store;
+  options.record_version = record_version;
+  return OpenManifest(location, options);
+}
+
+inline std::string HumanBytes(uint64_t n) {
+  if (n < 1000) return absl::StrFormat("%d B", n);
+  if (n < 1000 * 1000) return absl::StrFormat("%.1f kB", n / 1e3);
+  if (n < uint64_t{1000} * 1000 * 1000) return absl::StrFormat("%.1f MB", n / 1e6);
+  return absl::StrFormat("%.2f GB", n / 1e9);
+}
+
+}  // namespace cubist::cli
+
+#endif  // CUBIST_CLI_COMMON_H_

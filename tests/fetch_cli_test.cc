@@ -1,0 +1,215 @@
+// The `cubist` command end to end against a real nginx: fetch, verify (plain and deep),
+// list, path, gc, offline, exit codes; 8 processes fetching into one cache at once;
+// a process killed with SIGKILL mid-download.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "artifacts/store.h"
+#include "base/sha256.h"
+#include "tests/test_util.h"
+#include "tests/testlib/nginx_server.h"
+#include "tests/testlib/sample_repo.h"
+
+namespace cubist {
+namespace {
+
+using ::cubist::testing::NginxServer;
+using ::testing::HasSubstr;
+
+class FetchCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
+    repo_ = tmp_.Join("repo");
+    cache_ = tmp_.Join("cache");
+  }
+
+  void Serve(int count, size_t min_size, size_t max_size, const std::string& limit_rate = "") {
+    files_ = testing::MakeSampleFiles(count, min_size, max_size, 7);
+    manifest_ = testing::WriteSampleRepo(repo_, files_, "cli-sample", 3);
+    NginxServer::Options o;
+    o.root = repo_;
+    o.workdir = tmp_.Join("nginx");
+    o.limit_rate = limit_rate;
+    o.workers = 2;
+    auto s = NginxServer::Start(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    url_ = server_->BaseUrl() + "manifest.json";
+  }
+
+  int Cubist(const std::string& args, std::string* out = nullptr) {
+    return testing::RunCommand(absl::StrCat(testing::CliPath(), " ", args), out);
+  }
+
+  std::string ObjectPath(int i) {
+    return absl::StrCat(cache_, "/objects/sha256/", manifest_.artifacts[i].sha256.substr(0, 2),
+                        "/", manifest_.artifacts[i].sha256);
+  }
+
+  testing::TempDir tmp_;
+  std::string repo_, cache_, url_;
+  std::vector<testing::SampleFile> files_;
+  Manifest manifest_;
+  std::unique_ptr<NginxServer> server_;
+};
+
+TEST_F(FetchCliTest, FetchVerifyListPathAndExitCodes) {
+  Serve(20, 1000, 50000);
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("fetched 20 artifacts of cli-sample v3"));
+  EXPECT_THAT(out, HasSubstr("20 downloaded"));
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("20 already cached"));
+  ASSERT_EQ(Cubist(absl::StrCat("verify --deep --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("verified: 20 of 20 artifacts present and re-hashed"));
+
+  ASSERT_EQ(Cubist(absl::StrCat("path --manifest ", url_, " --cache ", cache_, " ",
+                                manifest_.artifacts[4].path), &out), 0) << out;
+  EXPECT_EQ(out, ObjectPath(4) + "\n");
+  ASSERT_EQ(Cubist(absl::StrCat("list --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("20 of 20 artifacts cached"));
+
+  // Disk rot: the deep check names the file with both hashes, exits 3 (integrity),
+  // removes it, and the next fetch repairs it.
+  std::string rotten = files_[6].data;
+  rotten[10] ^= 1;
+  ::chmod(ObjectPath(6).c_str(), 0644);
+  testing::WriteFileOrDie(ObjectPath(6), rotten);
+  EXPECT_EQ(Cubist(absl::StrCat("verify --manifest ", url_, " --cache ", cache_), &out), 0)
+      << "a size-only check cannot see a flipped bit: " << out;
+  EXPECT_EQ(Cubist(absl::StrCat("verify --deep --manifest ", url_, " --cache ", cache_), &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat(manifest_.artifacts[6].path, ": sha256 mismatch: expected ",
+                                          manifest_.artifacts[6].sha256, ", got ", Sha256Hex(rotten))));
+  EXPECT_THAT(out, HasSubstr("removed from the cache, run 'cubist fetch' to repair"));
+  EXPECT_EQ(Cubist(absl::StrCat("verify --manifest ", url_, " --cache ", cache_), &out), 5) << out;
+  EXPECT_THAT(out, HasSubstr("1 missing"));
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("1 downloaded"));
+  EXPECT_EQ(testing::ReadFileOrDie(ObjectPath(6)), files_[6].data);
+
+  // Usage errors are 2; a path not in the manifest is 5.
+  EXPECT_EQ(Cubist("fetch --cache x", &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("cubist: error: --manifest is required"));
+  EXPECT_EQ(Cubist(absl::StrCat("path --manifest ", url_, " --cache ", cache_, " no/such"), &out), 5);
+  EXPECT_THAT(out, HasSubstr("no/such is neither an artifact path nor a kernel name"));
+}
+
+TEST_F(FetchCliTest, CorruptServerFileExitsWithIntegrityCode) {
+  Serve(5, 1000, 5000);
+  testing::WriteFileOrDie(repo_ + "/" + manifest_.artifacts[1].path, "tampered");
+  std::string out;
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", url_, " --cache ", cache_), &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("cubist: error: fetch ", manifest_.artifacts[1].path,
+                                          " from ", server_->BaseUrl(), manifest_.artifacts[1].path,
+                                          ": size mismatch: expected ")));
+  EXPECT_THAT(out, HasSubstr("4 downloaded"));
+  EXPECT_THAT(out, HasSubstr("1 failed"));
+}
+
+TEST_F(FetchCliTest, OfflineUsesTheCachedManifestAndListsWhatIsMissing) {
+  Serve(6, 1000, 5000);
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", url_, " --cache ", cache_,
+                                " --filter 'cubins/sm_90a/k[0-2].cubin'"), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("fetched 3 artifacts"));
+  server_->Stop();
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --offline --manifest ", url_, " --cache ", cache_), &out), 5) << out;
+  for (int i = 3; i < 6; ++i) {
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("fetch ", manifest_.artifacts[i].path,
+                                            ": not in the cache, and --offline forbids")));
+  }
+  EXPECT_THAT(out, HasSubstr("3 already cached"));
+  // An uncached manifest URL offline says what to do.
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --offline --manifest http://127.0.0.1:1/none.json --cache ",
+                                cache_), &out), 5);
+  EXPECT_THAT(out, HasSubstr("the cache holds no copy of this manifest"));
+}
+
+TEST_F(FetchCliTest, EightProcessesDownloadEachArtifactOnce) {
+  Serve(40, 20000, 120000, "2m");  // slow enough that all eight overlap
+  std::string cmd = absl::StrCat("for i in 1 2 3 4 5 6 7 8; do ", testing::CliPath(),
+                                 " fetch -q --manifest ", url_, " --cache ", cache_,
+                                 " > ", tmp_.path(), "/out.$i 2>&1 & done; fail=0; "
+                                 "for j in 1 2 3 4 5 6 7 8; do wait -n || fail=1; done; exit $fail");
+  std::string out;
+  ASSERT_EQ(testing::RunCommand("bash -c '" + cmd + "'", &out), 0) << out;
+  std::map<std::string, int> served = server_->SuccessfulRequests();
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_EQ(served["/" + a.path], 1) << a.path << " was served " << served["/" + a.path] << " times";
+  }
+  EXPECT_EQ(served["/manifest.json"], 8);
+  ASSERT_EQ(Cubist(absl::StrCat("verify --deep --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  EXPECT_TRUE(std::filesystem::is_empty(cache_ + "/tmp"));
+  EXPECT_TRUE(std::filesystem::is_empty(cache_ + "/locks"));
+}
+
+TEST_F(FetchCliTest, KilledMidDownloadLeavesTheCacheConsistent) {
+  Serve(8, 200000, 300000, "100k");  // about 2.5 s of transfers, all in parallel
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    std::string cli = testing::CliPath();
+    ::execl(cli.c_str(), cli.c_str(), "fetch", "-q", "--manifest", url_.c_str(), "--cache",
+            cache_.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Kill once some bytes are on disk but before the end.
+  for (int i = 0; i < 400; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    bool partial = std::filesystem::exists(cache_ + "/tmp") &&
+                   !std::filesystem::is_empty(cache_ + "/tmp");
+    if (partial && i > 30) break;
+  }
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  // Whatever is under objects/ is whole and right.
+  auto store = Store::Open(cache_, false);
+  ASSERT_TRUE(store.ok());
+  int present = 0;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    if (store->Probe(manifest_.artifacts[i].sha256, std::nullopt) == ObjectState::kPresent) {
+      ++present;
+      EXPECT_EQ(testing::ReadFileOrDie(ObjectPath(i)), files_[i].data);
+    }
+  }
+  EXPECT_LT(present, 8) << "the kill came too late to test anything";
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  ASSERT_EQ(Cubist(absl::StrCat("verify --deep --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  EXPECT_TRUE(std::filesystem::is_empty(cache_ + "/tmp"));
+  // The partial files were resumed, not downloaded again from byte 0.
+  bool resumed = false;
+  for (const std::string& line : server_->AccessLog()) resumed |= line.find("\"bytes=") != std::string::npos;
+  EXPECT_TRUE(resumed);
+}
+
+TEST_F(FetchCliTest, GcRemovesWhatNoKeptManifestNeeds) {
+  Serve(4, 1000, 5000);
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  // An object nobody references and a stale partial download.
+  std::string orphan = std::string(64, 'a');
+  testing::WriteFileOrDie(absl::StrCat(cache_, "/objects/sha256/aa/", orphan), "orphan");
+  testing::WriteFileOrDie(absl::StrCat(cache_, "/tmp/", std::string(64, 'b'), ".part"), "partial");
+  ASSERT_EQ(Cubist(absl::StrCat("gc --dry-run --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("would remove 1 objects"));
+  EXPECT_TRUE(testing::FileExists(absl::StrCat(cache_, "/objects/sha256/aa/", orphan)));
+  ASSERT_EQ(Cubist(absl::StrCat("gc --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("removed 1 objects (6 B), 1 partial downloads"));
+  EXPECT_THAT(out, HasSubstr("kept 4 objects of 1 manifests"));
+  EXPECT_FALSE(testing::FileExists(absl::StrCat(cache_, "/objects/sha256/aa/", orphan)));
+  ASSERT_EQ(Cubist(absl::StrCat("verify --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+}
+
+}  // namespace
+}  // namespace cubist

@@ -1,0 +1,172 @@
+#include "tests/testlib/nginx_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace cubist::testing {
+namespace {
+
+int FreeLoopbackPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool CanConnect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+std::string NginxServer::BinaryPath() {
+  for (const char* p : {"/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"}) {
+    if (::access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
+absl::StatusOr<std::unique_ptr<NginxServer>> NginxServer::Start(const Options& options) {
+  if (BinaryPath().empty()) {
+    return absl::FailedPreconditionError("nginx is not installed (apt-get install nginx-light)");
+  }
+  std::unique_ptr<NginxServer> s(new NginxServer());
+  s->options_ = options;
+  std::filesystem::create_directories(options.workdir + "/tmp");
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    s->port_ = FreeLoopbackPort();
+    absl::Status st = s->Launch();
+    if (st.ok()) return s;
+  }
+  return absl::UnavailableError(absl::StrCat("nginx did not start; see ", options.workdir,
+                                             "/error.log"));
+}
+
+absl::Status NginxServer::Launch() {
+  const Options& o = options_;
+  std::string w = o.workdir;
+  std::ostringstream c;
+  if (::geteuid() == 0) c << "user root;\n";
+  c << "daemon off;\n"
+    << "worker_processes " << o.workers << ";\n"
+    << "pid " << w << "/nginx.pid;\n"
+    << "error_log " << w << "/error.log warn;\n"
+    << "events { worker_connections 1024; }\n"
+    << "http {\n"
+    << "  log_format cubist '$request_method $uri $status $body_bytes_sent \"$http_range\"';\n"
+    << "  access_log " << w << "/access.log cubist;\n"
+    << "  client_body_temp_path " << w << "/tmp/body;\n"
+    << "  proxy_temp_path " << w << "/tmp/proxy;\n"
+    << "  fastcgi_temp_path " << w << "/tmp/fastcgi;\n"
+    << "  uwsgi_temp_path " << w << "/tmp/uwsgi;\n"
+    << "  scgi_temp_path " << w << "/tmp/scgi;\n"
+    << "  default_type application/octet-stream;\n"
+    << "  sendfile on; tcp_nopush on; tcp_nodelay on;\n"
+    << "  keepalive_requests 100000; keepalive_timeout 60s;\n"
+    << "  server {\n"
+    << "    listen 127.0.0.1:" << port_ << " reuseport;\n"
+    << "    root " << o.root << ";\n";
+  if (!o.limit_rate.empty()) c << "    limit_rate " << o.limit_rate << ";\n";
+  c << "  }\n}\n";
+  config_ = w + "/nginx.conf";
+  {
+    std::ofstream f(config_);
+    f << c.str();
+  }
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    std::string bin = BinaryPath();
+    ::execl(bin.c_str(), bin.c_str(), "-q", "-p", w.c_str(), "-c", config_.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  pid_ = pid;
+  for (int i = 0; i < 500; ++i) {
+    if (CanConnect(port_)) return absl::OkStatus();
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::UnavailableError("nginx exited at start");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  Stop();
+  return absl::UnavailableError("nginx did not accept connections");
+}
+
+absl::Status NginxServer::Restart() {
+  if (pid_ > 0) return absl::OkStatus();
+  for (int i = 0; i < 100; ++i) {
+    if (Launch().ok()) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::UnavailableError("nginx did not restart");
+}
+
+NginxServer::~NginxServer() { Stop(); }
+
+void NginxServer::Stop() {
+  if (pid_ <= 0) return;
+  // The whole process group: the master and its workers.
+  ::kill(-pid_, SIGTERM);
+  for (int i = 0; i < 500; ++i) {
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      ::kill(-pid_, SIGKILL);
+      pid_ = -1;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(-pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+std::string NginxServer::BaseUrl() const { return absl::StrCat("http://127.0.0.1:", port_, "/"); }
+
+std::vector<std::string> NginxServer::AccessLog() const {
+  std::ifstream f(options_.workdir + "/access.log");
+  std::vector<std::string> out;
+  for (std::string line; std::getline(f, line);) out.push_back(line);
+  return out;
+}
+
+std::map<std::string, int> NginxServer::SuccessfulRequests() const {
+  std::map<std::string, int> out;
+  for (const std::string& line : AccessLog()) {
+    std::vector<std::string> parts = absl::StrSplit(line, ' ');
+    if (parts.size() >= 3 && !parts[2].empty() && parts[2][0] == '2') out[parts[1]]++;
+  }
+  return out;
+}
+
+}  // namespace cubist::testing
