@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
@@ -120,7 +121,11 @@ absl::StatusOr<std::vector<std::string>> Store::ListObjects() const {
   }
   while (dirent* shard = ::readdir(top)) {
     std::string name = shard->d_name;
-    if (name.size() != 2) continue;
+    // Shards are two hex digits; ".." is two characters too.
+    if (name.size() != 2 || !std::isxdigit(static_cast<unsigned char>(name[0])) ||
+        !std::isxdigit(static_cast<unsigned char>(name[1]))) {
+      continue;
+    }
     std::string dir = base + "/" + name;
     DIR* d = ::opendir(dir.c_str());
     if (d == nullptr) continue;

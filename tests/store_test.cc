@@ -1,0 +1,108 @@
+#include "artifacts/store.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "base/sha256.h"
+#include "tests/test_util.h"
+
+namespace cubist {
+namespace {
+
+using ::cubist::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(StoreTest, OpenCreatesTheLayout) {
+  testing::TempDir tmp;
+  auto store = Store::Open(tmp.Join("c"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (const char* d : {"objects/sha256", "tmp", "locks", "manifests", "state"}) {
+    EXPECT_TRUE(std::filesystem::is_directory(tmp.Join(std::string("c/") + d))) << d;
+  }
+  std::string sha = Sha256Hex("x");
+  EXPECT_EQ(store->ObjectPath(sha), tmp.Join("c/objects/sha256/" + sha.substr(0, 2) + "/" + sha));
+  EXPECT_EQ(store->TempPath(sha), tmp.Join("c/tmp/" + sha + ".part"));
+}
+
+TEST(StoreTest, OpenWithoutCreateReportsAMissingCache) {
+  testing::TempDir tmp;
+  EXPECT_THAT(Store::Open(tmp.Join("none"), false),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("run 'cubist fetch' first")));
+}
+
+TEST(StoreTest, OpenUnderAFileNamesTheFix) {
+  testing::TempDir tmp;
+  testing::WriteFileOrDie(tmp.Join("file"), "x");
+  EXPECT_THAT(Store::Open(tmp.Join("file/cache")),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("choose a writable directory with --cache or CUBIST_CACHE_DIR")));
+}
+
+TEST(StoreTest, UnwritableCacheIsPermissionDenied) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root can write anywhere";
+  testing::TempDir tmp;
+  ASSERT_TRUE(Store::Open(tmp.Join("c")).ok());
+  ::chmod(tmp.Join("c/tmp").c_str(), 0555);
+  EXPECT_THAT(Store::Open(tmp.Join("c")),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("not writable")));
+  ::chmod(tmp.Join("c/tmp").c_str(), 0755);
+}
+
+TEST(StoreTest, ProbeNeverFollowsLinksAndChecksSize) {
+  testing::TempDir tmp;
+  auto store = Store::Open(tmp.Join("c"));
+  ASSERT_TRUE(store.ok());
+  std::string data = "hello";
+  std::string sha = Sha256Hex(data);
+  EXPECT_EQ(store->Probe(sha, 5), ObjectState::kMissing);
+  testing::WriteFileOrDie(store->TempPath(sha), data);
+  ASSERT_TRUE(store->Publish(store->TempPath(sha), sha).ok());
+  EXPECT_EQ(store->Probe(sha, 5), ObjectState::kPresent);
+  EXPECT_EQ(store->Probe(sha, std::nullopt), ObjectState::kPresent);
+  EXPECT_EQ(store->Probe(sha, 6), ObjectState::kWrongSize);
+  struct stat st;
+  ASSERT_EQ(::stat(store->ObjectPath(sha).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0444u);
+  EXPECT_FALSE(testing::FileExists(store->TempPath(sha)));
+
+  std::string other = Sha256Hex("other");
+  std::filesystem::create_directories(std::filesystem::path(store->ObjectPath(other)).parent_path());
+  std::filesystem::create_symlink(store->ObjectPath(sha), store->ObjectPath(other));
+  EXPECT_EQ(store->Probe(other, 5), ObjectState::kNotRegular);
+  ASSERT_TRUE(store->Remove(other).ok());
+  EXPECT_EQ(store->Probe(other, 5), ObjectState::kMissing);
+  EXPECT_TRUE(store->Remove(other).ok()) << "removing a missing object is fine";
+}
+
+TEST(StoreTest, PublishRefusesADirectoryPlantedAtTheObjectPath) {
+  testing::TempDir tmp;
+  auto store = Store::Open(tmp.Join("c"));
+  ASSERT_TRUE(store.ok());
+  std::string sha = Sha256Hex("d");
+  std::filesystem::create_directories(store->ObjectPath(sha));
+  testing::WriteFileOrDie(store->TempPath(sha), "d");
+  EXPECT_THAT(store->Publish(store->TempPath(sha), sha),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("a directory stands where")));
+}
+
+TEST(StoreTest, ListObjectsFindsEveryShard) {
+  testing::TempDir tmp;
+  auto store = Store::Open(tmp.Join("c"));
+  ASSERT_TRUE(store.ok());
+  for (const char* s : {"a", "b", "c"}) {
+    std::string sha = Sha256Hex(s);
+    testing::WriteFileOrDie(store->TempPath(sha), s);
+    ASSERT_TRUE(store->Publish(store->TempPath(sha), sha).ok());
+  }
+  auto list = store->ListObjects();
+  ASSERT_TRUE(list.ok());
+  std::sort(list->begin(), list->end());
+  std::vector<std::string> want = {Sha256Hex("a"), Sha256Hex("b"), Sha256Hex("c")};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(*list, want);
+}
+
+}  // namespace
+}  // namespace cubist
