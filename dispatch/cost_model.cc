@@ -1,0 +1,97 @@
+#include "dispatch/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+
+namespace cubist {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+DeviceInfo DeviceInfo::ForSm(DeviceSm sm) {
+  DeviceInfo d;
+  d.sm = sm;
+  if (sm.major == 10) {
+    d.sm_count = 148;
+    d.bf16_tflops = 2250;
+    d.fp8_tflops = 4500;
+    d.memory_tbps = 7.7;
+  } else if (sm.major == 12) {
+    d.sm_count = 84;
+    d.shared_mem_per_sm = 100 * 1024;
+    d.max_threads_per_sm = 1536;
+    d.bf16_tflops = 210;
+    d.fp8_tflops = 420;
+    d.memory_tbps = 1.8;
+  }
+  return d;
+}
+
+DeviceInfo DeviceForProblem(const MoeProblem& problem) {
+  DeviceInfo d = DeviceInfo::ForSm(problem.sm);
+  if (problem.sm_count > 0) d.sm_count = problem.sm_count;
+  return d;
+}
+
+CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
+                          const DeviceInfo& device) {
+  const KernelSpec& s = kernel.spec;
+  const int64_t tm = std::max(1, s.tile_m);
+  const int64_t tn = std::max(1, s.tile_n);
+  const int64_t tk = std::max(1, s.tile_k);
+  CostEstimate c;
+
+  // Uniform routing: every expert gets the average; the tail expert's rounding is
+  // ignored since it is the same for every candidate.
+  const double m = p.experts > 0 ? static_cast<double>(p.tokens) / p.experts : 0;
+  const int64_t m_tiles_per_expert = static_cast<int64_t>(std::ceil(m / tm));
+  const int64_t n_tiles = CeilDiv(p.n, tn);
+  const int64_t k_iters = CeilDiv(p.k, tk);
+  int64_t cluster = int64_t{s.cluster[0]} * s.cluster[1] * s.cluster[2];
+  cluster = std::max<int64_t>(cluster, 1);
+  c.ctas = CeilDiv(p.experts * m_tiles_per_expert * n_tiles, cluster) * cluster;
+
+  c.efficiency_m = m_tiles_per_expert > 0 ? m / (m_tiles_per_expert * tm) : 1.0;
+  c.efficiency_n = static_cast<double>(p.n) / (n_tiles * tn);
+  c.efficiency_k = static_cast<double>(p.k) / (k_iters * tk);
+
+  // About 1 KiB of each SM's shared memory is reserved per resident block.
+  int by_threads = device.max_threads_per_sm / std::max(32, s.threads);
+  int by_smem = s.shared_mem_bytes > 0
+                    ? device.shared_mem_per_sm / (s.shared_mem_bytes + 1024)
+                    : 32;
+  c.ctas_per_sm = std::clamp(std::min(by_threads, by_smem), 1, 32);
+  const int64_t slots = int64_t{device.sm_count} * c.ctas_per_sm;
+  c.waves = c.ctas > 0 ? static_cast<double>(CeilDiv(c.ctas, slots)) : 0.0;
+
+  const bool fp8 = UsesFp8MathPath(kernel.weight_format, kernel.activation_format);
+  const double peak_per_sm =
+      (fp8 ? device.fp8_tflops : device.bf16_tflops) * 1e12 / device.sm_count;
+  const double x = static_cast<double>(tm * tn) / static_cast<double>(tm + tn);
+  const double tile_factor = x / (x + 16.0);
+  const double cta_flops = 2.0 * tm * tn * k_iters * tk;
+  c.compute_us = c.waves * c.ctas_per_sm * cta_flops / (peak_per_sm * tile_factor) * 1e6;
+
+  const double bytes =
+      p.experts * static_cast<double>(p.n) * p.k * BitsPerElement(p.weight_format) / 8 +
+      static_cast<double>(p.tokens) * p.k * BitsPerElement(p.activation_format) / 8 +
+      static_cast<double>(p.tokens) * p.output_n() * 2.0;
+  const double busy = std::min(1.0, static_cast<double>(c.ctas) / device.sm_count);
+  c.memory_us = c.ctas > 0 ? bytes / (device.memory_tbps * 1e12 * busy) * 1e6 : 0.0;
+  c.time_us = std::max(c.compute_us, c.memory_us);
+  return c;
+}
+
+std::string CostEstimate::ToString() const {
+  return absl::StrFormat(
+      "%.1f us (compute %.1f, memory %.1f), %d CTAs, %.0f waves of %d/SM, efficiency "
+      "m %.2f n %.2f k %.2f",
+      time_us, compute_us, memory_us, ctas, waves, ctas_per_sm, efficiency_m,
+      efficiency_n, efficiency_k);
+}
+
+}  // namespace cubist

@@ -1,0 +1,72 @@
+// What the dispatcher is asked to solve: one MoE batched-GEMM problem on one kind of
+// device. MoeProblem is the selection key (style.md 10): it has operator==,
+// AbslHashValue and operator<<, so a miss can print exactly what was asked.
+//
+// Shapes follow moe-math.md: A is [tokens, K] sorted by expert, B is [experts, N, K],
+// the output is [tokens, N] (or [tokens, N/2] for gated activations). `tokens` is the
+// offsets' total (offsets[experts]); the host need not know how they split.
+#ifndef CUBIST_DISPATCH_PROBLEM_H_
+#define CUBIST_DISPATCH_PROBLEM_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "dispatch/moe_types.h"
+#include "loader/compat.h"
+
+namespace cubist {
+
+// Parses a device SM (loader/compat.h's DeviceSm) as users write it: "90", "90a",
+// "sm_90a", "9.0", "100f", "120".
+// A trailing a/f is accepted and ignored: a device has a compute capability, not a
+// variant; the variant belongs to kernels. InvalidArgument on anything else.
+[[nodiscard]] absl::StatusOr<DeviceSm> ParseDeviceSm(std::string_view text);
+
+struct MoeProblem {
+  Op op = Op::kMoeGemm;
+  DataFormat weight_format = DataFormat::kBf16;
+  DataFormat activation_format = DataFormat::kBf16;
+  Activation activation = Activation::kIdentity;
+  int64_t experts = 0;  // E >= 1
+  int64_t tokens = 0;   // T = offsets[E] >= 0, the rows of A
+  int64_t n = 0;        // B's rows per expert (both halves for gated activations)
+  int64_t k = 0;        // reduction length
+  DeviceSm sm{9, 0};    // the device it runs on
+  int sm_count = 0;     // its multiprocessors (0: the default for `sm`)
+
+  // Average rows per expert, rounded up (0 when there are no tokens).
+  int64_t tokens_per_expert() const {
+    return experts > 0 ? (tokens + experts - 1) / experts : 0;
+  }
+  // Columns of the output: n, or n / 2 for gated activations.
+  int64_t output_n() const { return IsGated(activation) ? n / 2 : n; }
+  // Useful floating-point operations (2 per multiply-add).
+  double flops() const {
+    return 2.0 * static_cast<double>(tokens) * static_cast<double>(n) *
+           static_cast<double>(k);
+  }
+
+  bool operator==(const MoeProblem&) const = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const MoeProblem& p) {
+    return H::combine(std::move(h), p.op, p.weight_format, p.activation_format,
+                      p.activation, p.experts, p.tokens, p.n, p.k, p.sm.major, p.sm.minor,
+                      p.sm_count);
+  }
+};
+
+// Checks what every kernel needs regardless of its tiles: experts >= 1, tokens >= 0,
+// n >= 1, k >= 1, gated activations with an even n. InvalidArgument naming the field.
+[[nodiscard]] absl::Status ValidateProblem(const MoeProblem& problem);
+
+// "moe_gemm{weights=mxfp4 activations=bf16 activation=swiglu experts=128 tokens=1024
+// (8/expert) n=5760 k=2880 sm=90 sms=132}"
+std::string ToString(const MoeProblem& problem);
+std::ostream& operator<<(std::ostream& os, const MoeProblem& problem);
+
+}  // namespace cubist
+
+#endif  // CUBIST_DISPATCH_PROBLEM_H_

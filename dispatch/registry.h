@@ -1,0 +1,105 @@
+// The registry: every kernel a manifest names, validated and indexed by name, with its
+// metadata parsed into the dispatcher's types. Built once when a manifest is opened;
+// immutable afterwards, so any number of threads may read it without locking.
+//
+// Create() rejects a manifest whose kernel list cannot be dispatched safely
+// (InvalidArgument, "<source>: kernels[i].<field>: <what>; <fix>"):
+//   - a duplicate kernel name;
+//   - a kernel whose artifact is not one of the manifest's artifacts;
+//   - an empty name or function, an unparseable arch;
+//   - for a known op: an unknown format or activation, non-positive tiles, threads not a
+//     multiple of 32 in 32..1024, shared memory over 227 KiB, a cluster dimension < 1 or
+//     more than 16 CTAs, an odd tile_n with a gated activation;
+//   - inconsistent entries: the same function of the same artifact listed twice with
+//     different metadata, or an extras "gated" flag that contradicts the activation;
+//   - malformed shape constraints in extras (see ShapeConstraints).
+// A kernel with an op this build does not know is kept (listed and explained) but is
+// never selected.
+#ifndef CUBIST_DISPATCH_REGISTRY_H_
+#define CUBIST_DISPATCH_REGISTRY_H_
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "dispatch/moe_types.h"
+#include "loader/cubin.h"
+#include "manifest/manifest.h"
+
+namespace cubist {
+
+// Shape constraints a kernel declares in its manifest extras, each a positive integer:
+//   "k_align" or "k_multiple": K % k_multiple == 0 (the larger when both are given)
+//   "n_multiple": N % n_multiple == 0
+//   "n_align": the output width (N, or N/2 for gated activations) % n_align == 0
+//   "max_k": K <= max_k                    "max_n": N <= max_n
+//   "max_tokens": tokens (offsets[E]) <= max_tokens
+// (k_align and n_align are what scripts/build-artifacts writes, from
+// kernels/moe_gemm_abi.h's MoeGemmKAlign and kMoeGemmOutColsAlign.)
+// The dispatcher adds the constraints the formats impose (K a multiple of the scale
+// block: 32 for MX formats, 16 for NVFP4, 128 for fp8-block) and, for gated
+// activations, an even N.
+struct ShapeConstraints {
+  int64_t k_multiple = 1;
+  int64_t n_multiple = 1;
+  int64_t out_n_multiple = 1;  // "n_align"
+  int64_t max_k = 0;       // 0: no limit
+  int64_t max_n = 0;       // 0: no limit
+  int64_t max_tokens = 0;  // 0: no limit
+
+  bool operator==(const ShapeConstraints&) const = default;
+};
+
+struct KernelEntry {
+  size_t index = 0;  // position in the registry (and in manifest.kernels)
+  KernelSpec spec;
+  std::optional<Op> op;  // nullopt: an op this build does not dispatch
+  // Valid when `op` is set.
+  DataFormat weight_format = DataFormat::kBf16;
+  DataFormat activation_format = DataFormat::kBf16;
+  Activation activation = Activation::kIdentity;
+  SmTarget arch;  // parsed spec.arch
+  ShapeConstraints constraints;
+
+  const std::string& name() const { return spec.name; }
+};
+
+class Registry {
+ public:
+  // Validates and indexes `manifest.kernels` (see the file comment for the errors).
+  [[nodiscard]] static absl::StatusOr<Registry> Create(const Manifest& manifest);
+
+  Registry(Registry&&) = default;
+  Registry& operator=(Registry&&) = default;
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  absl::Span<const KernelEntry> kernels() const { return kernels_; }
+  size_t size() const { return kernels_.size(); }
+  // nullptr when no kernel has this name.
+  const KernelEntry* Find(std::string_view name) const;
+
+  const std::string& manifest_name() const { return manifest_name_; }
+  const std::string& manifest_source() const { return manifest_source_; }
+  // SHA-256 of the manifest's bytes ("" for a manifest built in memory). Tuning
+  // records are keyed by it, so a new artifact set never reuses stale timings.
+  const std::string& manifest_digest() const { return manifest_digest_; }
+
+ private:
+  Registry() = default;
+
+  std::vector<KernelEntry> kernels_;
+  absl::flat_hash_map<std::string, size_t> by_name_;
+  std::string manifest_name_;
+  std::string manifest_source_;
+  std::string manifest_digest_;
+};
+
+}  // namespace cubist
+
+#endif  // CUBIST_DISPATCH_REGISTRY_H_
