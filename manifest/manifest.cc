@@ -16,4 +16,10 @@ const KernelSpec* Manifest::FindKernel(std::string_view name) const {
   return nullptr;
 }
 
+bool SameContent(const Manifest& a, const Manifest& b) {
+  return a.schema == b.schema && a.name == b.name && a.version == b.version &&
+         a.expires == b.expires && a.base_urls == b.base_urls && a.artifacts == b.artifacts &&
+         a.kernels == b.kernels && a.extras == b.extras;
+}
+
 }  // namespace cubist

@@ -27,6 +27,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -95,7 +96,14 @@ struct Manifest {
   const Artifact* FindArtifact(std::string_view path) const;
   // Returns the kernel with this name, or nullptr.
   const KernelSpec* FindKernel(std::string_view name) const;
+
+  // Compares every field, source and digest included (see SameContent).
+  bool operator==(const Manifest&) const = default;
 };
+
+// True when `a` and `b` hold the same serialised content: every field except source and
+// digest. ParseManifest(WriteManifest(m)) is SameContent as m.
+bool SameContent(const Manifest& a, const Manifest& b);
 
 }  // namespace cubist
 

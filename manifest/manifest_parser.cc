@@ -1,0 +1,371 @@
+#include "manifest/manifest_parser.h"
+
+#include <climits>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
+#include "base/strings.h"
+#include "manifest/json_reader.h"
+#include "manifest/message_text.h"
+#include "manifest/path_rules.h"
+
+namespace cubist {
+namespace {
+
+using json_internal::Json;
+using json_internal::JsonField;
+using json_internal::ReadInteger;
+using json_internal::ReadNonNegativeInt;
+using json_internal::ReadPositiveInt;
+using json_internal::ReadString;
+using json_internal::ReadToken;
+
+// Paths of the artifacts seen so far -> their index, for duplicate and kernel checks.
+using PathIndex = absl::flat_hash_map<std::string, size_t>;
+
+constexpr char kIntegerFrom1[] = "an integer from 1 to 9007199254740992";
+constexpr char kIntegerFrom0[] = "an integer from 0 to 9007199254740992";
+constexpr char kHexExpected[] = "64 lowercase hex characters";
+
+const Json* Find(const Json& object, std::string_view key) {
+  auto it = object.find(std::string(key));
+  return it == object.end() ? nullptr : &*it;
+}
+
+// The value at `key`, or an error naming the missing field and what it should hold.
+absl::StatusOr<const Json*> Required(const Json& object, const JsonField& field,
+                                     std::string_view key, std::string_view expected) {
+  const Json* v = Find(object, key);
+  if (v == nullptr) return field.Key(key).Missing(expected);
+  return v;
+}
+
+// Every key of `object` that is not in `known`, as compact JSON text.
+template <size_t N>
+ExtraFields CollectExtras(const Json& object, const char* const (&known)[N]) {
+  ExtraFields extras;
+  for (const auto& [key, value] : object.items()) {
+    bool is_known = false;
+    for (const char* k : known) is_known = is_known || key == k;
+    if (!is_known) extras.emplace(key, value.dump());
+  }
+  return extras;
+}
+
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+// absl::ParseTime alone is lenient (surrounding spaces, one-digit months, five-digit
+// years, "infinite-future"), so the RFC 3339 shape is checked first:
+//   YYYY-MM-DD[Tt]hh:mm:ss[.f+]([Zz]|[+-]hh:mm)
+bool HasRfc3339Shape(std::string_view s) {
+  auto digits = [&](size_t pos, size_t n) {
+    if (pos + n > s.size()) return false;
+    for (size_t i = pos; i < pos + n; ++i) {
+      if (!IsDigit(s[i])) return false;
+    }
+    return true;
+  };
+  auto at = [&](size_t pos, char c) { return pos < s.size() && s[pos] == c; };
+  if (!digits(0, 4) || !at(4, '-') || !digits(5, 2) || !at(7, '-') || !digits(8, 2) ||
+      !(at(10, 'T') || at(10, 't')) || !digits(11, 2) || !at(13, ':') || !digits(14, 2) ||
+      !at(16, ':') || !digits(17, 2)) {
+    return false;
+  }
+  size_t pos = 19;
+  if (at(pos, '.')) {
+    ++pos;
+    const size_t start = pos;
+    while (pos < s.size() && IsDigit(s[pos])) ++pos;
+    if (pos == start) return false;
+  }
+  if (at(pos, 'Z') || at(pos, 'z')) return pos + 1 == s.size();
+  if (!(at(pos, '+') || at(pos, '-'))) return false;
+  return digits(pos + 1, 2) && at(pos + 3, ':') && digits(pos + 4, 2) && pos + 6 == s.size();
+}
+
+absl::StatusOr<absl::Time> ReadTime(const Json& value, const JsonField& field) {
+  constexpr char kExpected[] = "an RFC 3339 time such as \"2027-01-01T00:00:00Z\"";
+  if (!value.is_string()) return field.Expected(kExpected, value);
+  const std::string& s = value.get_ref<const std::string&>();
+  absl::Time t;
+  std::string err;
+  if (!HasRfc3339Shape(s) || !absl::ParseTime(absl::RFC3339_full, s, &t, &err)) {
+    return field.Expected(kExpected, value);
+  }
+  return t;
+}
+
+absl::StatusOr<std::string> ReadBaseUrl(const Json& value, const JsonField& field) {
+  constexpr char kExpected[] = "a URL starting with http://, https:// or file://";
+  if (!value.is_string()) return field.Expected(kExpected, value);
+  const std::string& s = value.get_ref<const std::string&>();
+  bool scheme_ok = false;
+  for (std::string_view scheme : {"http://", "https://", "file://"}) {
+    scheme_ok = scheme_ok || (s.size() > scheme.size() && s.compare(0, scheme.size(), scheme) == 0);
+  }
+  if (!scheme_ok) return field.Expected(kExpected, value);
+  for (unsigned char c : s) {
+    // A space or control character would be a second URL, a header, or a curl error.
+    if (c <= 0x20 || c == 0x7F) {
+      return field.Expected(
+          "a URL without spaces or control characters (percent-encode them)", value);
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<Artifact> ParseArtifact(const Json& value, const JsonField& field,
+                                       const ManifestParseOptions& options) {
+  if (!value.is_object()) return field.Expected("an artifact object", value);
+  Artifact a;
+  CUBIST_ASSIGN_OR_RETURN(const Json* path,
+                          Required(value, field, "path", "a relative path string"));
+  CUBIST_ASSIGN_OR_RETURN(a.path,
+                          ReadString(*path, field.Key("path"), "a relative path string"));
+  if (absl::Status s = ValidateArtifactPath(a.path); !s.ok()) {
+    return field.Key("path").Error(Sv(s.message()));
+  }
+  CUBIST_ASSIGN_OR_RETURN(const Json* sha, Required(value, field, "sha256", kHexExpected));
+  if (!sha->is_string()) {
+    return field.Key("sha256").Expected("a string of 64 lowercase hex characters", *sha);
+  }
+  a.sha256 = sha->get<std::string>();
+  if (a.sha256.size() != 64) {
+    return field.Key("sha256").Error(
+        absl::StrCat("expected ", kHexExpected, ", got ", a.sha256.size()));
+  }
+  if (!IsSha256Hex(a.sha256)) {
+    return field.Key("sha256").Error(
+        absl::StrCat("expected ", kHexExpected, ", got ", QuoteForMessage(a.sha256, 64)));
+  }
+  if (const Json* size = Find(value, "size"); size != nullptr) {
+    CUBIST_ASSIGN_OR_RETURN(int64_t n, ReadInteger(*size, field.Key("size"), 0,
+                                                   kMaxManifestInteger, kIntegerFrom0));
+    a.size = static_cast<uint64_t>(n);
+  } else if (options.require_artifact_size) {
+    return field.Key("size").Missing(
+        absl::StrCat("the file's size in bytes, ", kIntegerFrom0));
+  }
+  static constexpr const char* kKnown[] = {"path", "sha256", "size"};
+  a.extras = CollectExtras(value, kKnown);
+  return a;
+}
+
+// `artifacts` is null when the caller checks the artifact references itself.
+absl::StatusOr<KernelSpec> ParseKernel(const Json& value, const JsonField& field,
+                                       const PathIndex* artifacts) {
+  if (!value.is_object()) return field.Expected("a kernel object", value);
+  KernelSpec k;
+  constexpr char kStr[] = "a non-empty string";
+  constexpr char kPos[] = "a positive integer";
+  auto token = [&](std::string_view key, std::string* out) -> absl::Status {
+    CUBIST_ASSIGN_OR_RETURN(const Json* v, Required(value, field, key, kStr));
+    CUBIST_ASSIGN_OR_RETURN(*out, ReadToken(*v, field.Key(key)));
+    return absl::OkStatus();
+  };
+  auto positive = [&](std::string_view key, int* out) -> absl::Status {
+    CUBIST_ASSIGN_OR_RETURN(const Json* v, Required(value, field, key, kPos));
+    CUBIST_ASSIGN_OR_RETURN(*out, ReadPositiveInt(*v, field.Key(key)));
+    return absl::OkStatus();
+  };
+  CUBIST_RETURN_IF_ERROR(token("name", &k.name));
+  CUBIST_RETURN_IF_ERROR(token("artifact", &k.artifact));
+  if (artifacts != nullptr && !artifacts->contains(k.artifact)) {
+    return field.Key("artifact").Error(absl::StrCat(
+        QuoteForMessage(k.artifact), " is not one of the artifacts' paths; list it in "
+        "\"artifacts\" or fix the kernel's \"artifact\""));
+  }
+  CUBIST_RETURN_IF_ERROR(token("function", &k.function));
+  CUBIST_RETURN_IF_ERROR(token("arch", &k.arch));
+  if (!ValidateArch(k.arch).ok()) {
+    return field.Key("arch").Expected(
+        "an architecture such as \"sm_90a\", \"sm_100f\" or \"sm_120\"", *Find(value, "arch"));
+  }
+  CUBIST_RETURN_IF_ERROR(token("op", &k.op));
+  CUBIST_RETURN_IF_ERROR(positive("abi", &k.abi));
+  CUBIST_RETURN_IF_ERROR(token("weight_format", &k.weight_format));
+  CUBIST_RETURN_IF_ERROR(token("activation_format", &k.activation_format));
+  CUBIST_RETURN_IF_ERROR(token("activation", &k.activation));
+  CUBIST_RETURN_IF_ERROR(positive("tile_m", &k.tile_m));
+  CUBIST_RETURN_IF_ERROR(positive("tile_n", &k.tile_n));
+  CUBIST_RETURN_IF_ERROR(positive("tile_k", &k.tile_k));
+  if (const Json* cluster = Find(value, "cluster"); cluster != nullptr) {
+    const JsonField cf = field.Key("cluster");
+    constexpr char kCluster[] = "[x, y, z] of positive integers";
+    if (!cluster->is_array() || cluster->size() != 3) return cf.Expected(kCluster, *cluster);
+    for (size_t i = 0; i < 3; ++i) {
+      CUBIST_ASSIGN_OR_RETURN(k.cluster[i], ReadPositiveInt((*cluster)[i], cf.Index(i)));
+    }
+  }
+  CUBIST_RETURN_IF_ERROR(positive("stages", &k.stages));
+  CUBIST_RETURN_IF_ERROR(positive("threads", &k.threads));
+  CUBIST_ASSIGN_OR_RETURN(const Json* smem,
+                          Required(value, field, "shared_mem_bytes", "an integer >= 0"));
+  CUBIST_ASSIGN_OR_RETURN(k.shared_mem_bytes,
+                          ReadNonNegativeInt(*smem, field.Key("shared_mem_bytes")));
+  static constexpr const char* kKnown[] = {
+      "name",   "artifact", "function", "arch",   "op",      "abi",
+      "weight_format", "activation_format", "activation", "tile_m", "tile_n",
+      "tile_k", "cluster",  "stages",   "threads", "shared_mem_bytes"};
+  k.extras = CollectExtras(value, kKnown);
+  return k;
+}
+
+// Parses an array of kernels at `field`, checking that names are unique.
+absl::StatusOr<std::vector<KernelSpec>> ParseKernelArray(const Json& value,
+                                                         const JsonField& field,
+                                                         const PathIndex* artifacts) {
+  if (!value.is_array()) return field.Expected("an array of kernel objects", value);
+  std::vector<KernelSpec> kernels;
+  kernels.reserve(value.size());
+  absl::flat_hash_map<std::string, size_t> names;
+  for (size_t i = 0; i < value.size(); ++i) {
+    CUBIST_ASSIGN_OR_RETURN(KernelSpec k, ParseKernel(value[i], field.Index(i), artifacts));
+    auto [it, inserted] = names.emplace(k.name, i);
+    if (!inserted) {
+      return field.Index(i).Key("name").Error(
+          absl::StrCat("duplicate ", QuoteForMessage(k.name), " (also ",
+                       field.Index(it->second).path(), "); kernel names must be unique"));
+    }
+    kernels.push_back(std::move(k));
+  }
+  return kernels;
+}
+
+absl::StatusOr<Manifest> ParseManifestJson(const Json& doc, std::string_view source,
+                                           const ManifestParseOptions& options) {
+  const JsonField root(source, "");
+  if (!doc.is_object()) return root.Expected("a JSON object at the top level", doc);
+  Manifest m;
+
+  CUBIST_ASSIGN_OR_RETURN(const Json* schema,
+                          Required(doc, root, "schema", "\"cubist.manifest/1\""));
+  if (!schema->is_string()) return root.Key("schema").Expected("\"cubist.manifest/1\"", *schema);
+  if (schema->get_ref<const std::string&>() != kManifestSchema) {
+    return root.Key("schema").Error(absl::StrCat(
+        "this cubist reads \"", kManifestSchema, "\", got ", json_internal::DescribeValue(*schema),
+        "; use a cubist that reads that schema or ask the publisher for a ", kManifestSchema,
+        " manifest"));
+  }
+
+  constexpr char kNameExpected[] = "1 to 128 characters from [A-Za-z0-9._-]";
+  CUBIST_ASSIGN_OR_RETURN(const Json* name, Required(doc, root, "name", kNameExpected));
+  if (!name->is_string() || !ValidateManifestName(name->get_ref<const std::string&>()).ok()) {
+    return root.Key("name").Expected(kNameExpected, *name);
+  }
+  m.name = name->get<std::string>();
+
+  CUBIST_ASSIGN_OR_RETURN(const Json* version, Required(doc, root, "version", kIntegerFrom1));
+  CUBIST_ASSIGN_OR_RETURN(m.version, ReadInteger(*version, root.Key("version"), 1,
+                                                 kMaxManifestInteger, kIntegerFrom1));
+
+  if (const Json* expires = Find(doc, "expires"); expires != nullptr) {
+    CUBIST_ASSIGN_OR_RETURN(m.expires, ReadTime(*expires, root.Key("expires")));
+  }
+
+  if (const Json* urls = Find(doc, "base_urls"); urls != nullptr) {
+    const JsonField f = root.Key("base_urls");
+    if (!urls->is_array()) return f.Expected("an array of URL strings", *urls);
+    for (size_t i = 0; i < urls->size(); ++i) {
+      CUBIST_ASSIGN_OR_RETURN(std::string url, ReadBaseUrl((*urls)[i], f.Index(i)));
+      m.base_urls.push_back(std::move(url));
+    }
+  }
+
+  CUBIST_ASSIGN_OR_RETURN(const Json* artifacts,
+                          Required(doc, root, "artifacts", "an array of artifact objects"));
+  const JsonField af = root.Key("artifacts");
+  if (!artifacts->is_array()) return af.Expected("an array of artifact objects", *artifacts);
+  PathIndex paths;
+  paths.reserve(artifacts->size());
+  m.artifacts.reserve(artifacts->size());
+  for (size_t i = 0; i < artifacts->size(); ++i) {
+    CUBIST_ASSIGN_OR_RETURN(Artifact a, ParseArtifact((*artifacts)[i], af.Index(i), options));
+    auto [it, inserted] = paths.emplace(a.path, i);
+    if (!inserted) {
+      return af.Index(i).Key("path").Error(
+          absl::StrCat("duplicate ", QuoteForMessage(a.path), " (also ",
+                       af.Index(it->second).path(), "); each file may be listed once"));
+    }
+    m.artifacts.push_back(std::move(a));
+  }
+
+  if (const Json* kernels = Find(doc, "kernels"); kernels != nullptr) {
+    CUBIST_ASSIGN_OR_RETURN(m.kernels, ParseKernelArray(*kernels, root.Key("kernels"), &paths));
+  }
+
+  static constexpr const char* kKnown[] = {"schema",    "name",      "version", "expires",
+                                           "base_urls", "artifacts", "kernels"};
+  m.extras = CollectExtras(doc, kKnown);
+  return m;
+}
+
+}  // namespace
+
+absl::Status ValidateManifestName(std::string_view name) {
+  bool ok = !name.empty() && name.size() <= 128;
+  for (char c : name) {
+    ok = ok && ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || IsDigit(c) || c == '.' ||
+                c == '_' || c == '-');
+  }
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "expected 1 to 128 characters from [A-Za-z0-9._-], got ", QuoteForMessage(name)));
+}
+
+absl::Status ValidateArch(std::string_view arch) {
+  bool ok = arch.size() >= 5 && arch.substr(0, 3) == "sm_";
+  std::string_view rest = ok ? arch.substr(3) : std::string_view();
+  if (!rest.empty() && (rest.back() == 'a' || rest.back() == 'f')) rest.remove_suffix(1);
+  ok = ok && (rest.size() == 2 || rest.size() == 3) && rest[0] != '0';
+  for (char c : rest) ok = ok && IsDigit(c);
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "expected an architecture such as \"sm_90a\", \"sm_100f\" or \"sm_120\", got ",
+      QuoteForMessage(arch)));
+}
+
+absl::StatusOr<Manifest> ParseManifest(std::string_view bytes, std::string_view source,
+                                       const ManifestParseOptions& options) {
+  const json_internal::JsonLimits limits{options.max_bytes, options.max_depth};
+  try {
+    CUBIST_ASSIGN_OR_RETURN(Json doc, json_internal::ParseStrictJson(bytes, source, limits));
+    CUBIST_ASSIGN_OR_RETURN(Manifest m, ParseManifestJson(doc, source, options));
+    m.source = std::string(source);
+    m.digest = Sha256Hex(bytes);
+    return m;
+  } catch (const std::exception& e) {
+    // nlohmann's accessors are guarded above; this is the boundary for anything else
+    // (std::bad_alloc on a huge document).
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(source), ": cannot read manifest: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::vector<KernelSpec>> ParseKernelList(std::string_view bytes,
+                                                        std::string_view source,
+                                                        const ManifestParseOptions& options) {
+  const json_internal::JsonLimits limits{options.max_bytes, options.max_depth};
+  try {
+    CUBIST_ASSIGN_OR_RETURN(Json doc, json_internal::ParseStrictJson(bytes, source, limits));
+    const JsonField root(source, "");
+    if (doc.is_array()) return ParseKernelArray(doc, root, nullptr);
+    if (doc.is_object()) {
+      CUBIST_ASSIGN_OR_RETURN(const Json* kernels,
+                              Required(doc, root, "kernels", "an array of kernel objects"));
+      return ParseKernelArray(*kernels, root.Key("kernels"), nullptr);
+    }
+    return root.Expected("an array of kernel objects or an object with \"kernels\"", doc);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(source), ": cannot read kernels: ", e.what()));
+  }
+}
+
+}  // namespace cubist
