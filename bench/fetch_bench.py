@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Fetch benchmark: cubist against curl, aria2c and sha256sum on a FlashInfer-shaped set.
+
+Generates 1,000 files with log-normal sizes around 200-300 KB (about 290 MB), serves
+them with nginx on loopback, and times in one run, median of --runs each:
+  cold `cubist fetch` (fresh cache)  vs  `curl --parallel --parallel-max 16` + `sha256sum -c`
+                                     vs  `aria2c -j16` + `sha256sum -c`
+  warm `cubist fetch` (all cached)
+  `cubist verify --deep`             vs  `sha256sum -c`
+  the floor: OpenSSL SHA-256 (Python's hashlib) of the same bytes on all cores.
+Prints a Markdown table. Standard library only.
+"""
+import argparse, hashlib, math, os, random, shutil, statistics, subprocess, sys, tempfile, time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd, **kw):
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+
+
+def timed(fn, runs, setup=None):
+    times = []
+    for _ in range(runs):
+        if setup:
+            setup()
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), times
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cubist", default=os.path.join(ROOT, "build/cli/cubist"))
+    ap.add_argument("--files", type=int, default=1000)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=16)
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+
+    work = args.workdir or tempfile.mkdtemp(prefix="cubist-bench.")
+    repo = os.path.join(work, "repo")
+    rng = random.Random(1234)
+    files = []
+    for i in range(args.files):
+        # log-normal, median 250 KB, like FlashInfer's batched-GEMM cubins (90-300 KB)
+        size = int(min(2_000_000, max(20_000, rng.lognormvariate(math.log(250_000), 0.35))))
+        rel = f"cubins/sm_90a/bmm_{i:04d}.cubin"
+        path = os.path.join(repo, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(rng.randbytes(size))
+        files.append(rel)
+    total = sum(os.path.getsize(os.path.join(repo, r)) for r in files)
+    manifest = os.path.join(work, "manifest.json")
+    run([args.cubist, "manifest", "build", repo, "--name", "bench", "--version", "1", "-o", manifest])
+    shutil.copy(manifest, os.path.join(repo, "manifest.json"))
+    sums = os.path.join(work, "checksums.sha256")
+    with open(sums, "w") as out:
+        for rel in files:
+            with open(os.path.join(repo, rel), "rb") as f:
+                out.write(f"{hashlib.sha256(f.read()).hexdigest()}  {rel}\n")
+
+    url = subprocess.run([os.path.join(ROOT, "scripts/serve-nginx"), repo, os.path.join(work, "nginx")],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    rows = []
+    try:
+        cache = os.path.join(work, "cache")
+        dl = os.path.join(work, "dl")
+
+        def fresh(d):
+            return lambda: (shutil.rmtree(d, ignore_errors=True), os.makedirs(d, exist_ok=True))
+
+        def cubist_cold():
+            run([args.cubist, "fetch", "-q", "--manifest", url + "manifest.json", "--cache", cache, "-j", str(args.jobs)])
+
+        cold, cold_all = timed(cubist_cold, args.runs, fresh(cache))
+
+        curl_cfg = os.path.join(work, "curl.cfg")
+        with open(curl_cfg, "w") as f:
+            for rel in files:
+                f.write(f'url = "{url}{rel}"\noutput = "{dl}/{rel}"\n')
+
+        def curl_pipeline():
+            run(["curl", "-sS", "--fail", "--parallel", "--parallel-max", "16", "--create-dirs", "-K", curl_cfg])
+            run(["sha256sum", "--quiet", "-c", sums], cwd=dl)
+
+        curl_t, _ = timed(curl_pipeline, args.runs, fresh(dl))
+
+        aria_list = os.path.join(work, "aria2.txt")
+        with open(aria_list, "w") as f:
+            for rel in files:
+                f.write(f"{url}{rel}\n  out={rel}\n")
+
+        def aria_pipeline():
+            run(["aria2c", "-q", "-j16", "--file-allocation=none", "--allow-overwrite=true",
+                 "--auto-file-renaming=false", "-d", dl, "-i", aria_list])
+            run(["sha256sum", "--quiet", "-c", sums], cwd=dl)
+
+        aria_t, _ = timed(aria_pipeline, args.runs, fresh(dl))
+
+        # Warm: everything cached; the manifest is still read from the server.
+        fresh(cache)()
+        cubist_cold()
+        warm, _ = timed(lambda: run([args.cubist, "fetch", "-q", "--manifest", url + "manifest.json", "--cache", cache]), max(args.runs, 10))
+        warm_local, _ = timed(lambda: run([args.cubist, "fetch", "-q", "--manifest", manifest, "--cache", cache]), max(args.runs, 10))
+
+        deep, _ = timed(lambda: run([args.cubist, "verify", "--deep", "--manifest", manifest, "--cache", cache]), args.runs)
+        shasum, _ = timed(lambda: run(["sha256sum", "--quiet", "-c", sums], cwd=dl), args.runs)
+
+        blobs = []
+        for rel in files:
+            with open(os.path.join(repo, rel), "rb") as f:
+                blobs.append(f.read())
+        cores = os.cpu_count() or 1
+
+        def floor():
+            with ThreadPoolExecutor(cores) as ex:
+                list(ex.map(lambda b: hashlib.sha256(b).digest(), blobs))
+
+        floor_t, _ = timed(floor, args.runs)
+    finally:
+        subprocess.run(["kill", open(os.path.join(work, "nginx", "nginx.pid")).read().strip()])
+
+    mb = total / 1e6
+    def row(name, t, base=None, note=""):
+        ratio = f"{t / base:.2f}x" if base else ""
+        rows.append(f"| {name} | {t * 1000:.0f} ms | {mb / t:.0f} MB/s | {ratio} | {note} |")
+
+    print(f"{args.files} files, {mb:.1f} MB, nginx on loopback, {os.cpu_count()} cores, median of {args.runs} runs; cold cubist runs: {', '.join(f'{t*1000:.0f}' for t in cold_all)} ms\n")
+    print("| what | wall | rate | ratio | note |\n| --- | --- | --- | --- | --- |")
+    row("cold `cubist fetch -j16`", cold, curl_t, "vs the curl pipeline (target <= 0.33x)")
+    row("`curl --parallel --parallel-max 16` + `sha256sum -c`", curl_t, curl_t, "baseline")
+    row("`aria2c -j16` + `sha256sum -c`", aria_t, curl_t, "vs the curl pipeline")
+    row("OpenSSL SHA-256 of the same bytes, all cores (floor)", floor_t, None, "")
+    rows.append(f"| cold `cubist fetch` / hashing floor | | | {cold / floor_t:.2f}x | target <= 2x |")
+    row("warm `cubist fetch` (URL manifest, all cached)", warm, None, "target < 30 ms")
+    row("warm `cubist fetch` (local manifest, all cached)", warm_local, None, "")
+    row("`cubist verify --deep`", deep, shasum, "vs `sha256sum -c` (target <= 0.2x)")
+    row("`sha256sum -c`", shasum, shasum, "baseline")
+    print("\n".join(rows))
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
