@@ -1,0 +1,194 @@
+// The parameter ABI of the "moe_gemm" kernel family: the one struct every kernel takes
+// by value, the format and activation vocabularies, the launch-grid rule and the shape
+// requirements. Host code (the dispatcher, tests, benchmarks) and device code
+// (kernels/moe_gemm.cu) include this same header, so it is plain C++17 that compiles
+// under nvcc and g++ without any CUDA header, and it holds no state.
+//
+// The operation (docs/kernels.md and /work/shared/docs/moe-math.md):
+//   tokens are sorted by expert; expert e owns rows offsets[e] .. offsets[e+1]-1 of A
+//   [T, K]; its weights are B[e] = [N, K] (K contiguous, "TN"); C = A_e * B_e^T in fp32
+//   after dequantisation; out = act(C) in bf16, [T, N] or, for gated activations,
+//   [T, N/2] with x0 = C[:, 0:N/2] (linear) and x1 = C[:, N/2:N] (gate).
+//
+// Version: kMoeGemmAbi is recorded in every kernel's manifest entry ("abi"). Any change
+// to MoeGemmParams' layout or to the meaning of a field bumps it.
+#ifndef CUBIST_KERNELS_MOE_GEMM_ABI_H_
+#define CUBIST_KERNELS_MOE_GEMM_ABI_H_
+
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define CUBIST_HD __host__ __device__
+#else
+#define CUBIST_HD
+#endif
+
+namespace cubist::moe {
+
+inline constexpr int kMoeGemmAbi = 1;
+inline constexpr char kMoeGemmOp[] = "moe_gemm";
+
+// Element formats of A (activations) and B (weights). Names match the manifest's
+// weight_format / activation_format vocabulary (FormatName).
+//   kBf16      bf16, no scale.
+//   kFp8       e4m3; one fp32 scale per tensor (A) and per expert (B), passed as
+//              a_global_scale[1] and b_global_scale[E]; applied in the epilogue.
+//   kFp8Block  e4m3 with DeepSeek block scales, fp32, row-major:
+//              a_scale [T, ceil(K/128)] (1x128 blocks), b_scale [E, ceil(N/128),
+//              ceil(K/128)] (128x128 blocks).
+//   kMxfp8     e4m3 with ue8m0 scales per 32 along K: a_scale [T, K/32] bytes.
+//   kMxfp4     e2m1, two per byte, low nibble first (element 2i in bits 0-3),
+//              ue8m0 scale per 32 along K: b_scale [E, N, K/32] bytes.
+//   kNvfp4     e2m1, two per byte, e4m3 scale per 16 along K ([rows, K/16] bytes),
+//              times one fp32 global scale: a_global_scale[1], b_global_scale[E].
+// ue8m0 byte s means 2^(s-127); s = 0xFF is NaN. Every decoded value is
+// element * block scale * global scale (each factor 1 where the format has none).
+enum MoeFormat : int32_t {
+  kBf16 = 0,
+  kFp8 = 1,
+  kFp8Block = 2,
+  kMxfp8 = 3,
+  kMxfp4 = 4,
+  kNvfp4 = 5,
+};
+
+// Activations. Gated ones (kSwiglu, kGeglu, kSitu) read alpha/beta/limit per expert
+// (null pointer: the default); element-wise ones ignore them.
+//   identity  out = x
+//   relu2     out = max(x, 0)^2
+//   swiglu    out = x1 * sigmoid(alpha * x1) * (x0 + beta)      alpha 1, beta 0
+//   geglu     out = gelu_erf(x1) * x0
+//   situ      out = beta*tanh(x0/beta) * alpha*tanh(x1/alpha) * sigmoid(x1)   alpha, beta 1
+// With a limit L (gated only): x1 = min(x1, L), x0 = clamp(x0, -L, L) first.
+enum MoeActivation : int32_t {
+  kIdentity = 0,
+  kRelu2 = 1,
+  kSwiglu = 2,
+  kGeglu = 3,
+  kSitu = 4,
+};
+
+// The one kernel parameter, passed by value (cuLaunchKernel's kernelParams[0] points
+// at it). All pointers are device pointers; "null" marks an optional input.
+// Layout is fixed: 8-byte fields are 8-byte aligned, sizeof == 136 (checked below).
+struct MoeGemmParams {
+  int32_t abi;          // kMoeGemmAbi; set by MoeGemmParamsInit
+  int32_t num_experts;  // E >= 1
+  int32_t num_tokens;   // T >= 0: rows of A and of out
+  int32_t n;            // N: rows of each expert's B, both halves when gated
+  int32_t k;            // K >= 1
+  int32_t flags;        // reserved, 0
+  const void* a;        // [T, K] activations, activation format
+  const void* b;        // [E, N, K] weights, weight format
+  const void* a_scale;  // block scales of A (formats above), else null
+  const void* b_scale;  // block scales of B, else null
+  const float* a_global_scale;  // [1] (fp8, nvfp4) or null (= 1)
+  const float* b_global_scale;  // [E] (fp8, nvfp4) or null (= 1)
+  const int32_t* offsets;       // [E+1] int32, offsets[0] = 0, non-decreasing, <= T
+  const float* alpha;  // [E] or null
+  const float* beta;   // [E] or null
+  const float* limit;  // [E] or null (= +inf)
+  void* out;           // bf16 [T, N] or [T, N/2] (gated), dense rows
+  int64_t reserved[3];  // 0; room for strides without an ABI bump of the size
+};
+static_assert(sizeof(MoeGemmParams) == 136, "MoeGemmParams layout is ABI");
+
+CUBIST_HD constexpr bool IsGated(MoeActivation a) {
+  return a == kSwiglu || a == kGeglu || a == kSitu;
+}
+
+// Columns of `out`.
+CUBIST_HD constexpr int32_t MoeGemmOutCols(int32_t n, MoeActivation act) {
+  return IsGated(act) ? n / 2 : n;
+}
+
+// Output columns one CTA computes: tile_n B rows (x0 and x1 halves when gated).
+CUBIST_HD constexpr int32_t MoeGemmOutTileCols(int32_t tile_n, MoeActivation act) {
+  return IsGated(act) ? tile_n / 2 : tile_n;
+}
+
+// Upper bound on the number of M tiles over all experts, computed WITHOUT reading
+// offsets: sum_e ceil(c_e / tm) <= (T + E * (tm - 1)) / tm for any split of T rows.
+CUBIST_HD constexpr int64_t MoeGemmMaxMTiles(int64_t t, int64_t e, int64_t tile_m) {
+  return (t + e * (tile_m - 1)) / tile_m;
+}
+
+CUBIST_HD constexpr int64_t MoeGemmNTiles(int32_t n, MoeActivation act, int32_t tile_n) {
+  const int64_t cols = MoeGemmOutCols(n, act);
+  const int64_t tc = MoeGemmOutTileCols(tile_n, act);
+  return (cols + tc - 1) / tc;
+}
+
+// The launch grid: one-dimensional, MoeGemmMaxMTiles * MoeGemmNTiles CTAs (at least
+// 1). The kernel maps blockIdx.x to (M tile, N tile) in groups of kMoeGemmGroupM M
+// tiles (L2 reuse of A and B), then M tile to (expert, rows) by scanning offsets; CTAs
+// past the real number of M tiles exit at once. Block = `threads` of the manifest
+// entry, dynamic shared memory = its shared_mem_bytes, cluster 1x1x1.
+inline constexpr int kMoeGemmGroupM = 8;
+struct MoeGemmGrid {
+  uint32_t x = 1, y = 1, z = 1;
+};
+CUBIST_HD constexpr MoeGemmGrid MoeGemmGridFor(const MoeGemmParams& p, MoeActivation act,
+                                               int32_t tile_m, int32_t tile_n) {
+  const int64_t blocks = MoeGemmMaxMTiles(p.num_tokens, p.num_experts, tile_m) *
+                         MoeGemmNTiles(p.n, act, tile_n);
+  MoeGemmGrid g;
+  g.x = blocks < 1 ? 1u : static_cast<uint32_t>(blocks);
+  return g;
+}
+
+// Alignment the kernels require (also written into each manifest entry's extras as
+// "k_align" and "n_align"): K a multiple of k_align elements, the output width
+// (N, or N/2 when gated) a multiple of 8, every pointer 16-byte aligned. k_align is the
+// larger of one 16-byte load of the narrowest operand and the scale block.
+CUBIST_HD constexpr int32_t FormatBits(MoeFormat f) {
+  return f == kBf16 ? 16 : (f == kMxfp4 || f == kNvfp4) ? 4 : 8;
+}
+CUBIST_HD constexpr int32_t FormatScaleBlock(MoeFormat f) {
+  return f == kMxfp4 || f == kMxfp8 ? 32 : f == kNvfp4 ? 16 : f == kFp8Block ? 128 : 0;
+}
+CUBIST_HD constexpr int32_t MoeGemmKAlign(MoeFormat w, MoeFormat a) {
+  const int32_t bits = FormatBits(w) < FormatBits(a) ? FormatBits(w) : FormatBits(a);
+  int32_t align = 128 / bits;  // elements in 16 bytes
+  // ue8m0/e4m3 block scales: whole blocks only (fp8-block allows a partial last block).
+  const int32_t wb = w == kFp8Block ? 0 : FormatScaleBlock(w);
+  const int32_t ab = a == kFp8Block ? 0 : FormatScaleBlock(a);
+  if (wb > align) align = wb;
+  if (ab > align) align = ab;
+  return align;
+}
+inline constexpr int32_t kMoeGemmOutColsAlign = 8;
+
+// Sets abi and zeroes everything else.
+inline MoeGemmParams MoeGemmParamsInit() {
+  MoeGemmParams p{};
+  p.abi = kMoeGemmAbi;
+  return p;
+}
+
+// Manifest vocabulary.
+inline const char* FormatName(MoeFormat f) {
+  switch (f) {
+    case kBf16: return "bf16";
+    case kFp8: return "fp8";
+    case kFp8Block: return "fp8-block";
+    case kMxfp8: return "mxfp8";
+    case kMxfp4: return "mxfp4";
+    case kNvfp4: return "nvfp4";
+  }
+  return "?";
+}
+inline const char* ActivationName(MoeActivation a) {
+  switch (a) {
+    case kIdentity: return "identity";
+    case kRelu2: return "relu2";
+    case kSwiglu: return "swiglu";
+    case kGeglu: return "geglu";
+    case kSitu: return "situ";
+  }
+  return "?";
+}
+
+}  // namespace cubist::moe
+
+#endif  // CUBIST_KERNELS_MOE_GEMM_ABI_H_

@@ -1,0 +1,101 @@
+// Host-side check of a moe_gemm launch against the requirements of the kernel that will
+// run it (kernels/moe_gemm_abi.h): call it before every launch that is not already known
+// to be valid (the dispatcher's CanImplement). A kernel given a shape it does not support
+// would read out of bounds or silently drop the tail of K; this check turns that into a
+// clear error instead. Header-only, host-only, no CUDA headers and no absl, so that any
+// host code can use it; the caller wraps a non-empty result in InvalidArgument.
+#ifndef CUBIST_KERNELS_MOE_GEMM_CHECK_H_
+#define CUBIST_KERNELS_MOE_GEMM_CHECK_H_
+
+#include <stdint.h>
+
+#include <string>
+
+#include "kernels/moe_gemm_abi.h"
+
+namespace cubist::moe {
+
+// What a kernel is (from its manifest entry).
+struct MoeGemmKernelDesc {
+  MoeFormat weight_format = kBf16;
+  MoeFormat activation_format = kBf16;
+  MoeActivation activation = kIdentity;
+  int32_t tile_m = 0;
+  int32_t tile_n = 0;
+};
+
+// Returns "" when `p` can be launched on the kernel `k`, otherwise
+// "moe_gemm: <what is wrong>; <how to fix it>", e.g.
+//   "moe_gemm: K = 100 is not a multiple of 32 (mxfp4 x bf16 kernels read whole
+//    16-byte chunks and 32-element scale blocks); pad K with zeros to a multiple of 32"
+// Checks: ABI version, E >= 1, T >= 0, K >= 1 and its alignment, N (even and out columns
+// a multiple of 8), required pointers present (operands, offsets, out, block scales of
+// block-scaled formats), 16-byte alignment of a, b and out, 4-byte alignment of fp32
+// scale arrays, and a grid that fits in one launch. It cannot check device memory:
+// offsets must be non-decreasing from 0 with offsets[E] <= T (the kernel clamps rows to
+// [0, T], so a wrong offsets array gives wrong results but never an out-of-bounds access).
+inline std::string MoeGemmCheck(const MoeGemmParams& p, const MoeGemmKernelDesc& k) {
+  auto s = [](int64_t v) { return std::to_string(v); };
+  const std::string pair = std::string(FormatName(k.weight_format)) + " x " +
+                           FormatName(k.activation_format);
+  if (p.abi != kMoeGemmAbi) {
+    return "moe_gemm: parameter struct has abi " + s(p.abi) + ", the kernels expect " +
+           s(kMoeGemmAbi) + "; initialise it with MoeGemmParamsInit()";
+  }
+  if (p.num_experts < 1) {
+    return "moe_gemm: E = " + s(p.num_experts) + "; need at least one expert";
+  }
+  if (p.num_tokens < 0) return "moe_gemm: T = " + s(p.num_tokens) + " is negative";
+  const int32_t ka = MoeGemmKAlign(k.weight_format, k.activation_format);
+  if (p.k < 1 || p.k % ka != 0) {
+    return "moe_gemm: K = " + s(p.k) + " is not a positive multiple of " + s(ka) + " (" +
+           pair + " kernels read whole 16-byte chunks and scale blocks); pad K with zeros "
+           "to a multiple of " + s(ka);
+  }
+  const bool gated = IsGated(k.activation);
+  if (p.n < 1 || (gated && p.n % 2 != 0)) {
+    return "moe_gemm: N = " + s(p.n) + (gated ? " must be positive and even for the gated "
+                                                "activation " + std::string(ActivationName(k.activation))
+                                              : std::string(" must be positive"));
+  }
+  const int32_t out_cols = MoeGemmOutCols(p.n, k.activation);
+  if (out_cols % kMoeGemmOutColsAlign != 0) {
+    return "moe_gemm: output width " + s(out_cols) + (gated ? " (N/2)" : " (N)") +
+           " is not a multiple of " + s(kMoeGemmOutColsAlign) +
+           "; pad N (each half, when gated) to a multiple of 8";
+  }
+  if (p.a == nullptr || p.b == nullptr || p.offsets == nullptr || p.out == nullptr) {
+    return "moe_gemm: a, b, offsets and out are required (one is null)";
+  }
+  auto misaligned = [](const void* ptr, uintptr_t a) {
+    return (reinterpret_cast<uintptr_t>(ptr) & (a - 1)) != 0;
+  };
+  if (misaligned(p.a, 16) || misaligned(p.b, 16) || misaligned(p.out, 16)) {
+    return "moe_gemm: a, b and out must be 16-byte aligned (cudaMalloc/cuMemAlloc "
+           "allocations are); a sub-tensor view must start on a 16-byte boundary";
+  }
+  const bool a_blocks = FormatScaleBlock(k.activation_format) != 0;
+  const bool b_blocks = FormatScaleBlock(k.weight_format) != 0;
+  if ((a_blocks && p.a_scale == nullptr) || (b_blocks && p.b_scale == nullptr)) {
+    return "moe_gemm: " + pair + " needs block scales (" +
+           std::string(a_blocks && p.a_scale == nullptr ? "a_scale" : "b_scale") +
+           " is null)";
+  }
+  if ((k.activation_format == kFp8Block && misaligned(p.a_scale, 4)) ||
+      (k.weight_format == kFp8Block && misaligned(p.b_scale, 4)) ||
+      misaligned(p.a_global_scale, 4) || misaligned(p.b_global_scale, 4) ||
+      misaligned(p.alpha, 4) || misaligned(p.beta, 4) || misaligned(p.limit, 4)) {
+    return "moe_gemm: fp32 arrays (scales, alpha, beta, limit) must be 4-byte aligned";
+  }
+  if (k.tile_m <= 0 || k.tile_n <= 0) return "moe_gemm: kernel description has no tile";
+  const int64_t blocks = MoeGemmMaxMTiles(p.num_tokens, p.num_experts, k.tile_m) *
+                         MoeGemmNTiles(p.n, k.activation, k.tile_n);
+  if (blocks > 0x7FFFFFFF) {
+    return "moe_gemm: " + s(blocks) + " CTAs exceed one launch; split the tokens";
+  }
+  return "";
+}
+
+}  // namespace cubist::moe
+
+#endif  // CUBIST_KERNELS_MOE_GEMM_CHECK_H_

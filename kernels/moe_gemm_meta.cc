@@ -1,0 +1,93 @@
+// moe_gemm_meta: prints the launch metadata of moe_gemm configurations as JSON lines,
+// from the same constexpr layout code the kernels are compiled with
+// (kernels/moe_gemm_layout.h), so the manifest's threads and shared_mem_bytes always
+// match the cubin. scripts/build-artifacts builds it with the host compiler.
+//
+// Input, one configuration per line on stdin:  WFMT AFMT ACT TILE_M TILE_N TILE_K STAGES
+//   (names as in the manifest: mxfp4 bf16 swiglu 64 128 128 0; STAGES 0 = the deepest
+//   pipeline, at most 6, that fits in shared memory)
+// Output, one line each: {"ok":true,"stages":5,"threads":128,"shared_mem_bytes":...,
+//   "k_align":32,"n_align":8,"gated":true,"mma":"wgmma.bf16","decode_a":false,
+//   "decode_b":true} or {"ok":false,"error":"..."}. Exit status 0 unless input is garbled.
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "kernels/moe_gemm_abi.h"
+#include "kernels/moe_gemm_layout.h"
+
+namespace {
+
+using namespace cubist::moe;
+
+bool ParseFormat(const std::string& s, MoeFormat* f) {
+  for (MoeFormat c : {kBf16, kFp8, kFp8Block, kMxfp8, kMxfp4, kNvfp4}) {
+    if (s == FormatName(c)) {
+      *f = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool ParseActivation(const std::string& s, MoeActivation* a) {
+  for (MoeActivation c : {kIdentity, kRelu2, kSwiglu, kGeglu, kSitu}) {
+    if (s == ActivationName(c)) {
+      *a = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+int main() {
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line.empty()) continue;
+    std::istringstream in(line);
+    std::string w, a, act;
+    int tm = 0, tn = 0, tk = 0, stages = 0;
+    MoeFormat wf, af;
+    MoeActivation ac;
+    if (!(in >> w >> a >> act >> tm >> tn >> tk >> stages) || !ParseFormat(w, &wf) ||
+        !ParseFormat(a, &af) || !ParseActivation(act, &ac)) {
+      std::fprintf(stderr, "moe_gemm_meta: cannot parse line: %s\n", line.c_str());
+      return 2;
+    }
+    MoeGemmLayout l;
+    if (stages == 0) {
+      // Prefer two CTAs per SM (one CTA's prologue and epilogue then overlap the
+      // other's main loop) with at least 4 stages; else the deepest pipeline that
+      // fits. More than 6 stages buys nothing measurable.
+      constexpr int kTwoPerSm = kMaxDynamicSmem / 2 - 1024;
+      for (int s = 6; s >= 4; --s) {
+        l = MakeLayout(wf, af, tm, tn, tk, s);
+        if (l.error == nullptr && l.smem_bytes <= kTwoPerSm) break;
+        l.error = "no two-per-SM fit";
+      }
+      for (int s = 6; s >= 3 && l.error != nullptr; --s) {
+        l = MakeLayout(wf, af, tm, tn, tk, s);
+      }
+    } else {
+      l = MakeLayout(wf, af, tm, tn, tk, stages);
+    }
+    if (l.error != nullptr) {
+      std::printf("{\"ok\":false,\"error\":\"%s\"}\n", l.error);
+      continue;
+    }
+    const bool gated = IsGated(ac);
+    std::printf(
+        "{\"ok\":true,\"stages\":%d,\"threads\":%d,\"shared_mem_bytes\":%d,"
+        "\"k_align\":%d,\"n_align\":%d,\"gated\":%s,\"mma\":\"%s\","
+        "\"decode_a\":%s,\"decode_b\":%s}\n",
+        l.stages, l.threads, l.smem_bytes, MoeGemmKAlign(wf, af),
+        gated ? 2 * kMoeGemmOutColsAlign : kMoeGemmOutColsAlign, gated ? "true" : "false",
+        l.fp8_mma ? "wgmma.e4m3" : "wgmma.bf16", l.a.direct ? "false" : "true",
+        l.b.direct ? "false" : "true");
+  }
+  return 0;
+}

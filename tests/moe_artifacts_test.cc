@@ -1,0 +1,149 @@
+// Publishing check (CI, no GPU): `scripts/build-artifacts --small` builds a subset of the
+// moe_gemm family into the build tree, and the result must be a valid repository:
+// the project's manifest parser accepts manifest.json, every artifact's size and SHA-256
+// match its file, and each cubin, inspected by the loader's ELF reader, is sm_90a SASS
+// holding exactly the kernel its entry names, with the ABI's parameter size, the block
+// size the entry promises and no local-memory frame. Skipped when nvcc is absent.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <set>
+#include <string>
+
+#include "base/sha256.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/moe_gemm_abi.h"
+#include "kernels/moe_gemm_layout.h"
+#include "loader/cubin.h"
+#include "manifest/manifest_parser.h"
+#include "tests/test_util.h"
+
+namespace cubist::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+bool HaveNvcc() {
+  const char* env = std::getenv("NVCC");
+  if (env && *env) return FileExists(env);
+  return RunCommand("command -v nvcc >/dev/null 2>&1") == 0 ||
+         FileExists("/usr/local/cuda/bin/nvcc");
+}
+
+class MoeArtifactsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(BinaryDir() + "/moe-artifacts-small");
+    if (!HaveNvcc()) return;
+    output_ = new std::string;
+    status_ = RunCommand(SourceDir() + "/scripts/build-artifacts --small --version 3 '" +
+                             *dir_ + "' 2>&1",
+                         output_);
+  }
+  void SetUp() override {
+    if (output_ == nullptr) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
+    ASSERT_EQ(status_, 0) << *output_;
+  }
+  static std::string* dir_;
+  static std::string* output_;
+  static int status_;
+};
+std::string* MoeArtifactsTest::dir_ = nullptr;
+std::string* MoeArtifactsTest::output_ = nullptr;
+int MoeArtifactsTest::status_ = -1;
+
+TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
+  const std::string path = *dir_ + "/manifest.json";
+  auto m = ParseManifest(ReadFileOrDie(path), path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->name, "moe-gemm-sm90a");
+  EXPECT_EQ(m->version, 3);
+  ASSERT_EQ(m->kernels.size(), 4u);  // the --small preset
+  ASSERT_EQ(m->artifacts.size(), 4u);
+  std::set<std::string> formats;
+  for (const KernelSpec& k : m->kernels) {
+    SCOPED_TRACE(k.name);
+    EXPECT_EQ(k.op, "moe_gemm");
+    EXPECT_EQ(k.abi, moe::kMoeGemmAbi);
+    EXPECT_EQ(k.arch, "sm_90a");
+    EXPECT_EQ(k.function, k.name);
+    EXPECT_EQ(k.artifact, "cubins/sm_90a/" + k.name + ".cubin");
+    EXPECT_EQ(k.cluster, (std::array<int, 3>{1, 1, 1}));
+    EXPECT_EQ(k.threads, k.tile_m / 64 * 128);
+    EXPECT_GT(k.shared_mem_bytes, 48 * 1024);
+    EXPECT_LE(k.shared_mem_bytes, moe::kMaxDynamicSmem);
+    EXPECT_GE(k.stages, 3);
+    formats.insert(k.weight_format + "x" + k.activation_format);
+    // Extras the dispatcher reads (raw JSON text).
+    const bool gated = k.activation == "swiglu" || k.activation == "geglu" ||
+                       k.activation == "situ";
+    EXPECT_EQ(k.extras.at("gated"), gated ? "true" : "false");
+    EXPECT_EQ(k.extras.at("n_multiple"), gated ? "16" : "8");
+    EXPECT_THAT(k.extras.at("k_multiple"), ::testing::AnyOf("8", "16", "32"));
+    EXPECT_THAT(k.extras.at("grid"), HasSubstr("MoeGemmMaxMTiles"));
+    EXPECT_THAT(k.extras.at("mma"), HasSubstr("wgmma"));
+  }
+  EXPECT_EQ(formats, (std::set<std::string>{"bf16xbf16", "mxfp4xbf16", "fp8xfp8"}));
+}
+
+TEST_F(MoeArtifactsTest, ArtifactsMatchTheirHashesAndSizes) {
+  const std::string path = *dir_ + "/manifest.json";
+  auto m = ParseManifest(ReadFileOrDie(path), path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  for (const Artifact& a : m->artifacts) {
+    SCOPED_TRACE(a.path);
+    struct stat st;
+    ASSERT_EQ(::stat((*dir_ + "/" + a.path).c_str(), &st), 0);
+    ASSERT_TRUE(a.size.has_value());
+    EXPECT_EQ(*a.size, static_cast<uint64_t>(st.st_size));
+    auto h = Sha256File(*dir_ + "/" + a.path);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(*h, a.sha256);
+  }
+}
+
+TEST_F(MoeArtifactsTest, CubinsAreSm90aWithTheAbiParameterStruct) {
+  const std::string path = *dir_ + "/manifest.json";
+  auto m = ParseManifest(ReadFileOrDie(path), path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  for (const KernelSpec& k : m->kernels) {
+    SCOPED_TRACE(k.name);
+    auto info = InspectCubinFile(*dir_ + "/" + k.artifact);
+    ASSERT_TRUE(info.ok()) << info.status();
+    ASSERT_EQ(info->container, CubinInfo::Container::kCubin);
+    ASSERT_EQ(info->images.size(), 1u);
+    const ImageInfo& img = info->images[0];
+    EXPECT_EQ(img.sm.major, 9);
+    EXPECT_EQ(img.sm.minor, 0);
+    EXPECT_EQ(img.sm.variant, SmTarget::Variant::kArch);  // sm_90a: wgmma needs it
+    ASSERT_EQ(img.kernels.size(), 1u);  // one kernel per cubin
+    const KernelInfo& ki = img.kernels[0];
+    EXPECT_EQ(ki.name, k.function);
+    ASSERT_TRUE(ki.param_bytes.has_value());
+    EXPECT_EQ(*ki.param_bytes, static_cast<int>(sizeof(moe::MoeGemmParams)));
+    if (ki.max_threads) EXPECT_EQ(*ki.max_threads, k.threads);
+    if (ki.frame_bytes) EXPECT_EQ(*ki.frame_bytes, 0) << "registers spilled to local memory";
+  }
+}
+
+TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
+  std::string out;
+  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats mxfp4 "
+                       "--activations swiglu,geglu --tiles 64x128 2>&1", &out), 0) << out;
+  EXPECT_EQ(out,
+            "moe_gemm_mxfp4_bf16_swiglu_m64n128k128\n"
+            "moe_gemm_mxfp4_bf16_geglu_m64n128k128\n"
+            "moe_gemm_mxfp4_mxfp8_swiglu_m64n128k128\n"
+            "moe_gemm_mxfp4_mxfp8_geglu_m64n128k128\n");
+  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 95);  // the whole family
+  EXPECT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats fp16 2>&1",
+                       &out), 2);
+  EXPECT_THAT(out, HasSubstr("--formats: unknown 'fp16'"));
+}
+
+}  // namespace
+}  // namespace cubist::testing

@@ -1,0 +1,484 @@
+#include "tests/testlib/moe_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "kernels/moe_gemm_layout.h"
+
+namespace cubist::testing {
+namespace {
+
+using moe::kBf16;
+using moe::kFp8;
+using moe::kFp8Block;
+using moe::kMxfp4;
+using moe::kMxfp8;
+using moe::kNvfp4;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+uint32_t FloatBits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
+}
+float BitsFloat(uint32_t b) {
+  float x;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+
+// Round-to-nearest-even encoding of |x| (finite, >= 0) into a small float format with
+// `mbits` mantissa bits and exponent bias `bias`, saturating at code `max_code`. Codes of
+// such formats are monotonic in value, so a mantissa that rounds up to 2^mbits carries
+// into the exponent by plain addition, and subnormals fall out of clamping the exponent.
+uint32_t EncodeMagnitude(double a, int mbits, int bias, uint32_t max_code) {
+  if (a == 0) return 0;
+  const int emin = 1 - bias;
+  int ex;
+  std::frexp(a, &ex);  // a = f * 2^ex, f in [0.5, 1)
+  const int e = std::max(ex - 1, emin);
+  const double q = std::nearbyint(std::ldexp(a, mbits - e));  // ties to even
+  const double code = std::ldexp(1.0, mbits) * (e + bias) + q - std::ldexp(1.0, mbits);
+  return code >= max_code ? max_code : static_cast<uint32_t>(code);
+}
+
+// Element format of a tensor: e4m3, e2m1 or bf16.
+enum class Elem { kBf16, kE4m3, kE2m1 };
+Elem ElemOf(MoeFormat f) {
+  switch (f) {
+    case kBf16: return Elem::kBf16;
+    case kMxfp4:
+    case kNvfp4: return Elem::kE2m1;
+    default: return Elem::kE4m3;
+  }
+}
+
+// Decoded element i of a row-major tensor (no scales).
+float DecodeElement(Elem e, const std::vector<uint8_t>& data, int64_t i) {
+  switch (e) {
+    case Elem::kBf16: {
+      uint16_t b;
+      std::memcpy(&b, &data[2 * i], 2);
+      return Bf16ToFloat(b);
+    }
+    case Elem::kE4m3: return E4m3ToFloat(data[i]);
+    case Elem::kE2m1: {
+      const uint8_t byte = data[i / 2];
+      return E2m1ToFloat(i % 2 == 0 ? (byte & 0xF) : (byte >> 4));
+    }
+  }
+  return 0;
+}
+
+float ScaleFloat(const std::vector<uint8_t>& s, int64_t i) {
+  float v;
+  std::memcpy(&v, &s[4 * i], 4);
+  return v;
+}
+
+// Element times block scale (no global scale) of a [rows, k] tensor whose fp8-block
+// scales are [ceil(rows/row_block), ceil(k/128)].
+std::vector<float> DecodeBlockScaled(MoeFormat f, const std::vector<uint8_t>& data,
+                                     const std::vector<uint8_t>& scale, int64_t rows, int k,
+                                     int fp8_row_block) {
+  std::vector<float> out(static_cast<size_t>(rows) * k);
+  const Elem el = ElemOf(f);
+  const int blk = moe::FormatScaleBlock(f);
+  const int kb = (k + 127) / 128;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int c = 0; c < k; ++c) {
+      const int64_t i = r * k + c;
+      float v = DecodeElement(el, data, i);
+      if (f == kMxfp4 || f == kMxfp8) {
+        v *= Ue8m0ToFloat(scale[r * (k / blk) + c / blk]);
+      } else if (f == kNvfp4) {
+        v *= E4m3ToFloat(scale[r * (k / blk) + c / blk]);
+      } else if (f == kFp8Block) {
+        v *= ScaleFloat(scale, (r / fp8_row_block) * kb + c / 128);
+      }
+      out[i] = v;
+    }
+  }
+  return out;
+}
+
+std::vector<float> DecodeNoGlobal(const MoeProblemData& p, bool is_a) {
+  if (is_a) {
+    return DecodeBlockScaled(p.activation_format, p.a, p.a_scale, p.num_tokens, p.k, 1);
+  }
+  // B: per expert for fp8-block (its 128x128 scale blocks restart at each expert).
+  if (p.weight_format != kFp8Block) {
+    return DecodeBlockScaled(p.weight_format, p.b, p.b_scale,
+                             static_cast<int64_t>(p.num_experts) * p.n, p.k, 1);
+  }
+  std::vector<float> out;
+  const int64_t per_data = static_cast<int64_t>(p.n) * p.k;
+  const int64_t per_scale = int64_t{4} * ((p.n + 127) / 128) * ((p.k + 127) / 128);
+  for (int e = 0; e < p.num_experts; ++e) {
+    std::vector<uint8_t> d(p.b.begin() + e * per_data, p.b.begin() + (e + 1) * per_data);
+    std::vector<uint8_t> s(p.b_scale.begin() + e * per_scale,
+                           p.b_scale.begin() + (e + 1) * per_scale);
+    std::vector<float> x = DecodeBlockScaled(kFp8Block, d, s, p.n, p.k, 128);
+    out.insert(out.end(), x.begin(), x.end());
+  }
+  return out;
+}
+
+double GlobalA(const MoeProblemData& p) {
+  return p.a_global_scale.empty() ? 1.0 : p.a_global_scale[0];
+}
+double GlobalB(const MoeProblemData& p, int e) {
+  return p.b_global_scale.empty() ? 1.0 : p.b_global_scale[e];
+}
+
+void PutFloat(std::vector<uint8_t>* v, float x) {
+  const uint32_t b = FloatBits(x);
+  for (int i = 0; i < 4; ++i) v->push_back(static_cast<uint8_t>(b >> (8 * i)));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+
+float Bf16ToFloat(uint16_t bits) { return BitsFloat(static_cast<uint32_t>(bits) << 16); }
+
+uint16_t FloatToBf16(float x) {
+  const uint32_t b = FloatBits(x);
+  if (std::isnan(x)) return static_cast<uint16_t>((b >> 16) | 0x0040);
+  const uint32_t rounded = b + 0x7FFF + ((b >> 16) & 1);
+  return static_cast<uint16_t>(rounded >> 16);
+}
+
+float E4m3ToFloat(uint8_t bits) {
+  const int s = bits >> 7, e = (bits >> 3) & 0xF, m = bits & 7;
+  if (e == 0xF && m == 7) return std::numeric_limits<float>::quiet_NaN();
+  const float mag = e == 0 ? std::ldexp(static_cast<float>(m), -9)
+                           : std::ldexp(1.0f + m / 8.0f, e - 7);
+  return s ? -mag : mag;
+}
+
+uint8_t FloatToE4m3(float x) {
+  if (std::isnan(x)) return 0x7F;
+  const uint32_t code = EncodeMagnitude(std::fabs(static_cast<double>(x)), 3, 7, 0x7E);
+  return static_cast<uint8_t>(code | (std::signbit(x) ? 0x80 : 0));
+}
+
+float E2m1ToFloat(uint8_t nibble) {
+  static constexpr float kValues[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float mag = kValues[nibble & 7];
+  return (nibble & 8) ? -mag : mag;
+}
+
+uint8_t FloatToE2m1(float x) {
+  if (std::isnan(x)) return 0;
+  const uint32_t code = EncodeMagnitude(std::fabs(static_cast<double>(x)), 1, 1, 7);
+  return static_cast<uint8_t>(code | (std::signbit(x) ? 8 : 0));
+}
+
+float Ue8m0ToFloat(uint8_t bits) {
+  if (bits == 0xFF) return std::numeric_limits<float>::quiet_NaN();
+  return std::ldexp(1.0f, static_cast<int>(bits) - 127);
+}
+
+// ---------------------------------------------------------------------------------
+
+void Quantize(MoeFormat format, const std::vector<float>& x, int rows, int k,
+              bool square_blocks, std::vector<uint8_t>* data, std::vector<uint8_t>* scale,
+              float* global) {
+  data->clear();
+  scale->clear();
+  *global = 1.0f;
+  const int64_t count = static_cast<int64_t>(rows) * k;
+  auto amax_of = [&](int r0, int r1, int c0, int c1) {
+    float m = 0;
+    for (int r = r0; r < r1; ++r)
+      for (int c = c0; c < c1; ++c) m = std::max(m, std::fabs(x[int64_t{r} * k + c]));
+    return m;
+  };
+  switch (format) {
+    case kBf16:
+      for (int64_t i = 0; i < count; ++i) {
+        const uint16_t b = FloatToBf16(x[i]);
+        data->push_back(static_cast<uint8_t>(b));
+        data->push_back(static_cast<uint8_t>(b >> 8));
+      }
+      return;
+    case kFp8: {
+      const float amax = amax_of(0, rows, 0, k);
+      *global = amax > 0 ? amax / 448.0f : 1.0f;
+      for (int64_t i = 0; i < count; ++i) data->push_back(FloatToE4m3(x[i] / *global));
+      return;
+    }
+    case kFp8Block: {
+      const int rb = square_blocks ? 128 : 1;
+      const int kb = (k + 127) / 128;
+      const int nrb = (rows + rb - 1) / rb;
+      std::vector<float> s(static_cast<size_t>(nrb) * kb);
+      for (int i = 0; i < nrb; ++i) {
+        for (int j = 0; j < kb; ++j) {
+          const float amax = amax_of(i * rb, std::min(rows, (i + 1) * rb), j * 128,
+                                     std::min(k, (j + 1) * 128));
+          s[i * kb + j] = amax > 0 ? amax / 448.0f : 1.0f;
+          PutFloat(scale, s[i * kb + j]);
+        }
+      }
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < k; ++c)
+          data->push_back(FloatToE4m3(x[int64_t{r} * k + c] / s[(r / rb) * kb + c / 128]));
+      return;
+    }
+    case kMxfp8:
+    case kMxfp4: {
+      // OCP MX: shared exponent floor(log2(amax)) - emax(element), elements saturate.
+      const int emax = format == kMxfp8 ? 8 : 2;
+      std::vector<float> q(count);
+      for (int r = 0; r < rows; ++r) {
+        for (int c0 = 0; c0 < k; c0 += 32) {
+          const float amax = amax_of(r, r + 1, c0, c0 + 32);
+          int se = 0;
+          if (amax > 0) {
+            int ex;
+            std::frexp(amax, &ex);
+            se = std::clamp(ex - 1 - emax, -127, 127);
+          }
+          scale->push_back(static_cast<uint8_t>(se + 127));
+          for (int c = c0; c < c0 + 32; ++c)
+            q[int64_t{r} * k + c] = std::ldexp(x[int64_t{r} * k + c], -se);
+        }
+      }
+      if (format == kMxfp8) {
+        for (int64_t i = 0; i < count; ++i) data->push_back(FloatToE4m3(q[i]));
+      } else {
+        for (int64_t i = 0; i < count; i += 2)
+          data->push_back(static_cast<uint8_t>(FloatToE2m1(q[i]) | (FloatToE2m1(q[i + 1]) << 4)));
+      }
+      return;
+    }
+    case kNvfp4: {
+      const float amax = amax_of(0, rows, 0, k);
+      *global = amax > 0 ? amax / (448.0f * 6.0f) : 1.0f;
+      std::vector<float> q(count);
+      for (int r = 0; r < rows; ++r) {
+        for (int c0 = 0; c0 < k; c0 += 16) {
+          const float bmax = amax_of(r, r + 1, c0, c0 + 16);
+          const uint8_t sc = FloatToE4m3(bmax / 6.0f / *global);
+          scale->push_back(sc);
+          const float s = E4m3ToFloat(sc) * *global;
+          for (int c = c0; c < c0 + 16; ++c)
+            q[int64_t{r} * k + c] = s > 0 ? x[int64_t{r} * k + c] / s : 0.0f;
+        }
+      }
+      for (int64_t i = 0; i < count; i += 2)
+        data->push_back(static_cast<uint8_t>(FloatToE2m1(q[i]) | (FloatToE2m1(q[i + 1]) << 4)));
+      return;
+    }
+  }
+}
+
+std::vector<int> RaggedCounts(int num_experts, uint64_t seed) {
+  static constexpr int kPattern[] = {0, 1, 65, 0, 128, 7, 200, 63, 129, 64, 3, 127};
+  constexpr int kLen = sizeof(kPattern) / sizeof(kPattern[0]);
+  std::vector<int> c(num_experts);
+  for (int e = 0; e < num_experts; ++e) c[e] = kPattern[(e + seed) % kLen];
+  return c;
+}
+
+MoeProblemData MakeRandomProblem(const MoeProblemShape& shape, uint64_t seed) {
+  MoeProblemData p;
+  p.weight_format = shape.weight_format;
+  p.activation_format = shape.activation_format;
+  p.num_experts = static_cast<int>(shape.tokens_per_expert.size());
+  p.n = shape.n;
+  p.k = shape.k;
+  p.offsets.push_back(0);
+  for (int c : shape.tokens_per_expert) p.offsets.push_back(p.offsets.back() + c);
+  p.num_tokens = p.offsets.back();
+
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uni(0.5f, 2.0f);
+  // Magnitudes vary by row and by 32-column band so that block scales differ.
+  auto make = [&](int64_t rows, int k, float base) {
+    std::vector<float> band(k / 32 + 1), x(static_cast<size_t>(rows) * k);
+    for (float& b : band) b = std::ldexp(uni(rng), static_cast<int>(rng() % 5) - 2);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float rm = base * std::ldexp(uni(rng), static_cast<int>(rng() % 3) - 1);
+      for (int c = 0; c < k; ++c) x[r * k + c] = normal(rng) * rm * band[c / 32];
+    }
+    return x;
+  };
+  float g = 1;
+  Quantize(p.activation_format, make(p.num_tokens, p.k, 1.0f), p.num_tokens, p.k, false,
+           &p.a, &p.a_scale, &g);
+  if (p.activation_format == kFp8 || p.activation_format == kNvfp4) p.a_global_scale = {g};
+  const float wbase = 1.0f / std::sqrt(static_cast<float>(p.k)) / 4.0f;
+  const bool per_expert = p.weight_format == kFp8 || p.weight_format == kNvfp4 ||
+                          p.weight_format == kFp8Block;
+  if (per_expert) {
+    for (int e = 0; e < p.num_experts; ++e) {
+      std::vector<uint8_t> d, s;
+      Quantize(p.weight_format, make(p.n, p.k, wbase), p.n, p.k, true, &d, &s, &g);
+      p.b.insert(p.b.end(), d.begin(), d.end());
+      p.b_scale.insert(p.b_scale.end(), s.begin(), s.end());
+      if (p.weight_format != kFp8Block) p.b_global_scale.push_back(g);
+    }
+  } else {
+    const int64_t rows = static_cast<int64_t>(p.num_experts) * p.n;
+    Quantize(p.weight_format, make(rows, p.k, wbase), static_cast<int>(rows), p.k, false,
+             &p.b, &p.b_scale, &g);
+  }
+  std::uniform_real_distribution<float> ab(0.5f, 2.0f), lim(0.5f, 3.0f);
+  for (int e = 0; e < p.num_experts; ++e) {
+    if (shape.with_alpha) p.alpha.push_back(ab(rng));
+    if (shape.with_beta) p.beta.push_back(ab(rng));
+    if (shape.with_limit) p.limit.push_back(lim(rng));
+  }
+  return p;
+}
+
+std::vector<float> DequantizeA(const MoeProblemData& p) {
+  std::vector<float> a = DecodeNoGlobal(p, true);
+  const float g = static_cast<float>(GlobalA(p));
+  if (g != 1.0f) for (float& v : a) v *= g;
+  return a;
+}
+
+std::vector<float> DequantizeB(const MoeProblemData& p) {
+  std::vector<float> b = DecodeNoGlobal(p, false);
+  const int64_t per = static_cast<int64_t>(p.n) * p.k;
+  for (int e = 0; e < p.num_experts; ++e) {
+    const float g = static_cast<float>(GlobalB(p, e));
+    if (g != 1.0f) for (int64_t i = e * per; i < (e + 1) * per; ++i) b[i] *= g;
+  }
+  return b;
+}
+
+std::vector<double> ReferenceGemm(const MoeProblemData& p) {
+  const std::vector<float> a = DecodeNoGlobal(p, true);
+  const std::vector<float> b = DecodeNoGlobal(p, false);
+  std::vector<double> c(static_cast<size_t>(p.num_tokens) * p.n, 0.0);
+  auto work = [&](int e_begin, int e_end) {
+    for (int e = e_begin; e < e_end; ++e) {
+      const double g = GlobalA(p) * GlobalB(p, e);
+      for (int t = p.offsets[e]; t < p.offsets[e + 1]; ++t) {
+        const float* ar = &a[static_cast<size_t>(t) * p.k];
+        for (int n = 0; n < p.n; ++n) {
+          const float* br = &b[(static_cast<size_t>(e) * p.n + n) * p.k];
+          double s = 0;
+          for (int kk = 0; kk < p.k; ++kk) s += static_cast<double>(ar[kk]) * br[kk];
+          c[static_cast<size_t>(t) * p.n + n] = s * g;
+        }
+      }
+    }
+  };
+  const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  const int per = (p.num_experts + threads - 1) / threads;
+  for (int i = 0; i < threads; ++i) {
+    const int lo = i * per, hi = std::min(p.num_experts, lo + per);
+    if (lo < hi) pool.emplace_back(work, lo, hi);
+  }
+  for (std::thread& t : pool) t.join();
+  return c;
+}
+
+double ActivationValue(MoeActivation act, double x0, double x1, double alpha, double beta,
+                       double limit) {
+  auto sigmoid = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
+  switch (act) {
+    case moe::kIdentity: return x0;
+    case moe::kRelu2: {
+      const double r = x0 < 0 ? 0.0 : x0;
+      return r * r;
+    }
+    default: break;
+  }
+  // Comparisons written so that NaN passes through, as in the kernels.
+  x1 = x1 > limit ? limit : x1;
+  x0 = x0 > limit ? limit : (x0 < -limit ? -limit : x0);
+  switch (act) {
+    case moe::kSwiglu: return x1 * sigmoid(alpha * x1) * (x0 + beta);
+    case moe::kGeglu: return 0.5 * x1 * (1.0 + std::erf(x1 / std::sqrt(2.0))) * x0;
+    case moe::kSitu:
+      return beta * std::tanh(x0 / beta) * alpha * std::tanh(x1 / alpha) * sigmoid(x1);
+    default: return 0;
+  }
+}
+
+std::vector<double> ApplyActivation(const MoeProblemData& p, const std::vector<double>& c,
+                                    MoeActivation act) {
+  const bool gated = moe::IsGated(act);
+  const int cols = gated ? p.n / 2 : p.n;
+  std::vector<double> out(static_cast<size_t>(p.num_tokens) * cols);
+  for (int e = 0; e < p.num_experts; ++e) {
+    const double alpha = p.alpha.empty() ? 1.0 : p.alpha[e];
+    const double beta = p.beta.empty() ? (act == moe::kSitu ? 1.0 : 0.0) : p.beta[e];
+    const double limit = p.limit.empty() ? kInf : p.limit[e];
+    for (int t = p.offsets[e]; t < p.offsets[e + 1]; ++t) {
+      const double* row = &c[static_cast<size_t>(t) * p.n];
+      for (int j = 0; j < cols; ++j) {
+        out[static_cast<size_t>(t) * cols + j] =
+            ActivationValue(act, row[j], gated ? row[cols + j] : 0.0, alpha, beta, limit);
+      }
+    }
+  }
+  return out;
+}
+
+Tolerance ToleranceFor(MoeFormat weight_format, MoeFormat activation_format) {
+  if (moe::UsesFp8Mma(weight_format, activation_format)) {
+    return Tolerance{.rel_fro = 6e-3, .rtol = 1.6e-2, .atol_rel = 4e-3};
+  }
+  return Tolerance{.rel_fro = 4e-3, .rtol = 8e-3, .atol_rel = 2e-3};
+}
+
+Comparison CompareBf16(const std::vector<uint16_t>& out, const std::vector<double>& ref,
+                       const Tolerance& tol) {
+  Comparison r;
+  if (out.size() != ref.size()) {
+    r.summary = absl::StrFormat("size mismatch: %d outputs, %d reference values", out.size(),
+                                ref.size());
+    return r;
+  }
+  double ref_max = 0, num = 0, den = 0;
+  for (double v : ref)
+    if (std::isfinite(v)) ref_max = std::max(ref_max, std::fabs(v));
+  const double atol = tol.atol_rel * ref_max;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double o = Bf16ToFloat(out[i]), x = ref[i];
+    bool bad;
+    if (std::isnan(x) || std::isnan(o)) {
+      bad = std::isnan(x) != std::isnan(o);
+    } else if (std::isinf(x) || std::isinf(o)) {
+      bad = o != x;
+    } else {
+      const double d = std::fabs(o - x);
+      num += d * d;
+      den += x * x;
+      r.max_abs_err = std::max(r.max_abs_err, d);
+      bad = d > atol + tol.rtol * std::fabs(x);
+    }
+    if (bad) {
+      if (r.first_bad < 0) r.first_bad = static_cast<int64_t>(i);
+      ++r.bad_elements;
+    }
+  }
+  r.rel_fro = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  r.ok = r.bad_elements == 0 && r.rel_fro <= tol.rel_fro;
+  r.summary = absl::StrFormat("rel_fro %.3g (max %.3g), max_abs %.3g, %d bad of %d",
+                              r.rel_fro, tol.rel_fro, r.max_abs_err, r.bad_elements,
+                              out.size());
+  if (r.first_bad >= 0) {
+    r.summary += absl::StrFormat(" (first at %d: got %g, want %g)", r.first_bad,
+                                 Bf16ToFloat(out[r.first_bad]), ref[r.first_bad]);
+  }
+  return r;
+}
+
+}  // namespace cubist::testing
