@@ -98,6 +98,12 @@ absl::StatusOr<absl::Time> ReadTime(const Json& value, const JsonField& field) {
   if (!HasRfc3339Shape(s) || !absl::ParseTime(absl::RFC3339_full, s, &t, &err)) {
     return field.Expected(kExpected, value);
   }
+  // The writer prints UTC with a four-digit year; an offset can push "0000-01-01" or
+  // "9999-12-31" across that range, and the time could then not be written back.
+  const int64_t year = absl::ToCivilYear(t, absl::UTCTimeZone()).year();
+  if (year < 0 || year > 9999) {
+    return field.Expected("an RFC 3339 time within years 0000 to 9999 in UTC", value);
+  }
   return t;
 }
 

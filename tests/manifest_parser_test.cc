@@ -221,6 +221,13 @@ TEST(ManifestParserTest, ExpiresRules) {
         "manifest.json: expires: expected an RFC 3339 time such as \"2027-01-01T00:00:00Z\", got \"")))
         << bad;
   }
+  j["expires"] = "0000-01-01T00:00:00+01:00";
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, HasSubstr(
+      "expires: expected an RFC 3339 time within years 0000 to 9999 in UTC")));
+  j["expires"] = "9999-12-31T23:59:59-00:01";
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, HasSubstr("within years 0000 to 9999")));
+  j["expires"] = "0000-01-01T00:00:00Z";
+  EXPECT_TRUE(Parse(j).ok());
   j["expires"] = 1798761600;
   EXPECT_THAT(Parse(j), StatusIs(kInvalid, HasSubstr("expires: expected an RFC 3339 time "
                                                      "such as \"2027-01-01T00:00:00Z\", got 1798761600")));

@@ -144,6 +144,24 @@ TEST(ManifestWriterTest, ParseWriteIsAFixedPointForHandWrittenJson) {
   EXPECT_EQ(WriteManifest(*m2), once);
 }
 
+TEST(ManifestWriterTest, ExpiresIsWrittenInUtcWithFourDigitYears) {
+  Manifest m = Sample();
+  for (const char* in : {"0000-01-01T00:30:00.25+00:15", "0999-12-31T23:59:60Z",
+                         "9999-12-31T23:59:59.999999999Z"}) {
+    absl::Time t;
+    std::string err;
+    ASSERT_TRUE(absl::ParseTime(absl::RFC3339_full, in, &t, &err)) << in << err;
+    m.expires = t;
+    const std::string text = WriteManifest(m);
+    absl::StatusOr<Manifest> back = ParseManifest(text, "m.json");
+    ASSERT_TRUE(back.ok()) << in << ": " << back.status();
+    EXPECT_EQ(back->expires, m.expires) << in;
+  }
+  m.expires = absl::FromCivil(absl::CivilSecond(999, 12, 31, 23, 59, 59), absl::UTCTimeZone()) +
+              absl::Milliseconds(5);
+  EXPECT_THAT(WriteManifest(m), HasSubstr("\"expires\": \"0999-12-31T23:59:59.005Z\""));
+}
+
 TEST(ManifestWriterTest, OmitsUnsetOptionalFields) {
   Manifest m;
   m.name = "n";
