@@ -2,7 +2,7 @@
 
 #include <climits>
 #include <string>
-#include <unordered_set>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -92,62 +92,122 @@ absl::Status PreScan(std::string_view bytes, std::string_view source, int max_de
   return absl::OkStatus();
 }
 
-// Thrown from the parse callback, caught in ParseStrictJson: nlohmann offers no other
-// way to stop a callback parse with an error of our own.
-struct DuplicateKey {
-  std::string path;
-  std::string key;
-};
-
-// Tracks the JSON path of the value being parsed and the keys seen in each open object.
-class DuplicateKeyChecker {
+// Builds the document through nlohmann's SAX interface, refusing a repeated key the
+// moment it is read. nlohmann's own callback parser (parse with a callback) would do
+// the same job, but it rescans the enclosing container at the end of every object,
+// which is quadratic: 100k artifacts took 12 s instead of 0.2 s, and a hostile
+// "[{},{},...]" far longer.
+class StrictDomBuilder : public nlohmann::json_sax<Json> {
  public:
-  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        {
-          Frame f;
-          f.path = ChildPath();
-          f.is_array = event == Json::parse_event_t::array_start;
-          frames_.push_back(std::move(f));
-        }
-        break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        frames_.pop_back();
-        break;
-      case Json::parse_event_t::key: {
-        Frame& f = frames_.back();
-        f.key = parsed.get<std::string>();
-        if (!f.keys.insert(f.key).second) throw DuplicateKey{f.path, f.key};
-        break;
-      }
-      case Json::parse_event_t::value:
-        if (!frames_.empty() && frames_.back().is_array) ++frames_.back().next_index;
-        break;
+  explicit StrictDomBuilder(Json* root) : root_(root) {}
+
+  bool null() override { return Add(Json(nullptr)) != nullptr; }
+  bool boolean(bool v) override { return Add(Json(v)) != nullptr; }
+  bool number_integer(number_integer_t v) override { return Add(Json(v)) != nullptr; }
+  bool number_unsigned(number_unsigned_t v) override { return Add(Json(v)) != nullptr; }
+  bool number_float(number_float_t v, const string_t& /*text*/) override {
+    return Add(Json(v)) != nullptr;
+  }
+  bool string(string_t& v) override { return Add(Json(std::move(v))) != nullptr; }
+  bool binary(binary_t& v) override { return Add(Json::binary(std::move(v))) != nullptr; }
+
+  bool start_object(std::size_t /*len*/) override { return Open(Json::object()); }
+  bool start_array(std::size_t /*len*/) override { return Open(Json::array()); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+
+  bool key(string_t& k) override {
+    Frame& f = stack_.back();
+    if (f.value->contains(k)) {
+      duplicate_key_ = std::move(k);
+      duplicate_path_ = PathOf(stack_.size());
+      return false;  // stops the parse; sax_parse returns false
     }
+    pending_key_ = std::move(k);
     return true;
   }
 
- private:
-  struct Frame {
-    std::string path;
-    bool is_array = false;
-    size_t next_index = 0;
-    std::string key;
-    std::unordered_set<std::string> keys;
-  };
-
-  // Path of a container that starts now, as a child of the innermost open one.
-  std::string ChildPath() {
-    if (frames_.empty()) return "";
-    Frame& f = frames_.back();
-    if (f.is_array) return absl::StrCat(f.path, "[", f.next_index++, "]");
-    return AppendKey(f.path, f.key);
+  bool parse_error(std::size_t position, const std::string& /*last_token*/,
+                   const nlohmann::detail::exception& ex) override {
+    error_position_ = position;
+    error_what_ = ex.what();
+    error_is_syntax_ = ex.id >= 100 && ex.id < 200;  // parse_error ids; 406 is overflow
+    return false;
   }
 
-  std::vector<Frame> frames_;
+  bool has_duplicate() const { return duplicate_key_.has_value(); }
+  const std::string& duplicate_key() const { return *duplicate_key_; }
+  const std::string& duplicate_path() const { return duplicate_path_; }
+  bool has_parse_error() const { return !error_what_.empty(); }
+  size_t error_position() const { return error_position_; }
+  const std::string& error_what() const { return error_what_; }
+  bool error_is_syntax() const { return error_is_syntax_; }
+
+ private:
+  struct Frame {
+    Json* value;
+    // How this container is reached from its parent: a key, or an index when
+    // `in_array`. Kept for messages only.
+    std::string key;
+    size_t index = 0;
+    bool in_array = false;
+  };
+
+  // Places `v` in the innermost open container (or as the root) and returns it. The
+  // pointer stays valid while `v` is open: its parent gains no element until it closes.
+  Json* Add(Json&& v) {
+    if (stack_.empty()) {
+      *root_ = std::move(v);
+      return root_;
+    }
+    Json* parent = stack_.back().value;
+    if (parent->is_array()) {
+      parent->push_back(std::move(v));
+      return &parent->back();
+    }
+    auto [it, inserted] = parent->get_ref<Json::object_t&>().emplace(std::move(pending_key_), std::move(v));
+    return &it->second;
+  }
+
+  bool Open(Json&& v) {
+    Frame f;
+    if (!stack_.empty()) {
+      const Json* parent = stack_.back().value;
+      f.in_array = parent->is_array();
+      if (f.in_array) {
+        f.index = parent->size();
+      } else {
+        f.key = pending_key_;
+      }
+    }
+    f.value = Add(std::move(v));
+    stack_.push_back(std::move(f));
+    return true;
+  }
+
+  bool Close() {
+    stack_.pop_back();
+    return true;
+  }
+
+  // JSON path of stack_[depth - 1] ("" for the root).
+  std::string PathOf(size_t depth) const {
+    std::string path;
+    for (size_t i = 1; i < depth; ++i) {
+      const Frame& f = stack_[i];
+      path = f.in_array ? absl::StrCat(path, "[", f.index, "]") : AppendKey(path, f.key);
+    }
+    return path;
+  }
+
+  Json* root_;
+  std::vector<Frame> stack_;
+  std::string pending_key_;
+  std::optional<std::string> duplicate_key_;
+  std::string duplicate_path_;
+  size_t error_position_ = 0;
+  std::string error_what_;
+  bool error_is_syntax_ = false;
 };
 
 // nlohmann's what() reads "[json.exception.parse_error.101] parse error at line 3,
@@ -179,22 +239,32 @@ absl::StatusOr<Json> ParseStrictJson(std::string_view bytes, std::string_view so
   }
   if (absl::Status s = PreScan(bytes, source, limits.max_depth); !s.ok()) return s;
   try {
-    DuplicateKeyChecker checker;
-    return Json::parse(bytes.data(), bytes.data() + bytes.size(), std::ref(checker),
-                       /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const DuplicateKey& d) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Sv(source), ": ", d.path.empty() ? "" : absl::StrCat(d.path, ": "),
-        "duplicate key ", QuoteForMessage(d.key),
-        "; JSON readers disagree on which one wins, so a manifest may have each key once"));
-  } catch (const Json::parse_error& e) {
-    const size_t offset = e.byte > 0 ? e.byte - 1 : 0;
-    return PositionError(source, bytes, offset,
-                         absl::StrCat("syntax error: ", ParseErrorDetail(e.what())));
-  } catch (const Json::exception& e) {
-    // out_of_range.406 ("number overflow parsing '1e400'") and friends.
-    return absl::InvalidArgumentError(
-        absl::StrCat(Sv(source), ": invalid JSON: ", ParseErrorDetail(e.what())));
+    Json doc;
+    StrictDomBuilder builder(&doc);
+    const bool ok = Json::sax_parse(bytes.data(), bytes.data() + bytes.size(), &builder,
+                                    Json::input_format_t::json, /*strict=*/true,
+                                    /*ignore_comments=*/false);
+    if (builder.has_duplicate()) {
+      const std::string& path = builder.duplicate_path();
+      return absl::InvalidArgumentError(absl::StrCat(
+          Sv(source), ": ", path.empty() ? "" : absl::StrCat(path, ": "), "duplicate key ",
+          QuoteForMessage(builder.duplicate_key()),
+          "; JSON readers disagree on which one wins, so a manifest may have each key once"));
+    }
+    if (builder.has_parse_error() && builder.error_is_syntax()) {
+      const size_t pos = builder.error_position();
+      return PositionError(source, bytes, pos > 0 ? pos - 1 : 0,
+                           absl::StrCat("syntax error: ", ParseErrorDetail(builder.error_what())));
+    }
+    if (builder.has_parse_error()) {
+      // out_of_range.406 ("number overflow parsing '1e400'") and friends.
+      return absl::InvalidArgumentError(absl::StrCat(
+          Sv(source), ": invalid JSON: ", ParseErrorDetail(builder.error_what())));
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(Sv(source), ": invalid JSON"));
+    }
+    return doc;
   } catch (const std::exception& e) {
     // std::bad_alloc and anything else from the standard library.
     return absl::InvalidArgumentError(
