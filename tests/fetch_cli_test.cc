@@ -138,10 +138,15 @@ TEST_F(FetchCliTest, EightProcessesDownloadEachArtifactOnce) {
   Serve(40, 20000, 120000, "2m");  // slow enough that all eight overlap
   std::string cmd = absl::StrCat("for i in 1 2 3 4 5 6 7 8; do ", testing::CliPath(),
                                  " fetch -q --manifest ", url_, " --cache ", cache_,
-                                 " > ", tmp_.path(), "/out.$i 2>&1 & done; fail=0; "
-                                 "for j in 1 2 3 4 5 6 7 8; do wait -n || fail=1; done; exit $fail");
+                                 " > ", tmp_.path(), "/out.$i 2>&1 & pids=\"$pids $!\"; done; fail=0; "
+                                 "for p in $pids; do wait $p || fail=1; done; exit $fail");
   std::string out;
-  ASSERT_EQ(testing::RunCommand("bash -c '" + cmd + "'", &out), 0) << out;
+  int rc = testing::RunCommand("bash -c '" + cmd + "'", &out);
+  std::string outputs;
+  for (int i = 1; i <= 8; ++i) {
+    outputs += testing::ReadFileOrDie(absl::StrCat(tmp_.path(), "/out.", i));
+  }
+  ASSERT_EQ(rc, 0) << out << outputs;
   std::map<std::string, int> served = server_->SuccessfulRequests();
   for (const Artifact& a : manifest_.artifacts) {
     EXPECT_EQ(served["/" + a.path], 1) << a.path << " was served " << served["/" + a.path] << " times";
