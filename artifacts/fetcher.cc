@@ -631,7 +631,12 @@ class Worker {
                               "file, try --mirror or report it"));
       return;
     }
-    // Verified: hand over to the group committer, which publishes and unlocks.
+    // Verified: hand over to the group committer, which publishes and unlocks. Start
+    // the write-back now (without waiting) so that the committer's flush finds most of
+    // the data already on its way to the disk.
+    if (s_.options.durable) {
+      ::sync_file_range(job->fd.get(), 0, 0, SYNC_FILE_RANGE_WRITE);
+    }
     job->result->url = t.url;
     GroupCommitter::Pending p;
     p.sha256 = a.sha256;

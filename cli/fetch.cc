@@ -27,6 +27,7 @@ struct FetchFlags {
   bool json = false;
   bool quiet = false;
   int retries = 4;
+  bool no_fsync = false;
   TrustFlags trust;
 };
 
@@ -83,6 +84,7 @@ int RunFetch(const FetchFlags& f) {
   options.jobs = f.jobs;
   options.offline = f.offline;
   options.attempts_per_source = f.retries;
+  options.durable = !f.no_fsync;
   FetchProgress progress;
   FetchReport report;
   {
@@ -170,6 +172,10 @@ void RegisterFetch(CLI::App& app, Globals& g) {
   cmd->add_option("--retries", flags->retries, "Attempts per source for transient failures")
       ->check(CLI::Range(1, 20))
       ->capture_default_str();
+  cmd->add_flag("--no-fsync", flags->no_fsync,
+                "Skip flushing objects to disk before publishing them (throwaway caches and "
+                "benchmarks: a power loss may then leave a truncated object that only "
+                "'verify --deep' finds)");
   cmd->add_flag("--json", flags->json, "Print a JSON report on stdout");
   cmd->add_flag("-q,--quiet", flags->quiet, "No progress bar and no summary unless failed");
   AddTrustFlags(cmd, &flags->trust);
