@@ -13,6 +13,8 @@
 // from tests/loader.cmake ($CUBIST_TEST_CUBIN_DIR, else <build>/tests/cubins). Without a
 // driver or a GPU the program says so and exits 0. After the runs it prints each of ours
 // as a ratio of its raw baseline ("ratios" lines), which docs/benchmarks.md quotes.
+// Run it with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true so
+// that raw and cached runs alternate in time; the ratios then use medians.
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -228,11 +230,16 @@ class RatioReporter : public benchmark::ConsoleReporter {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
       if (r.error_occurred) continue;
+      // With --benchmark_repetitions, keep the median of each and ignore single runs.
+      if (r.repetitions > 1 &&
+          (r.run_type != Run::RT_Aggregate || r.aggregate_name != "median")) {
+        continue;
+      }
       double ns = r.GetAdjustedRealTime() *
                   (r.time_unit == benchmark::kMicrosecond   ? 1e3
                    : r.time_unit == benchmark::kMillisecond ? 1e6
                                                             : 1.0);
-      times[r.benchmark_name() + (r.report_label.empty() ? "" : " [" + r.report_label + "]")] = ns;
+      times[r.run_name.str() + (r.report_label.empty() ? "" : " [" + r.report_label + "]")] = ns;
     }
   }
   std::map<std::string, double> times;
@@ -263,6 +270,7 @@ void PrintRatios(const std::map<std::string, double>& t) {
       }
     }
   }
+  if (find("cached/", "") == 0) return;
   double hit = find("cached/cache_GetFunction_id", "");
   double by_name = find("cached/cache_GetFunction_name", "");
   double raw_mod = find("cached/raw_cuModuleGetFunction", "");

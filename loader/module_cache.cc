@@ -46,6 +46,10 @@ struct ModuleCache::ImageSlot {
   CUlibrary library = nullptr;      // guarded by mu
   CUmodule module = nullptr;        // guarded by mu
   std::vector<std::string> kernels; // names the image holds, for NotFound messages
+  // Function name -> function index, guarded by Registry::mu. Keyed by std::string with
+  // heterogeneous lookup, so that the by-name path finds a registered function without
+  // allocating.
+  absl::flat_hash_map<std::string, uint32_t> functions;
 };
 
 struct ModuleCache::FunctionSlot {
@@ -60,10 +64,8 @@ struct ModuleCache::FunctionSlot {
 };
 
 struct ModuleCache::Registry {
-  absl::Mutex mu;
+  absl::Mutex mu;  // also guards every ImageSlot::functions
   absl::flat_hash_map<std::string, uint32_t> images_by_path ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<std::pair<uint32_t, std::string>, uint32_t> functions
-      ABSL_GUARDED_BY(mu);
 };
 
 absl::StatusOr<std::unique_ptr<ModuleCache>> ModuleCache::Create(DriverApi& driver,
@@ -192,11 +194,11 @@ absl::StatusOr<FunctionId> ModuleCache::AddFunction(ImageId image, std::string n
   }
   FunctionSlot* existing = nullptr;
   uint32_t index = 0;
+  ImageSlot* image_slot_ptr = image_slot(image.value);
   {
     absl::MutexLock lock(&registry_->mu);
-    auto key = std::make_pair(image.value, name);
-    auto it = registry_->functions.find(key);
-    if (it != registry_->functions.end()) {
+    auto it = image_slot_ptr->functions.find(name);
+    if (it != image_slot_ptr->functions.end()) {
       index = it->second;
       existing = function_slot(index);
     } else {
@@ -212,7 +214,7 @@ absl::StatusOr<FunctionId> ModuleCache::AddFunction(ImageId image, std::string n
       slot->image = image.value;
       slot->name = name;
       slot->dynamic_shared_bytes = dynamic_shared_bytes;
-      registry_->functions.emplace(std::move(key), index);
+      image_slot_ptr->functions.emplace(std::move(name), index);
       num_functions_.store(index + 1, std::memory_order_release);
       return FunctionId{index};
     }
@@ -373,6 +375,16 @@ absl::StatusOr<CUfunction> ModuleCache::GetFunction(FunctionId id) {
 }
 
 absl::StatusOr<CUfunction> ModuleCache::GetFunction(ImageId image, std::string_view name) {
+  if (image.valid() && image.value < num_images_.load(std::memory_order_acquire)) {
+    ImageSlot* img = image_slot(image.value);
+    uint32_t index = UINT32_MAX;
+    {
+      absl::ReaderMutexLock lock(&registry_->mu);
+      auto it = img->functions.find(Sv(name));
+      if (it != img->functions.end()) index = it->second;
+    }
+    if (index != UINT32_MAX) return GetFunction(FunctionId{index});
+  }
   CUBIST_ASSIGN_OR_RETURN(FunctionId id, AddFunction(image, std::string(name)));
   return GetFunction(id);
 }

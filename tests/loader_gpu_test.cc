@@ -80,10 +80,10 @@ void RunKernelsOn(DriverApi& driver, const PrimaryContext& ctx, bool prefer_libr
   LOADER_ASSERT_OK(x->CopyFromHost(in.data(), n * sizeof(float)));
   LOADER_ASSERT_OK(y->Fill(0xff));  // poison: NaNs everywhere
 
-  // add_one: x += 1, 256 threads a block.
+  // add_one: x += 1, 64 threads a block (its shared tile holds 64 floats).
   int count = n;
   void* add_args[] = {x->arg(), &count};
-  ASSERT_EQ(driver.LaunchKernel(*cache->GetFunction(add_one), n / 256, 1, 1, 256, 1, 1, 0,
+  ASSERT_EQ(driver.LaunchKernel(*cache->GetFunction(add_one), n / 64, 1, 1, 64, 1, 1, 0,
                                 stream->get(), add_args, nullptr),
             CUDA_SUCCESS);
   // scale: x *= 0.5, at its launch bound of 128 threads.
