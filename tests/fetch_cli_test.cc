@@ -216,5 +216,20 @@ TEST_F(FetchCliTest, GcRemovesWhatNoKeptManifestNeeds) {
   ASSERT_EQ(Cubist(absl::StrCat("verify --manifest ", url_, " --cache ", cache_), &out), 0) << out;
 }
 
+
+TEST_F(FetchCliTest, FetchesAFlashInferChecksumsTxtAndReportsJson) {
+  Serve(5, 1000, 5000);
+  std::string sums;
+  for (const Artifact& a : manifest_.artifacts) absl::StrAppend(&sums, a.sha256, " ", a.path, "\n");
+  testing::WriteFileOrDie(repo_ + "/checksums.txt", sums);
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --json --manifest ", server_->BaseUrl(),
+                                "checksums.txt --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("\"downloaded\": 5"));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("\"url\": \"", server_->BaseUrl(), manifest_.artifacts[0].path)));
+  EXPECT_THAT(out, HasSubstr("\"ok\": true"));
+  EXPECT_EQ(testing::ReadFileOrDie(ObjectPath(2)), files_[2].data);
+}
+
 }  // namespace
 }  // namespace cubist
