@@ -5,19 +5,24 @@
 
 #include <sys/stat.h>
 
+#include <map>
 #include <string>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/sha256.h"
 #include "tests/test_util.h"
+#include "tests/testlib/fault_http_server.h"
 
 namespace cubist {
 namespace {
 
 using ::cubist::testing::CliPath;
+using ::cubist::testing::FaultHttpServer;
 using ::cubist::testing::ReadFileOrDie;
 using ::cubist::testing::RunCommand;
 using ::cubist::testing::StatusIs;
@@ -354,6 +359,179 @@ TEST_F(SignCliTest, InteroperatesWithTheOpensslCommandLine) {
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("Signature Verified Successfully"));
+}
+
+// ---------------------------------------------------------------------------------
+// `cubist fetch` and `verify` with trust configured: signatures before parsing,
+// rollback and expiry refusals with their overrides, key rotation.
+
+class FetchTrustTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = FaultHttpServer::Start();
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    for (int i = 0; i < 3; ++i) {
+      std::string data = cubist::testing::RandomBytes(5000 + 100 * i, 50 + i);
+      files_.push_back({absl::StrCat("cubins/k", i, ".cubin"), data});
+      server_->Serve("/repo/" + files_.back().first, data);
+    }
+    for (const char* name : {"old", "new", "stranger"}) {
+      absl::StatusOr<PrivateKey> k = PrivateKey::Generate();
+      ASSERT_TRUE(k.ok());
+      absl::StatusOr<std::string> pem = k->ToPem();
+      ASSERT_TRUE(pem.ok());
+      WriteFileOrDie(dir_.Join(std::string(name) + ".pem"), *pem);
+      pub_[name] = k->public_key().ToString();
+    }
+  }
+  std::string ManifestJson(int64_t version, const std::string& expires = "") {
+    std::string arts;
+    for (const auto& [path, data] : files_) {
+      absl::StrAppend(&arts, arts.empty() ? "" : ", ", R"({"path": ")", path,
+                      R"(", "sha256": ")", Sha256Hex(data), R"(", "size": )", data.size(), "}");
+    }
+    return absl::StrCat(R"({"schema": "cubist.manifest/1", "name": "signed-set", "version": )",
+                        version,
+                        expires.empty() ? "" : absl::StrCat(R"(, "expires": ")", expires, "\""),
+                        R"(, "base_urls": [")", server_->Url("/repo/"), R"("], "artifacts": [)",
+                        arts, "]}\n");
+  }
+  // Signs `bytes` with the named keys (one line each) and returns the .sig text.
+  std::string Sign(const std::string& bytes, std::initializer_list<const char*> keys) {
+    std::string sig;
+    for (const char* name : keys) {
+      absl::StatusOr<PrivateKey> k =
+          PrivateKey::FromPem(ReadFileOrDie(dir_.Join(std::string(name) + ".pem")));
+      EXPECT_TRUE(k.ok());
+      absl::StatusOr<Ed25519Signature> s = k->Sign(bytes);
+      EXPECT_TRUE(s.ok());
+      sig += FormatSignatureLine(k->public_key(), *s);
+    }
+    return sig;
+  }
+  // Publishes the manifest (and its .sig unless empty) on the server.
+  std::string Publish(const std::string& bytes, const std::string& sig) {
+    server_->Serve("/repo/manifest.json", bytes);
+    if (!sig.empty()) server_->Serve("/repo/manifest.json.sig", sig);
+    return server_->Url("/repo/manifest.json");
+  }
+  int Cubist(const std::string& args, std::string* out) {
+    return RunCommand("env -u CUBIST_TRUSTED_KEYS " + Q(CliPath()) + " " + args +
+                          " --cache " + Q(dir_.Join("cache")),
+                      out);
+  }
+  int ArtifactRequests() {
+    int n = 0;
+    for (const auto& [path, data] : files_) n += server_->Count("/repo/" + path);
+    return n;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<FaultHttpServer> server_;
+  std::vector<std::pair<std::string, std::string>> files_;
+  std::map<std::string, std::string> pub_;
+};
+
+TEST_F(FetchTrustTest, SignedManifestOverHttpIsFetched) {
+  std::string bytes = ManifestJson(1);
+  std::string url = Publish(bytes, Sign(bytes, {"new"}));
+  std::string out;
+  EXPECT_EQ(Cubist("fetch -q -m " + url + " --trusted-key " + pub_["new"], &out), 0) << out;
+  EXPECT_EQ(ArtifactRequests(), 3);
+  EXPECT_EQ(server_->Count("/repo/manifest.json.sig"), 1);
+}
+
+TEST_F(FetchTrustTest, UnsignedManifestIsRefusedBeforeItIsParsed) {
+  // Not even JSON: with keys configured, the signature check comes first, so the error is
+  // about the signature (exit 7), not a parse error (exit 8).
+  std::string url = Publish("this is not a manifest", "");
+  std::string out;
+  EXPECT_EQ(Cubist("fetch -q -m " + url + " --trusted-key " + pub_["new"], &out), 7) << out;
+  EXPECT_THAT(out, HasSubstr("cubist: error: " + url + ": unsigned manifest"));
+  EXPECT_EQ(ArtifactRequests(), 0);
+  // Without keys the same bytes are parsed, and rejected as malformed.
+  EXPECT_EQ(Cubist("fetch -q -m " + url, &out), 8) << out;
+}
+
+TEST_F(FetchTrustTest, TamperedOrForeignSignedManifestIsRefused) {
+  std::string bytes = ManifestJson(1);
+  std::string sig = Sign(bytes, {"new"});
+  std::string tampered = bytes;
+  tampered.replace(tampered.find("\"version\": 1"), 12, "\"version\": 9");
+  std::string url = Publish(tampered, sig);
+  std::string out;
+  EXPECT_EQ(Cubist("fetch -q -m " + url + " --trusted-key " + pub_["new"], &out), 7) << out;
+  EXPECT_THAT(out, HasSubstr("bad signature"));
+  url = Publish(bytes, Sign(bytes, {"stranger"}));
+  EXPECT_EQ(Cubist("fetch -q -m " + url + " --trusted-key " + pub_["new"], &out), 7) << out;
+  EXPECT_THAT(out, HasSubstr("signed only by untrusted key"));
+  EXPECT_EQ(ArtifactRequests(), 0);
+}
+
+TEST_F(FetchTrustTest, KeyRotationOldAndNewKeysTogether) {
+  std::string bytes = ManifestJson(1);
+  std::string url = Publish(bytes, Sign(bytes, {"old", "new"}));
+  std::string out;
+  // Users who still trust only the old key, and users who moved to the new one.
+  EXPECT_EQ(Cubist("fetch -q -m " + url + " --trusted-key " + pub_["old"], &out), 0) << out;
+  EXPECT_EQ(Cubist("fetch -q -m " + url + " --trusted-key " + pub_["new"], &out), 0) << out;
+  // A manifest signed only by the new key, for a user who trusts both (flag + env).
+  bytes = ManifestJson(2);
+  url = Publish(bytes, Sign(bytes, {"new"}));
+  EXPECT_EQ(RunCommand("CUBIST_TRUSTED_KEYS=" + pub_["new"] + " " + Q(CliPath()) +
+                           " fetch -q -m " + url + " --trusted-key " + pub_["old"] +
+                           " --cache " + Q(dir_.Join("cache")),
+                       &out),
+            0)
+      << out;
+}
+
+TEST_F(FetchTrustTest, RollbackIsRefusedUnlessAllowed) {
+  std::string v2 = ManifestJson(2), v1 = ManifestJson(1);
+  std::string out;
+  std::string url = Publish(v2, Sign(v2, {"new"}));
+  std::string trust = " --trusted-key " + pub_["new"];
+  ASSERT_EQ(Cubist("fetch -q -m " + url + trust, &out), 0) << out;
+  EXPECT_EQ(ReadFileOrDie(dir_.Join("cache/state/versions/signed-set")),
+            absl::StrCat("cubist.version-state/1\nname signed-set\nversion 2\ndigest ",
+                         Sha256Hex(v2), "\n"));
+  // A mirror now serves the older, validly signed release.
+  url = Publish(v1, Sign(v1, {"new"}));
+  EXPECT_EQ(Cubist("fetch -q -m " + url + trust, &out), 6) << out;
+  EXPECT_THAT(out, HasSubstr("manifest 'signed-set' version 1 is older than version 2 already "
+                             "verified in this cache"));
+  EXPECT_THAT(out, HasSubstr("--allow-rollback"));
+  EXPECT_EQ(Cubist("verify -m " + url + trust, &out), 6) << out;  // read-only commands too
+  EXPECT_EQ(Cubist("fetch -q -m " + url + trust + " --allow-rollback", &out), 0) << out;
+  // The record keeps version 2: protection resumes without the flag.
+  EXPECT_EQ(Cubist("fetch -q -m " + url + trust, &out), 6) << out;
+}
+
+TEST_F(FetchTrustTest, ExpiredManifestIsRefusedUnlessAllowed) {
+  std::string bytes = ManifestJson(1, "2020-01-01T00:00:00Z");
+  std::string url = Publish(bytes, Sign(bytes, {"new"}));
+  std::string out;
+  std::string trust = " --trusted-key " + pub_["new"];
+  EXPECT_EQ(Cubist("fetch -q -m " + url + trust, &out), 6) << out;
+  EXPECT_THAT(out, HasSubstr("expired at 2020-01-01T00:00:00Z"));
+  EXPECT_THAT(out, HasSubstr("--allow-expired"));
+  EXPECT_EQ(ArtifactRequests(), 0);
+  EXPECT_EQ(Cubist("fetch -q -m " + url + trust + " --allow-expired", &out), 0) << out;
+  bytes = ManifestJson(2, "2999-01-01T00:00:00Z");
+  url = Publish(bytes, Sign(bytes, {"new"}));
+  EXPECT_EQ(Cubist("fetch -q -m " + url + trust, &out), 0) << out;
+}
+
+TEST_F(FetchTrustTest, SignatureServerErrorIsNotMistakenForUnsigned) {
+  std::string bytes = ManifestJson(1);
+  std::string url = Publish(bytes, Sign(bytes, {"new"}));
+  server_->SetFault("/repo/manifest.json.sig",
+                    {.kind = ::cubist::testing::FaultKind::kStatus, .status = 503});
+  std::string out;
+  EXPECT_EQ(Cubist("fetch -q -m " + url + " --trusted-key " + pub_["new"], &out), 4) << out;
+  EXPECT_THAT(out, HasSubstr("signature"));
+  EXPECT_EQ(ArtifactRequests(), 0);
 }
 
 }  // namespace

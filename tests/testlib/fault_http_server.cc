@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -297,8 +298,21 @@ bool FaultHttpServer::State::HandleRequest(int fd, const std::string& head) {
                     fault.kind == FaultKind::kShortBody || fault.kind == FaultKind::kStall;
   size_t n = truncating ? static_cast<size_t>(std::min<uint64_t>(fault.bytes, body.size()))
                         : body.size();
-  bool ok = SendAll(fd, std::string_view(body).substr(0, n));
-  SetSent(index, ok ? n : 0);
+  bool ok = true;
+  if (fault.kind == FaultKind::kThrottle && fault.bytes > 0) {
+    size_t off = 0;
+    while (ok && off < n) {
+      size_t chunk = static_cast<size_t>(std::min<uint64_t>(fault.bytes, n - off));
+      ok = SendAll(fd, std::string_view(body).substr(off, chunk));
+      if (ok) SetSent(index, chunk);
+      off += chunk;
+      std::unique_lock<std::mutex> l(mu);
+      if (cv.wait_for(l, std::chrono::milliseconds(10), [&] { return stopping; })) ok = false;
+    }
+  } else {
+    ok = SendAll(fd, std::string_view(body).substr(0, n));
+    SetSent(index, ok ? n : 0);
+  }
   switch (fault.kind) {
     case FaultKind::kResetAfter:
       CloseConnection(fd, /*reset=*/true);

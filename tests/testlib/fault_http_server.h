@@ -50,6 +50,8 @@ enum class FaultKind {
   kOversize,     // the file followed by junk: `bytes` body bytes in all, with a
                  // Content-Length that says so
   kOversizeNoLength,  // the same, without Content-Length (ends when the server closes)
+  kThrottle,     // serve normally, but in chunks of `bytes` bytes 10 ms apart (a slow
+                 // link, so that other processes can be killed mid-download)
 };
 
 struct Fault {

@@ -1,0 +1,224 @@
+// Hostile manifests through `cubist fetch`: path traversal, huge and negative sizes,
+// duplicate paths, invalid UTF-8, deep nesting, a 100 MB manifest (from a file and over
+// HTTP). Each must end in a clear error (exit 8, "cubist: error: <where>: <what>") in
+// bounded time and bounded memory (the child's peak RSS, from wait4), and write nothing
+// outside the cache. Rows of docs/reliability.md's fault matrix name these tests.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/sha256.h"
+#include "tests/test_util.h"
+#include "tests/testlib/fault_http_server.h"
+
+namespace cubist {
+namespace {
+
+using ::cubist::testing::CliPath;
+using ::cubist::testing::FaultHttpServer;
+using ::cubist::testing::FileExists;
+using ::cubist::testing::ReadFileOrDie;
+using ::cubist::testing::TempDir;
+using ::cubist::testing::WriteFileOrDie;
+using ::testing::HasSubstr;
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr long kRssSlack = 4;  // sanitizer runtimes and quarantines inflate RSS
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr long kRssSlack = 4;
+#else
+constexpr long kRssSlack = 1;
+#endif
+#else
+constexpr long kRssSlack = 1;
+#endif
+
+struct RunResult {
+  int rc = -1;
+  std::string output;
+  long max_rss_mb = 0;
+  absl::Duration elapsed;
+};
+
+RunResult RunCli(const std::vector<std::string>& args, const std::string& log) {
+  RunResult r;
+  absl::Time start = absl::Now();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<std::string> all = {CliPath()};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  rusage ru{};
+  while (::wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {
+  }
+  r.elapsed = absl::Now() - start;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.max_rss_mb = ru.ru_maxrss / 1024;
+  r.output = ReadFileOrDie(log);
+  return r;
+}
+
+class FaultInputTest : public ::testing::Test {
+ protected:
+  // Writes `json` as a manifest and fetches it into a fresh cache.
+  RunResult FetchManifest(const std::string& json) {
+    std::string path = dir_.Join("repo/manifest.json");
+    WriteFileOrDie(path, json);
+    return FetchLocation(path);
+  }
+  RunResult FetchLocation(const std::string& location) {
+    return RunCli({"fetch", "-q", "--manifest", location, "--cache", dir_.Join("cache")},
+                  dir_.Join("out.log"));
+  }
+  // A manifest around one artifact whose JSON text is `artifact`.
+  static std::string WithArtifacts(const std::string& artifacts) {
+    return absl::StrCat(
+        R"({"schema": "cubist.manifest/1", "name": "bad", "version": 1, "base_urls": )",
+        R"(["http://127.0.0.1:9/"], "artifacts": [)", artifacts, "]}");
+  }
+  static std::string Art(const std::string& path_json, const std::string& size = "10") {
+    return absl::StrCat(R"({"path": )", path_json, R"(, "sha256": ")", std::string(64, 'a'),
+                        R"(", "size": )", size, "}");
+  }
+  // The common expectations: exit 8, a "cubist: error:" line naming the manifest and
+  // `fragment`, a few seconds at most, bounded memory, no object written.
+  void ExpectRefused(const RunResult& r, const std::string& fragment, long rss_mb = 128) {
+    EXPECT_EQ(r.rc, 8) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("cubist: error: "));
+    EXPECT_THAT(r.output, HasSubstr(fragment)) << r.output;
+    EXPECT_LT(r.elapsed, absl::Seconds(20)) << r.output;
+    EXPECT_LT(r.max_rss_mb, rss_mb * kRssSlack) << r.output;
+    EXPECT_FALSE(FileExists(dir_.Join("cache/objects/sha256/aa")));
+  }
+
+  TempDir dir_;
+};
+
+TEST_F(FaultInputTest, PathTraversalIsRefused) {
+  for (const char* p : {R"("../../escape.cubin")", R"("cubins/../../escape.cubin")",
+                        R"("/etc/passwd")", R"("cubins\\..\\x.cubin")", R"("./x.cubin")",
+                        R"("cubins//x.cubin")", R"("")"}) {
+    SCOPED_TRACE(p);
+    RunResult r = FetchManifest(WithArtifacts(Art(p)));
+    ExpectRefused(r, "artifacts[0].path");
+  }
+  EXPECT_FALSE(FileExists(dir_.Join("escape.cubin")));
+  EXPECT_FALSE(FileExists(dir_.path() + "/../escape.cubin"));
+}
+
+TEST_F(FaultInputTest, ControlCharactersAndNulInPathsAreRefused) {
+  ExpectRefused(FetchManifest(WithArtifacts(Art(R"("a\u0000b.cubin")"))), "artifacts[0].path");
+  ExpectRefused(FetchManifest(WithArtifacts(Art(R"("a\nb.cubin")"))), "artifacts[0].path");
+}
+
+TEST_F(FaultInputTest, HugeAndNegativeSizesAreRefused) {
+  ExpectRefused(FetchManifest(WithArtifacts(Art(R"("k.cubin")", "1152921504606846976"))),
+                "artifacts[0].size");
+  ExpectRefused(FetchManifest(WithArtifacts(Art(R"("k.cubin")", "-1"))), "artifacts[0].size");
+  ExpectRefused(FetchManifest(WithArtifacts(Art(R"("k.cubin")", "1e400"))), "manifest.json");
+  ExpectRefused(FetchManifest(WithArtifacts(Art(R"("k.cubin")", "10.5"))), "artifacts[0].size");
+  ExpectRefused(FetchManifest(WithArtifacts(Art(R"("k.cubin")", R"("10")"))),
+                "artifacts[0].size");
+}
+
+TEST_F(FaultInputTest, DuplicatePathsAreRefused) {
+  RunResult r = FetchManifest(
+      WithArtifacts(Art(R"("cubins/k.cubin")") + ", " + Art(R"("cubins/k.cubin")")));
+  ExpectRefused(r, "artifacts[1].path: duplicate");
+}
+
+TEST_F(FaultInputTest, DuplicateKeysAreRefused) {
+  RunResult r = FetchManifest(
+      R"({"schema": "cubist.manifest/1", "name": "a", "name": "b", "version": 1, "artifacts": []})");
+  ExpectRefused(r, "duplicate key");
+}
+
+TEST_F(FaultInputTest, InvalidUtf8IsRefusedWithItsPosition) {
+  RunResult r = FetchManifest(WithArtifacts(Art("\"cubins/k\xff\xfe.cubin\"")));
+  ExpectRefused(r, "invalid UTF-8 (byte 0xff)");
+  // An overlong encoding of '/' ("\xc0\xaf") must not sneak a separator in.
+  r = FetchManifest(WithArtifacts(Art("\"cubins\xc0\xaf..\xc0\xafk.cubin\"")));
+  ExpectRefused(r, "invalid UTF-8");
+}
+
+TEST_F(FaultInputTest, DeepNestingIsRefusedBeforeParsing) {
+  std::string deep = R"({"schema": "cubist.manifest/1", "x": )" + std::string(1000000, '[');
+  RunResult r = FetchManifest(deep);
+  ExpectRefused(r, "nesting deeper than");
+  EXPECT_LT(r.elapsed, absl::Seconds(5));
+}
+
+TEST_F(FaultInputTest, TruncatedJsonPointsAtTheEnd) {
+  RunResult r = FetchManifest(R"({"schema": "cubist.manifest/1", "name": "x", "vers)");
+  ExpectRefused(r, "manifest.json:1:");
+}
+
+// 100 MB: valid JSON shape (a long array of artifacts), so that nothing but the size cap
+// stops it. Read at most the cap plus one byte, never parsed.
+std::string HundredMegabyteManifest() {
+  std::string a = absl::StrCat(R"({"path": "cubins/k0000000.cubin", "sha256": ")",
+                               std::string(64, 'b'), R"(", "size": 100000},)");
+  std::string out =
+      R"({"schema": "cubist.manifest/1", "name": "big", "version": 1, "artifacts": [)";
+  out.reserve(101u << 20);
+  while (out.size() < (100u << 20)) out += a;
+  out.back() = ']';
+  out += "}";
+  return out;
+}
+
+TEST_F(FaultInputTest, HundredMegabyteManifestFileIsRefusedInBoundedMemory) {
+  std::string path = dir_.Join("repo/manifest.json");
+  WriteFileOrDie(path, HundredMegabyteManifest());
+  RunResult r = FetchLocation(path);
+  // The read stops at the 64 MiB cap (+1 byte): memory stays near that, not 100 MB+.
+  ExpectRefused(r, "larger than the limit of 67108864 bytes", 96);
+  std::printf("peak RSS refusing a 100 MB manifest file: %ld MB\n", r.max_rss_mb);
+}
+
+TEST_F(FaultInputTest, HundredMegabyteManifestOverHttpIsRefusedInBoundedMemory) {
+  auto server = FaultHttpServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->Serve("/manifest.json", HundredMegabyteManifest());
+  RunResult r = FetchLocation((*server)->Url("/manifest.json"));
+  // The body is collected in a growing string: while it doubles from 64 to 128 MiB
+  // both buffers are live, so the bound is about three times the cap.
+  ExpectRefused(r, "larger than the limit of 67108864 bytes", 224);
+  EXPECT_EQ((*server)->Count("/manifest.json"), 1);  // a size refusal is not retried
+  std::printf("peak RSS refusing a 100 MB manifest over HTTP: %ld MB\n", r.max_rss_mb);
+}
+
+TEST_F(FaultInputTest, EndlessManifestOverHttpStopsAtTheCap) {
+  // 4 GiB announced and streamed: the client stops at the cap, so memory and time do
+  // not depend on what the server sends.
+  auto server = FaultHttpServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->Serve("/manifest.json", "{");
+  (*server)->SetFault("/manifest.json", {.kind = ::cubist::testing::FaultKind::kOversizeNoLength,
+                                         .bytes = uint64_t{4} << 30});
+  RunResult r = FetchLocation((*server)->Url("/manifest.json"));
+  ExpectRefused(r, "larger than the limit", 224);
+  uint64_t sent = (*server)->Requests()[0].body_bytes_sent;
+  EXPECT_LT(sent, uint64_t{256} << 20) << "the client kept reading";
+}
+
+}  // namespace
+}  // namespace cubist
