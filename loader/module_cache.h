@@ -25,8 +25,9 @@
 // Preload() does all of that up front, for engines that must not load during CUDA-graph
 // capture (lazy loading may synchronise the context).
 //
-// Hot path: GetFunction(FunctionId) on a loaded function is two acquire loads and no
-// allocation, lock or hashing (ids index a chunked array).
+// Hot path: GetFunction(FunctionId) on a loaded function is three atomic loads (count,
+// chunk, slot) and no allocation, lock or hashing (ids index a chunked array); 3.8 ns
+// on the H200 machine, against 46 ns for cuModuleGetFunction (docs/benchmarks.md).
 //
 // Ownership: the cache owns every CUlibrary/CUmodule it loads and unloads them on
 // destruction (with its context made current). It does not own the context or the
