@@ -55,10 +55,18 @@ OperandPattern::OperandPattern(DataFormat format, OperandKind kind, uint64_t see
   }
 }
 
-absl::Status OperandPattern::Fill(DeviceBuffer& buffer) const {
-  for (size_t off = 0; off < buffer.size(); off += bytes_.size()) {
-    CUBIST_RETURN_IF_ERROR(buffer.CopyFromHost(
-        bytes_.data(), std::min(bytes_.size(), buffer.size() - off), off));
+absl::Status OperandPattern::Fill(DriverApi& driver, DeviceBuffer& buffer) const {
+  const size_t size = buffer.size();
+  size_t filled = std::min(bytes_.size(), size);
+  if (filled == 0) return absl::OkStatus();
+  CUBIST_RETURN_IF_ERROR(buffer.CopyFromHost(bytes_.data(), filled));
+  // `filled` stays a multiple of the period, so byte i is still bytes_[i % period].
+  while (filled < size) {
+    const size_t n = std::min(filled, size - filled);
+    CUBIST_RETURN_IF_ERROR(CuCheck(driver,
+                                   driver.MemcpyDtoD(buffer.get() + filled, buffer.get(), n),
+                                   "fill operand: cuMemcpyDtoD"));
+    filled += n;
   }
   return absl::OkStatus();
 }

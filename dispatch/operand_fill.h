@@ -34,8 +34,10 @@ class OperandPattern {
  public:
   OperandPattern(DataFormat format, OperandKind kind, uint64_t seed);
   uint8_t Byte(size_t offset) const { return bytes_[offset % bytes_.size()]; }
-  // Fills `buffer` (synchronously) with the pattern from offset 0.
-  [[nodiscard]] absl::Status Fill(DeviceBuffer& buffer) const;
+  // Fills `buffer` (synchronously) with the pattern from offset 0: one period from the
+  // host, then device-to-device copies that double the filled prefix (gigabytes in
+  // milliseconds). `driver` must be the buffer's.
+  [[nodiscard]] absl::Status Fill(DriverApi& driver, DeviceBuffer& buffer) const;
 
  private:
   std::vector<uint8_t> bytes_;

@@ -1,0 +1,159 @@
+// The MoE batched-GEMM op an inference engine calls (kernels/moe_gemm_abi.h has the
+// operation, layouts and scale formats).
+//
+//   MoeGemmArgs args;
+//   args.weight_format = DataFormat::kMxfp4;  args.activation_format = DataFormat::kBf16;
+//   args.activation = Activation::kSwiglu;
+//   args.experts = 128;  args.tokens = T;  args.n = 5760;  args.k = 2880;
+//   args.a = a_ptr;  args.b = b_ptr;  args.b_scale = b_scale_ptr;
+//   args.offsets = offsets_ptr;  args.out = out_ptr;
+//   CUBIST_RETURN_IF_ERROR(gemm->CanImplement(args));   // once per shape, off the hot path
+//   CUBIST_RETURN_IF_ERROR(gemm->Run(args, stream));     // every step
+//
+// CanImplement says whether Run can serve the arguments: shapes, formats, the pointers
+// each format needs, their alignment, a kernel in the manifest, and the kernel family's
+// own launch check (kernels/moe_gemm_check.h) (InvalidArgument, NotFound naming the
+// problem and the nearest kernels, FailedPrecondition). It selects
+// (and may fetch and load) the kernel, so calling it once per shape before CUDA-graph
+// capture keeps capture free of loading.
+//
+// Run launches through cuLaunchKernelEx: grid from the problem (the ABI's
+// MoeGemmGridFor, which never reads device memory), block = the kernel's threads,
+// dynamic shared memory, cluster dimensions and, if asked, programmatic dependent
+// launch. A problem seen before costs one lock-free decision-cache lookup (a hash and a
+// compare); no allocation and no lock on that path. A new problem takes the slow path
+// once: select (tuned winner for its shape bucket if one is recorded, else the cost
+// model; or the pinned kernel), fetch/load, cache. Run re-checks pointers (cheap) but
+// not the kernel's presence; an error is returned, never a crash.
+//
+// Thread safety: CanImplement, Run, KernelFor and Tune may be called from any number of
+// threads at once. The calling thread's current CUDA context must be the runtime's
+// (Runtime::MakeCurrent; engines using cudart on that device already have it).
+#ifndef CUBIST_DISPATCH_MOE_GEMM_H_
+#define CUBIST_DISPATCH_MOE_GEMM_H_
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "dispatch/autotuner.h"
+#include "dispatch/decision_cache.h"
+#include "dispatch/problem.h"
+#include "dispatch/runtime.h"
+#include "kernels/moe_gemm_abi.h"
+
+namespace cubist {
+
+struct MoeGemmArgs {
+  DataFormat weight_format = DataFormat::kBf16;
+  DataFormat activation_format = DataFormat::kBf16;
+  Activation activation = Activation::kIdentity;
+  int64_t experts = 0;  // E
+  int64_t tokens = 0;   // T = offsets[E], rows of a and out
+  int64_t n = 0;        // B rows per expert (both halves when gated)
+  int64_t k = 0;
+  // Device pointers (0 = absent), as kernels/moe_gemm_abi.h's MoeGemmParams.
+  CUdeviceptr a = 0, b = 0, a_scale = 0, b_scale = 0;
+  CUdeviceptr a_global_scale = 0, b_global_scale = 0;
+  CUdeviceptr offsets = 0;  // int32 [E+1]
+  CUdeviceptr alpha = 0, beta = 0, limit = 0;
+  CUdeviceptr out = 0;  // bf16 [T, N] or [T, N/2]
+};
+
+struct MoeGemmOptions {
+  // Always use this kernel (debugging); CanImplement fails when it cannot serve.
+  std::string pinned_kernel;
+  // Launch with programmatic stream serialization allowed, so the kernel's prologue
+  // may overlap the previous kernel's tail on the stream.
+  bool programmatic_dependent_launch = false;
+  // Distinct problems remembered; beyond it problems are decided on every call.
+  size_t decision_cache_capacity = 4096;
+};
+
+// What Run launches for one problem. Plain data, immutable once cached.
+struct MoeGemmDecision {
+  const KernelEntry* kernel = nullptr;
+  CUfunction function = nullptr;
+  unsigned block = 0;
+  unsigned shared_mem_bytes = 0;
+  unsigned cluster[3] = {1, 1, 1};
+  int32_t tile_m = 0;
+  int32_t tile_n = 0;
+  moe::MoeActivation activation = moe::kIdentity;
+  bool from_tuning = false;  // the tuning file chose it
+};
+
+struct MoeGemmTuneOptions {
+  AutotuneOptions autotune;
+  int warmup = 3;       // launches before timing
+  int iterations = 20;  // timed launches; the median is kept
+  // Input sets rotated between launches so that the L2 cache (50 MB) holds none of
+  // them; fewer when one set is already large.
+  int max_rotating_sets = 8;
+  bool record = true;   // write the winner to the runtime's tuning file
+};
+
+class MoeGemm {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<MoeGemm>> Create(
+      Runtime& runtime, MoeGemmOptions options = {});
+  ~MoeGemm();
+
+  [[nodiscard]] absl::Status CanImplement(const MoeGemmArgs& args);
+  [[nodiscard]] absl::Status Run(const MoeGemmArgs& args, CUstream stream);
+
+  // The decision for these arguments' problem (selecting it if new).
+  [[nodiscard]] absl::StatusOr<const MoeGemmDecision*> KernelFor(const MoeGemmArgs& args);
+
+  // Times the cost model's top candidates for `problem` on this device (on inputs it
+  // allocates and fills with random values, rotated), records the winner for the
+  // problem's shape bucket in the tuning file, and makes it this op's decision.
+  [[nodiscard]] absl::StatusOr<AutotuneResult> Tune(const MoeProblem& problem,
+                                                    const MoeGemmTuneOptions& options = {});
+
+  // The problem these arguments pose on this runtime's device.
+  MoeProblem ProblemOf(const MoeGemmArgs& args) const;
+  Runtime& runtime() const { return *runtime_; }
+
+  // Median time in microseconds of `iterations` launches of `kernel` on `problem`
+  // (random inputs, rotated), after `warmup` launches: CUDA events around each launch.
+  // The operands are kept until another problem is timed or the op is destroyed.
+  [[nodiscard]] absl::StatusOr<double> TimeKernel(const KernelEntry& kernel,
+                                                  const MoeProblem& problem,
+                                                  const MoeGemmTuneOptions& options);
+
+ private:
+  MoeGemm(Runtime& runtime, MoeGemmOptions options);
+  absl::StatusOr<MoeGemmDecision> Decide(const MoeProblem& problem);
+  absl::StatusOr<MoeGemmDecision> DecisionFor(const KernelEntry& kernel, bool from_tuning);
+  absl::Status Launch(const MoeGemmDecision& d, const MoeGemmArgs& args, CUstream stream);
+
+  struct TimingBuffers;
+  absl::Status PrepareTimingBuffers(const MoeProblem& problem, const MoeGemmTuneOptions& o)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(timing_mu_);
+
+  Runtime* runtime_;
+  MoeGemmOptions options_;
+  DecisionCache<MoeProblem, MoeGemmDecision> cache_;
+  // Operands of the problem last timed (Tune and TimeKernel only, never Run).
+  absl::Mutex timing_mu_;
+  std::unique_ptr<TimingBuffers> timing_ ABSL_GUARDED_BY(timing_mu_);
+};
+
+// The checks CanImplement makes on the arguments alone (no kernel lookup): sizes within
+// the ABI's int32 fields, required pointers present, alignment (16 bytes for a, b and
+// out; 4 for offsets, fp32 scales, alpha, beta and limit).
+[[nodiscard]] absl::Status ValidateMoeGemmArgs(const MoeGemmArgs& args);
+
+// Conversions to the kernel ABI's enums.
+moe::MoeFormat ToAbi(DataFormat format);
+moe::MoeActivation ToAbi(Activation activation);
+
+}  // namespace cubist
+
+#endif  // CUBIST_DISPATCH_MOE_GEMM_H_
