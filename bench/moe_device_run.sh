@@ -17,7 +17,7 @@ for step in $steps; do
   case $step in
     test)
       CUBIST_MOE_ARTIFACTS=$art CUBIST_MOE_RESULTS=$OUT/gpu_results.txt \
-        timeout 240 .bundle-kernels/run moe_gemm_gpu_test > "$OUT/gpu_test.log" 2>&1
+        timeout ${TEST_LIMIT:-150} .bundle-kernels/run moe_gemm_gpu_test > "$OUT/gpu_test.log" 2>&1
       echo "gpu test exit $?"; grep -E "FAIL|within tolerance|PASSED|Skipped" "$OUT/gpu_test.log" | head -40
       ;;
     sass)
@@ -30,12 +30,12 @@ for step in $steps; do
       awk '{print $2, $3}' "$OUT/sass.txt" | sort | uniq -c
       ;;
     bench)
-      timeout 300 .bundle-kernels/run moe_gemm_bench $art --csv "$OUT/bench.csv" \
+      timeout ${BENCH_LIMIT:-220} .bundle-kernels/run moe_gemm_bench $art --csv "$OUT/bench.csv" \
         ${BENCH_ARGS:-} > "$OUT/bench.md" 2>&1
       echo "bench exit $?"; cat "$OUT/bench.md" | tail -70
       ;;
     baselines)
-      PYTHONUNBUFFERED=1 timeout 200 python3 bench/moe_baselines.py --csv "$OUT/baselines.csv" \
+      PYTHONUNBUFFERED=1 timeout ${BASE_LIMIT:-170} python3 bench/moe_baselines.py --csv "$OUT/baselines.csv" \
         > "$OUT/baselines.md" 2>&1
       echo "baselines exit $?"; cat "$OUT/baselines.md"
       ;;

@@ -71,7 +71,7 @@ struct MoeGemmLayout {
   OperandLayout a, b;
   int tile_m = 0, tile_n = 0, tile_k = 0, stages = 0;
   bool fp8_mma = false;
-  int threads = 0;      // 128 per 64 rows of tile_m (one warpgroup each)
+  int threads = 0;      // 128 per 64 rows of tile_m, at least 256 for decoding kernels
   int stage_bytes = 0;  // a + b
   int dec_offset = 0;   // decoded buffers start here (after the stages)
   int header_offset = 0;
@@ -88,9 +88,12 @@ CUBIST_HD constexpr MoeGemmLayout MakeLayout(MoeFormat w, MoeFormat a, int tile_
   l.tile_k = tile_k;
   l.stages = stages;
   l.fp8_mma = UsesFp8Mma(w, a);
-  l.threads = tile_m / 64 * 128;
   l.a = MakeOperandLayout(a, tile_m, tile_k);
   l.b = MakeOperandLayout(w, tile_n, tile_k);
+  // One warpgroup per 64 rows; decoding kernels get at least two, so that decoding (the
+  // bottleneck of fp4 kernels) has eight warps even when tile_m is 64.
+  const int mma_wgs = tile_m / 64;
+  l.threads = 128 * (!(l.a.direct && l.b.direct) && mma_wgs < 2 ? 2 : mma_wgs);
   l.stage_bytes = l.a.stage_bytes + l.b.stage_bytes;
   l.dec_offset = stages * l.stage_bytes;
   l.header_offset = l.dec_offset + 2 * (l.a.dec_bytes + l.b.dec_bytes);

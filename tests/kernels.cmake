@@ -8,5 +8,5 @@
 set(_moe_bench ${PROJECT_SOURCE_DIR}/bench/moe_gemm_bench.cc)
 if(CUBIST_BUILD_BENCH AND EXISTS ${_moe_bench})
   add_executable(moe_gemm_bench ${_moe_bench})
-  target_link_libraries(moe_gemm_bench PRIVATE cubist_test_util)
+  target_link_libraries(moe_gemm_bench PRIVATE cubist::cubist)
 endif()

@@ -273,6 +273,9 @@ TEST(MoeCompareTest, Verdicts) {
   EXPECT_FALSE(CompareBf16(nan, ref, tol).ok);
   EXPECT_FALSE(CompareBf16(std::vector<uint16_t>(3), ref, tol).ok);
 
+  // The absolute term can follow the pre-activation scale (max|C|) instead of max|ref|.
+  EXPECT_EQ(CompareBf16(wrong, ref, tol, /*atol_scale=*/100.0).bad_elements, 0);
+
   std::vector<double> nan_ref = ref;
   nan_ref[0] = std::numeric_limits<double>::quiet_NaN();
   EXPECT_TRUE(CompareBf16(nan, nan_ref, tol).ok);

@@ -438,18 +438,23 @@ Tolerance ToleranceFor(MoeFormat weight_format, MoeFormat activation_format) {
   return Tolerance{.rel_fro = 4e-3, .rtol = 8e-3, .atol_rel = 2e-3};
 }
 
+double MaxAbs(const std::vector<double>& x) {
+  double m = 0;
+  for (double v : x)
+    if (std::isfinite(v)) m = std::max(m, std::fabs(v));
+  return m;
+}
+
 Comparison CompareBf16(const std::vector<uint16_t>& out, const std::vector<double>& ref,
-                       const Tolerance& tol) {
+                       const Tolerance& tol, double atol_scale) {
   Comparison r;
   if (out.size() != ref.size()) {
     r.summary = absl::StrFormat("size mismatch: %d outputs, %d reference values", out.size(),
                                 ref.size());
     return r;
   }
-  double ref_max = 0, num = 0, den = 0;
-  for (double v : ref)
-    if (std::isfinite(v)) ref_max = std::max(ref_max, std::fabs(v));
-  const double atol = tol.atol_rel * ref_max;
+  double num = 0, den = 0;
+  const double atol = tol.atol_rel * std::max(MaxAbs(ref), atol_scale);
   for (size_t i = 0; i < out.size(); ++i) {
     const double o = Bf16ToFloat(out[i]), x = ref[i];
     bool bad;
