@@ -1,6 +1,8 @@
 #include "loader/module_cache.h"
 
 #include <fstream>
+#include <mutex>
+#include <shared_mutex>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -8,7 +10,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "base/strings.h"
@@ -35,8 +36,11 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 
 }  // namespace
 
+// The locks are std::mutex / std::shared_mutex rather than absl::Mutex: Debian's abseil
+// is built without ThreadSanitizer annotations, so TSan cannot see absl::Mutex
+// synchronise and reports false races; pthread-based locks it understands.
 struct ModuleCache::ImageSlot {
-  absl::Mutex mu;
+  std::mutex mu;
   std::string name;   // the path for files; the caller's name otherwise
   std::string bytes;  // AddImage's bytes until loaded
   bool from_file = false;
@@ -64,8 +68,8 @@ struct ModuleCache::FunctionSlot {
 };
 
 struct ModuleCache::Registry {
-  absl::Mutex mu;  // also guards every ImageSlot::functions
-  absl::flat_hash_map<std::string, uint32_t> images_by_path ABSL_GUARDED_BY(mu);
+  std::shared_mutex mu;  // also guards every ImageSlot::functions
+  absl::flat_hash_map<std::string, uint32_t> images_by_path;  // guarded by mu
 };
 
 absl::StatusOr<std::unique_ptr<ModuleCache>> ModuleCache::Create(DriverApi& driver,
@@ -106,7 +110,7 @@ ModuleCache::~ModuleCache() {
   uint32_t n = num_images_.load(std::memory_order_acquire);
   for (uint32_t i = 0; i < n; ++i) {
     ImageSlot* img = image_slot(i);
-    absl::MutexLock lock(&img->mu);
+    std::lock_guard<std::mutex> lock(img->mu);
     if (img->library != nullptr) (void)driver_->LibraryUnload(img->library);
     if (img->module != nullptr) (void)driver_->ModuleUnload(img->module);
     img->library = nullptr;
@@ -144,7 +148,7 @@ absl::StatusOr<ImageId> ModuleCache::AddImageSlot(std::string name, std::string 
         "module cache: image ", name, ": expected sha256 '", options.expected_sha256,
         "' is not 64 lowercase hex characters"));
   }
-  absl::MutexLock lock(&registry_->mu);
+  std::unique_lock<std::shared_mutex> lock(registry_->mu);
   if (from_file) {
     auto it = registry_->images_by_path.find(name);
     if (it != registry_->images_by_path.end()) return ImageId{it->second};
@@ -196,7 +200,7 @@ absl::StatusOr<FunctionId> ModuleCache::AddFunction(ImageId image, std::string n
   uint32_t index = 0;
   ImageSlot* image_slot_ptr = image_slot(image.value);
   {
-    absl::MutexLock lock(&registry_->mu);
+    std::unique_lock<std::shared_mutex> lock(registry_->mu);
     auto it = image_slot_ptr->functions.find(name);
     if (it != image_slot_ptr->functions.end()) {
       index = it->second;
@@ -222,7 +226,7 @@ absl::StatusOr<FunctionId> ModuleCache::AddFunction(ImageId image, std::string n
   // Registered before: keep the larger shared-memory request, and apply it now if the
   // function is already resolved.
   ImageSlot* img = image_slot(existing->image);
-  absl::MutexLock lock(&img->mu);
+  std::lock_guard<std::mutex> lock(img->mu);
   if (dynamic_shared_bytes > existing->dynamic_shared_bytes) {
     existing->dynamic_shared_bytes = dynamic_shared_bytes;
     CUfunction f = existing->function.load(std::memory_order_acquire);
@@ -359,7 +363,7 @@ absl::StatusOr<CUfunction> ModuleCache::ResolveLocked(ImageSlot& img, FunctionSl
 
 absl::StatusOr<CUfunction> ModuleCache::ResolveSlow(FunctionSlot& fn) {
   ImageSlot* img = image_slot(fn.image);
-  absl::MutexLock lock(&img->mu);
+  std::lock_guard<std::mutex> lock(img->mu);
   return ResolveLocked(*img, fn);
 }
 
@@ -379,7 +383,7 @@ absl::StatusOr<CUfunction> ModuleCache::GetFunction(ImageId image, std::string_v
     ImageSlot* img = image_slot(image.value);
     uint32_t index = UINT32_MAX;
     {
-      absl::ReaderMutexLock lock(&registry_->mu);
+      std::shared_lock<std::shared_mutex> lock(registry_->mu);
       auto it = img->functions.find(Sv(name));
       if (it != img->functions.end()) index = it->second;
     }
@@ -395,7 +399,7 @@ absl::Status ModuleCache::LoadImage(ImageId image) {
         absl::StrCat("module cache: unknown image id ", image.value));
   }
   ImageSlot* img = image_slot(image.value);
-  absl::MutexLock lock(&img->mu);
+  std::lock_guard<std::mutex> lock(img->mu);
   return EnsureLoadedLocked(*img);
 }
 

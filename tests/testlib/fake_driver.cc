@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "absl/time/clock.h"
 #include "loader/cubin.h"
 
 namespace cubist::testing {
@@ -50,14 +51,14 @@ FakeDriver::~FakeDriver() {
 }
 
 int FakeDriver::live_images() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   int n = 0;
   for (const auto& [h, img] : images_) n += img->unloaded ? 0 : 1;
   return n;
 }
 
 int FakeDriver::dynamic_shared_limit(CUfunction f) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = smem_limit_.find(f);
   return it == smem_limit_.end() ? -1 : it->second;
 }
@@ -156,7 +157,7 @@ CUresult FakeDriver::Load(void** handle, const void* code) {
   img->context = current.owner == this ? current.context : nullptr;
   void* h = img.get();
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     images_[h] = std::move(img);
   }
   *handle = h;
@@ -166,7 +167,7 @@ CUresult FakeDriver::Load(void** handle, const void* code) {
 
 CUresult FakeDriver::Lookup(CUfunction* f, void* handle, const char* name) {
   ++lookups_;
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = images_.find(handle);
   if (it == images_.end() || it->second->unloaded) return CUDA_ERROR_INVALID_HANDLE;
   if (it->second->kernels.count(name) == 0) return CUDA_ERROR_NOT_FOUND;
@@ -203,7 +204,7 @@ CUresult FakeDriver::ModuleLoadData(CUmodule* m, const void* image) {
 CUresult FakeDriver::LibraryUnload(CUlibrary lib) { return ModuleUnload(reinterpret_cast<CUmodule>(lib)); }
 
 CUresult FakeDriver::ModuleUnload(CUmodule m) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = images_.find(static_cast<void*>(m));
   if (it == images_.end() || it->second->unloaded) return CUDA_ERROR_INVALID_HANDLE;
   it->second->unloaded = true;
@@ -233,7 +234,7 @@ CUresult FakeDriver::FuncSetAttribute(CUfunction f, CUfunction_attribute a, int 
   CUresult injected = fail_set_attribute_.load();
   if (injected != CUDA_SUCCESS) return injected;
   if (a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     smem_limit_[f] = v;
   }
   return CUDA_SUCCESS;

@@ -16,7 +16,7 @@
 #include <tuple>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include <mutex>
 #include "absl/time/time.h"
 #include "loader/driver_api.h"
 
@@ -98,11 +98,11 @@ class FakeDriver : public DriverApi {
   bool library_api_;
   std::vector<std::unique_ptr<char>> contexts_;  // one fake handle per device
 
-  mutable absl::Mutex mu_;
-  std::map<void*, std::unique_ptr<Image>> images_ ABSL_GUARDED_BY(mu_);
+  mutable std::mutex mu_;  // std::mutex: TSan-visible (see loader/module_cache.cc)
+  std::map<void*, std::unique_ptr<Image>> images_;
   std::map<std::pair<void*, std::string>, std::unique_ptr<char>> functions_
-      ABSL_GUARDED_BY(mu_);
-  std::map<CUfunction, int> smem_limit_ ABSL_GUARDED_BY(mu_);
+     ;
+  std::map<CUfunction, int> smem_limit_;
 
   absl::Duration load_delay_ = absl::ZeroDuration();
   std::atomic<CUresult> fail_next_load_{CUDA_SUCCESS};
