@@ -29,15 +29,22 @@ MATCHER_P2(StatusIs, code, msg, "") {
          ::testing::ExplainMatchResult(msg, std::string(s.message()), result_listener);
 }
 
-#define CUBIST_ASSERT_OK(expr)                          \
-  do {                                                  \
-    const auto& _st = (expr);                           \
-    ASSERT_TRUE(_st.ok()) << _st;                       \
+// The status of an absl::Status or an absl::StatusOr<T>.
+inline const absl::Status& StatusOf(const absl::Status& s) { return s; }
+template <typename T>
+const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+#define CUBIST_ASSERT_OK(expr)                                           \
+  do {                                                                   \
+    const auto& _st = (expr);                                            \
+    ASSERT_TRUE(_st.ok()) << ::cubist::testing::StatusOf(_st);           \
   } while (0)
-#define CUBIST_EXPECT_OK(expr)                          \
-  do {                                                  \
-    const auto& _st = (expr);                           \
-    EXPECT_TRUE(_st.ok()) << _st;                       \
+#define CUBIST_EXPECT_OK(expr)                                           \
+  do {                                                                   \
+    const auto& _st = (expr);                                            \
+    EXPECT_TRUE(_st.ok()) << ::cubist::testing::StatusOf(_st);           \
   } while (0)
 
 // A fresh directory under $TMPDIR, removed with its contents on destruction.
