@@ -187,7 +187,10 @@ class Worker {
       }
       if (active_ > 0) {
         curl_multi_poll(multi_.get(), nullptr, 0, timeout_ms, nullptr);
-      } else if (timeout_ms > 0) {
+      } else if (!waiting_.empty() && timeout_ms > 0) {
+        // Nothing in flight and every remaining job is waiting (backoff or another
+        // process's lock): sleep until the first is due. With nothing waiting either,
+        // go straight back and take the next job.
         std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
       }
     }
@@ -496,7 +499,6 @@ class Worker {
                      static_cast<long>(std::max<int64_t>(
                          1, absl::ToInt64Seconds(s_.options.low_speed_time))));
     curl_easy_setopt(e, CURLOPT_USERAGENT, "cubist/0.1");
-    curl_easy_setopt(e, CURLOPT_PIPEWAIT, 1L);
     curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 256L * 1024L);
     if (!ca_bundle_.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ca_bundle_.c_str());
     if (!ca_dir_.empty()) curl_easy_setopt(e, CURLOPT_CAPATH, ca_dir_.c_str());
