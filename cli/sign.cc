@@ -52,7 +52,13 @@ absl::Status Check(const SignOptions& o, const std::string& sig_path, const Glob
   } else if (sig.status().code() != absl::StatusCode::kNotFound) {
     return sig.status();
   }
-  CUBIST_RETURN_IF_ERROR(CheckManifestSignature(bytes, sig_opt, policy, o.manifest));
+  if (!sig_opt.has_value()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        o.manifest, ": unsigned manifest: ", sig_path,
+        " does not exist; sign it with 'cubist sign ", o.manifest, " --key KEY.pem'"));
+  }
+  CUBIST_RETURN_IF_ERROR(
+      VerifyDetachedSignature(bytes, *sig_opt, policy.trusted_keys, sig_path));
   if (!g.quiet) std::printf("%s: good signature (%s)\n", o.manifest.c_str(), sig_path.c_str());
   return absl::OkStatus();
 }

@@ -38,6 +38,10 @@ absl::StatusOr<std::vector<PublicKey>> LoadKeyFile(const std::string& path,
 absl::Status AddValue(std::string_view value, std::string_view origin,
                       std::vector<PublicKey>* out) {
   value = Trim(value);
+  if (value.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sv(origin), ": empty; give 'ed25519:<base64>' or the path of a key file"));
+  }
   if (LooksLikeKeyText(value)) {
     absl::StatusOr<PublicKey> key = PublicKey::Parse(value);
     if (!key.ok()) return Annotate(key.status(), origin);

@@ -103,6 +103,11 @@ TEST(LoadTrustedKeysTest, ErrorsNameTheSource) {
   EXPECT_THAT(LoadTrustedKeys(bad_env),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("CUBIST_TRUSTED_KEYS entry 2: public key 'ed25519:nope'")));
+  TrustSources empty;
+  empty.env = "";
+  empty.keys = {"  "};
+  EXPECT_THAT(LoadTrustedKeys(empty),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--trusted-key: empty")));
   TrustSources missing;
   missing.env = "";
   missing.keys = {dir.Join("absent.pub")};
@@ -271,10 +276,22 @@ TEST_F(SignCliTest, SignThenCheckAndTamperingIsRefused) {
   EXPECT_EQ(Cubist("sign --check " + Q(manifest) + " --trusted-key " + pub, &out), 7);
   EXPECT_THAT(out, HasSubstr("cubist: error: " + manifest + ".sig: bad signature"));
 
+  // A signature file elsewhere (-o), checked with the same -o.
+  WriteFileOrDie(manifest, "{\"schema\": \"cubist.manifest/1\", \"version\": 2}\n");
+  std::string elsewhere = dir_.Join("detached.sig");
+  ASSERT_EQ(Cubist("sign -q " + Q(manifest) + " --key " + Q(dir_.Join("k.pem")) + " -o " +
+                       Q(elsewhere), &out),
+            0);
+  EXPECT_EQ(Cubist("sign --check " + Q(manifest) + " -o " + Q(elsewhere) +
+                       " --trusted-key " + pub, &out),
+            0)
+      << out;
+
   // No signature at all.
   ASSERT_EQ(::unlink((manifest + ".sig").c_str()), 0);
   EXPECT_EQ(Cubist("sign --check " + Q(manifest) + " --trusted-key " + pub, &out), 7);
-  EXPECT_THAT(out, HasSubstr("unsigned manifest"));
+  EXPECT_THAT(out, HasSubstr(manifest + ": unsigned manifest: " + manifest +
+                             ".sig does not exist"));
 
   // A key that did not sign it.
   std::string other = Keygen("other");
