@@ -213,7 +213,7 @@ TEST(ManifestBuilderTest, KernelErrorsNameTheKernelAndPath) {
   EXPECT_THAT(BuildManifestFromDirectory(dir.path(), o),
               StatusIs(kInvalid, HasSubstr(o.kernels_file + ": kernel \"kx\": artifact "
                                            "\"cubins/x.cubin\" is not a file under " + dir.path())));
-  nlohmann::json bad = {Kernel("ka", "cubins/a.cubin")};
+  nlohmann::json bad = nlohmann::json::array({Kernel("ka", "cubins/a.cubin")});
   bad[0]["tile_m"] = "64";
   WriteFileOrDie(o.kernels_file, bad.dump());
   EXPECT_THAT(BuildManifestFromDirectory(dir.path(), o),

@@ -94,7 +94,7 @@ TEST_F(ManifestCliTest, BuildWithKernels) {
   EXPECT_EQ(j["digest"], Sha256Hex(ReadFileOrDie(file)));
 
   k["artifact"] = "cubins/missing.cubin";
-  WriteFileOrDie(other_.Join("kernels.json"), nlohmann::json{k}.dump());
+  WriteFileOrDie(other_.Join("kernels.json"), nlohmann::json::array({k}).dump());
   EXPECT_EQ(Cubist("manifest build " + Q(dir_.path()) + " --name x --kernels " +
                        Q(other_.Join("kernels.json")), &out), 8);
   EXPECT_THAT(out, HasSubstr("cubist: error: " + other_.Join("kernels.json") +
