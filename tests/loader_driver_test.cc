@@ -90,8 +90,8 @@ TEST(LoaderDriver, ErrorMapping) {
               StatusIs(absl::StatusCode::kNotFound, ::testing::_));
   EXPECT_THAT(CuCheck(fake, CUDA_ERROR_INVALID_IMAGE, "x"),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
-  EXPECT_THAT(CuCheck(fake, static_cast<CUresult>(12345), "x"),
-              StatusIs(absl::StatusCode::kInternal, "x: CUresult 12345"));
+  EXPECT_THAT(CuCheck(fake, static_cast<CUresult>(1000), "x"),
+              StatusIs(absl::StatusCode::kInternal, "x: CUresult 1000"));
   LOADER_EXPECT_OK(CuCheck(fake, CUDA_SUCCESS, "x"));
   int v = 0;
   EXPECT_EQ(fake.DriverGetVersion(&v), CUDA_ERROR_NOT_SUPPORTED);
