@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "base/sha256.h"
 #include "tests/test_util.h"
+#include "tests/testlib/child_process.h"
 #include "tests/testlib/fault_http_server.h"
 
 namespace cubist {
@@ -52,25 +53,9 @@ struct RunResult {
 RunResult RunCli(const std::vector<std::string>& args, const std::string& log) {
   RunResult r;
   absl::Time start = absl::Now();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    std::vector<std::string> all = {CliPath()};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
   rusage ru{};
-  while (::wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {
-  }
+  r.rc = ::cubist::testing::WaitChild(::cubist::testing::SpawnCli(args, log), &ru);
   r.elapsed = absl::Now() - start;
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r.max_rss_mb = ru.ru_maxrss / 1024;
   r.output = ReadFileOrDie(log);
   return r;

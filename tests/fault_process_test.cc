@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "base/sha256.h"
 #include "tests/test_util.h"
+#include "tests/testlib/child_process.h"
 #include "tests/testlib/fault_http_server.h"
 #include "tests/testlib/sample_repo.h"
 
@@ -39,39 +40,13 @@ using ::cubist::testing::FileExists;
 using ::cubist::testing::ReadFileOrDie;
 using ::cubist::testing::RunCommand;
 using ::cubist::testing::SampleFile;
+using ::cubist::testing::SpawnCli;
+using ::cubist::testing::WaitChild;
 using ::cubist::testing::TempDir;
 using ::cubist::testing::WriteFileOrDie;
 using ::testing::HasSubstr;
 
 std::string Q(const std::string& s) { return "'" + s + "'"; }
-
-// Starts the cubist command with `args`, stdout and stderr to `log`. Returns its pid.
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
-  pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd >= 0) {
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-  }
-  std::vector<std::string> all = {CliPath()};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  ::execv(argv[0], argv.data());
-  ::_exit(127);
-}
-
-// Exit status as RunCommand reports it: the code, or 128 + signal.
-int Wait(pid_t pid) {
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return -1;
-}
 
 // Every object must hash to its name; returns how many there are.
 int ExpectCacheSound(const std::string& cache) {
@@ -214,7 +189,7 @@ TEST_F(FaultProcessTest, LockHolderKilledMidDownloadTheNextFetchResumes) {
   // object's lock and a partial file when it is killed.
   server_->PushFault("/repo/" + files_[0].path,
                      {.kind = FaultKind::kStall, .bytes = 64 << 10, .stall = absl::Seconds(60)});
-  pid_t holder = Spawn({"fetch", "-q", "--manifest", manifest, "--cache", cache_},
+  pid_t holder = SpawnCli({"fetch", "-q", "--manifest", manifest, "--cache", cache_},
                        dir_.Join("holder.log"));
   absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (server_->Requests().empty() || server_->Requests()[0].body_bytes_sent == 0) {
@@ -223,7 +198,7 @@ TEST_F(FaultProcessTest, LockHolderKilledMidDownloadTheNextFetchResumes) {
   }
   absl::SleepFor(absl::Milliseconds(200));  // let it write the partial file
   ASSERT_EQ(::kill(holder, SIGKILL), 0);
-  EXPECT_EQ(Wait(holder), 128 + SIGKILL);
+  EXPECT_EQ(WaitChild(holder), 128 + SIGKILL);
 
   absl::Time start = absl::Now();
   std::string out;
@@ -245,7 +220,7 @@ TEST_F(FaultProcessTest, SixteenProcessesWithRandomSigkills) {
   std::mt19937 rng(2024);
   std::vector<pid_t> pids;
   for (int i = 0; i < 16; ++i) {
-    pids.push_back(Spawn({"fetch", "-q", "-j", "4", "--manifest", manifest, "--cache", cache_},
+    pids.push_back(SpawnCli({"fetch", "-q", "-j", "4", "--manifest", manifest, "--cache", cache_},
                          dir_.Join(absl::StrCat("p", i, ".log"))));
   }
   // Kill half of them at random moments in the first second.
@@ -260,7 +235,7 @@ TEST_F(FaultProcessTest, SixteenProcessesWithRandomSigkills) {
   }
   int succeeded = 0, died = 0;
   for (int i = 0; i < 16; ++i) {
-    int rc = Wait(pids[i]);
+    int rc = WaitChild(pids[i]);
     died += rc == 128 + SIGKILL;
     if (killed[i]) {
       EXPECT_TRUE(rc == 128 + SIGKILL || rc == 0) << "process " << i << " rc " << rc;
