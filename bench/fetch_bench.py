@@ -84,15 +84,15 @@ def main():
         def cubist_cold():
             run([args.cubist, "fetch", "-q", "--manifest", url + "manifest.json", "--cache", cache, "-j", str(args.jobs)])
 
-        cold, cold_all = timed(cubist_cold, args.runs, fresh(cache))
-        nofsync, _ = timed(lambda: run([args.cubist, "fetch", "-q", "--no-fsync", "--manifest", url + "manifest.json",
-                                        "--cache", cache, "-j", str(args.jobs)]), args.runs, fresh(cache))
-        shm = None
-        if os.path.isdir("/dev/shm"):
-            shm_cache = tempfile.mkdtemp(prefix="cubist-bench-cache.", dir="/dev/shm")
-            shm, _ = timed(lambda: run([args.cubist, "fetch", "-q", "--manifest", url + "manifest.json",
-                                        "--cache", shm_cache, "-j", str(args.jobs)]), args.runs, fresh(shm_cache))
-            shutil.rmtree(shm_cache, ignore_errors=True)
+        def cubist_nofsync():
+            run([args.cubist, "fetch", "-q", "--no-fsync", "--manifest", url + "manifest.json",
+                 "--cache", cache, "-j", str(args.jobs)])
+
+        shm_cache = tempfile.mkdtemp(prefix="cubist-bench-cache.", dir="/dev/shm") if os.path.isdir("/dev/shm") else None
+
+        def cubist_shm():
+            run([args.cubist, "fetch", "-q", "--manifest", url + "manifest.json", "--cache", shm_cache,
+                 "-j", str(args.jobs)])
 
         curl_cfg = os.path.join(work, "curl.cfg")
         with open(curl_cfg, "w") as f:
@@ -102,8 +102,6 @@ def main():
         def curl_pipeline():
             run(["curl", "-sS", "--fail", "--parallel", "--parallel-max", "16", "--create-dirs", "-K", curl_cfg])
             run(["sha256sum", "--quiet", "-c", sums], cwd=dl)
-
-        curl_t, _ = timed(curl_pipeline, args.runs, fresh(dl))
 
         aria_list = os.path.join(work, "aria2.txt")
         with open(aria_list, "w") as f:
@@ -115,7 +113,24 @@ def main():
                  "--auto-file-renaming=false", "-d", dl, "-i", aria_list])
             run(["sha256sum", "--quiet", "-c", sums], cwd=dl)
 
-        aria_t, _ = timed(aria_pipeline, args.runs, fresh(dl))
+        # Interleaved: one run of each contender per round, so that the disk's drift over
+        # the benchmark (this one slows down as it writes) weighs on all of them alike.
+        contenders = [("cold", cubist_cold, cache), ("nofsync", cubist_nofsync, cache),
+                      ("curl", curl_pipeline, dl), ("aria", aria_pipeline, dl)]
+        if shm_cache:
+            contenders.append(("shm", cubist_shm, shm_cache))
+        samples = {name: [] for name, _, _ in contenders}
+        for _ in range(args.runs):
+            for name, fn, d in contenders:
+                fresh(d)()
+                t = time.perf_counter()
+                fn()
+                samples[name].append(time.perf_counter() - t)
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        cold, cold_all, nofsync, curl_t, aria_t = med["cold"], samples["cold"], med["nofsync"], med["curl"], med["aria"]
+        shm = med.get("shm")
+        if shm_cache:
+            shutil.rmtree(shm_cache, ignore_errors=True)
 
         # Warm: everything cached; the manifest is still read from the server.
         fresh(cache)()
@@ -145,7 +160,10 @@ def main():
         ratio = f"{t / base:.2f}x" if base else ""
         rows.append(f"| {name} | {t * 1000:.0f} ms | {mb / t:.0f} MB/s | {ratio} | {note} |")
 
-    print(f"{args.files} files, {mb:.1f} MB, nginx on loopback, {os.cpu_count()} cores, median of {args.runs} runs; cold cubist runs: {', '.join(f'{t*1000:.0f}' for t in cold_all)} ms\n")
+    print(f"{args.files} files, {mb:.1f} MB, nginx on loopback, {os.cpu_count()} cores, median of {args.runs} interleaved rounds\n")
+    for k, v in samples.items():
+        print(f"- {k}: {', '.join(f'{t*1000:.0f}' for t in v)} ms")
+    print()
     print("| what | wall | rate | ratio | note |\n| --- | --- | --- | --- | --- |")
     row("cold `cubist fetch -j16`", cold, curl_t, "vs the curl pipeline (target <= 0.33x)")
     row("cold `cubist fetch --no-fsync`", nofsync, curl_t, "same, without flushing to disk")
