@@ -4,7 +4,10 @@
 // match its file, and each cubin, inspected by the loader's ELF reader, is sm_90a SASS
 // holding exactly the kernel its entry names, with the ABI's parameter size, the block
 // size the entry promises and no local-memory frame. Skipped when nvcc is absent.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -35,13 +38,30 @@ bool HaveNvcc() {
 
 class MoeArtifactsTest : public ::testing::Test {
  protected:
+  // ctest runs each test case in its own process, several at once (-j): they must not
+  // build into one directory together. Under a lock, the first process of a ctest run
+  // (identified by the parent pid, recorded in a stamp) builds; the others reuse it.
   static void SetUpTestSuite() {
     dir_ = new std::string(BinaryDir() + "/moe-artifacts-small");
     if (!HaveNvcc()) return;
     output_ = new std::string;
-    status_ = RunCommand(SourceDir() + "/scripts/build-artifacts --small --version 3 '" +
-                             *dir_ + "' 2>&1",
-                         output_);
+    const std::string stamp = *dir_ + ".stamp";
+    const std::string run_id = std::to_string(::getppid());
+    int lock = ::open((*dir_ + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    ASSERT_GE(lock, 0);
+    ASSERT_EQ(::flock(lock, LOCK_EX), 0);
+    if (FileExists(stamp) && ReadFileOrDie(stamp) == run_id &&
+        FileExists(*dir_ + "/manifest.json")) {
+      status_ = 0;
+    } else {
+      ::unlink(stamp.c_str());
+      status_ = RunCommand("rm -rf '" + *dir_ + "' && " + SourceDir() +
+                               "/scripts/build-artifacts --small --version 3 '" + *dir_ +
+                               "' 2>&1",
+                           output_);
+      if (status_ == 0) WriteFileOrDie(stamp, run_id);
+    }
+    ::close(lock);
   }
   void SetUp() override {
     if (output_ == nullptr) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
