@@ -345,6 +345,12 @@ class Worker {
     const Artifact& a = A(job);
     std::string path = s_.store.TempPath(a.sha256);
     UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (!fd.valid() && errno == ELOOP) {
+      // A symlink planted where our partial file belongs: never follow it, replace it.
+      // Only the lock holder writes here, so removing it races with nobody.
+      ::unlink(path.c_str());
+      fd.Reset(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
+    }
     if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", path));
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
@@ -604,6 +610,16 @@ class Worker {
       return;
     }
     uint64_t total = job->offset;
+    if (a.size.has_value() && total != *a.size && job->resumed && !job->restarted) {
+      // The bytes before the resume point may be stale; one clean try first.
+      job->restarted = true;
+      Restart(job);
+      if (job->lock.held()) {
+        job->ready_at = absl::Now();
+        waiting_.push_back(job);
+      }
+      return;
+    }
     if (a.size.has_value() && total != *a.size) {
       DropTemp(job);
       ReopenAfterDrop(job);

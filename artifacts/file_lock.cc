@@ -18,6 +18,12 @@ namespace {
 absl::StatusOr<UniqueFd> LockOnce(const std::string& path, bool blocking, bool* busy) {
   *busy = false;
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!fd.valid() && errno == ELOOP) {
+    // A symlink planted at the lock's path: never follow it. Removing it is safe, since a
+    // real lock file is never a link; the next attempt creates a plain file.
+    ::unlink(path.c_str());
+    return UniqueFd();
+  }
   if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("lock ", path));
   int op = LOCK_EX | (blocking ? 0 : LOCK_NB);
   while (::flock(fd.get(), op) != 0) {

@@ -17,6 +17,7 @@ enum ExitCode : int {
   kExitPrecondition = 6,   // no driver/GPU, wrong SM, rollback or expiry refused
   kExitPermission = 7,     // signature missing or bad, unwritable cache
   kExitInvalidInput = 8,   // malformed manifest, cubin or other input file
+  kExitResource = 9,       // local resources: disk full, quota, out of memory
 };
 
 // Maps a status to the exit code its caller should see.
@@ -31,6 +32,7 @@ inline int ExitCodeFor(const absl::Status& status) {
     case absl::StatusCode::kPermissionDenied: return kExitPermission;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange: return kExitInvalidInput;
+    case absl::StatusCode::kResourceExhausted: return kExitResource;
     default: return kExitFailure;
   }
 }

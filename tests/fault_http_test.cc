@@ -267,20 +267,31 @@ TEST_F(FaultHttpTest, LyingRangeAnswerIsCaughtByTheHashAndRestarted) {
   EXPECT_FALSE(reqs.back().range.has_value());
 }
 
-TEST_F(FaultHttpTest, WrongLengthRangeAnswerFailsThatSourceNotTheCache) {
-  // A resumed answer of the wrong total length is a size mismatch: that source fails
-  // with DataLoss (no clean retry from byte 0 on the same source), the next mirror
+TEST_F(FaultHttpTest, WrongLengthRangeAnswerIsRetriedFromByteZero) {
+  // A resumed answer of the wrong total length: the bytes before the resume point may be
+  // what is wrong, so the fetcher tries once from byte 0 on the same source (as for a
+  // resumed hash mismatch) and nothing wrong is cached.
+  server_->PushFault("/k.cubin", {.kind = FaultKind::kResetAfter, .bytes = 100000});
+  server_->SetFault("/k.cubin", {.kind = FaultKind::kLyingShortRange});
+  FetchReport r = Fetch({server_->Url("/k.cubin")});
+  ExpectFetchedRight(r);
+  auto reqs = server_->Requests();
+  ASSERT_GE(reqs.size(), 3u);
+  EXPECT_TRUE(reqs[1].range.has_value());
+  EXPECT_FALSE(reqs.back().range.has_value());
+}
+
+TEST_F(FaultHttpTest, WrongLengthEvenFromByteZeroFailsThatSourceNotTheCache) {
+  // Served short from byte 0 too: that source fails with DataLoss, the next mirror
   // serves the file, and nothing wrong is cached.
   auto second = FaultHttpServer::Start("127.0.0.2");
   ASSERT_TRUE(second.ok()) << second.status();
   (*second)->Serve("/k.cubin", data_);
-  server_->PushFault("/k.cubin", {.kind = FaultKind::kResetAfter, .bytes = 100000});
-  server_->SetFault("/k.cubin", {.kind = FaultKind::kLyingShortRange});
+  server_->Serve("/k.cubin", data_.substr(0, data_.size() - 10));
   FetchReport alone = Fetch({server_->Url("/k.cubin")});
   EXPECT_THAT(alone.results[0].status,
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("size mismatch")));
   ExpectNothingCached();
-  server_->PushFault("/k.cubin", {.kind = FaultKind::kResetAfter, .bytes = 100000});
   FetchReport r = Fetch({server_->Url("/k.cubin"), (*second)->Url("/k.cubin")});
   ExpectFetchedRight(r);
   EXPECT_EQ(r.results[0].url, (*second)->Url("/k.cubin"));

@@ -250,5 +250,18 @@ TEST_F(FetcherTest, ServerGoneForGoodIsUnavailableInBoundedTime) {
   EXPECT_EQ(CountFiles(store_->root() + "/locks"), 0);
 }
 
+
+TEST_F(FetcherTest, SymlinksPlantedAtTheTempAndLockPathsAreReplacedNotFollowed) {
+  const Artifact& a = manifest_.artifacts[4];
+  testing::WriteFileOrDie(tmp_.Join("victim"), "do not touch");
+  std::filesystem::create_symlink(tmp_.Join("victim"), store_->TempPath(a.sha256));
+  std::filesystem::create_symlink(tmp_.Join("victim"), store_->LockPath(a.sha256));
+  std::vector<FetchItem> items = Items({server_->BaseUrl()});
+  FetchReport r = FetchArtifacts(*store_, {items[4]}, options_);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(ObjectBytes(a), files_[4].data);
+  EXPECT_EQ(testing::ReadFileOrDie(tmp_.Join("victim")), "do not touch");
+}
+
 }  // namespace
 }  // namespace cubist
