@@ -14,6 +14,7 @@
 #include "artifacts/store.h"
 #include "base/status_macros.h"
 #include "cli/trust_flags.h"
+#include "dispatch/runtime.h"
 
 namespace cubist::cli {
 
@@ -35,6 +36,23 @@ inline absl::StatusOr<OpenedManifest> OpenManifestForCommand(const std::string& 
   options.store = store;
   options.record_version = record_version;
   return OpenManifest(location, options);
+}
+
+// Runtime options shared by the commands that run kernels (run, tune): the manifest, the
+// cache, the device, offline, and the trust policy from the flags. Nothing is prefetched:
+// only the kernels a problem needs are fetched.
+inline absl::StatusOr<RuntimeOptions> RuntimeOptionsForCommand(const std::string& manifest,
+                                                               const std::string& cache,
+                                                               int device, bool offline,
+                                                               const TrustFlags& trust) {
+  RuntimeOptions ro;
+  ro.manifest = manifest;
+  ro.cache_dir = cache;
+  ro.device = device;
+  ro.offline = offline;
+  ro.prefetch = false;
+  CUBIST_ASSIGN_OR_RETURN(ro.trust, trust.Policy());
+  return ro;
 }
 
 inline std::string HumanBytes(uint64_t n) {

@@ -234,16 +234,10 @@ int RunRun(const RunFlags& f) {
     PrintError(problem.status());
     return kExitUsage;
   }
-  RuntimeOptions ro;
-  ro.manifest = f.manifest;
-  ro.cache_dir = f.cache;
-  ro.device = f.device;
-  ro.offline = f.offline;
-  ro.prefetch = false;  // only the kernel this problem needs is fetched
-  absl::StatusOr<TrustPolicy> trust = f.trust.Policy();
-  if (!trust.ok()) return PrintError(trust.status());
-  ro.trust = *trust;
-  auto rt = Runtime::Open(ro);
+  absl::StatusOr<RuntimeOptions> ro =
+      RuntimeOptionsForCommand(f.manifest, f.cache, f.device, f.offline, f.trust);
+  if (!ro.ok()) return PrintError(ro.status());
+  auto rt = Runtime::Open(*ro);
   if (!rt.ok()) return PrintError(rt.status());
   if (auto s = (*rt)->MakeCurrent(); !s.ok()) return PrintError(s);
   MoeGemmOptions mo;

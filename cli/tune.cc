@@ -38,17 +38,11 @@ int RunTune(const TuneFlags& f) {
     PrintError(problem.status());
     return kExitUsage;
   }
-  RuntimeOptions ro;
-  ro.manifest = f.manifest;
-  ro.cache_dir = f.cache;
-  ro.device = f.device;
-  ro.offline = f.offline;
-  ro.prefetch = false;
-  ro.tuning_file = f.tuning_file;
-  absl::StatusOr<TrustPolicy> trust = f.trust.Policy();
-  if (!trust.ok()) return PrintError(trust.status());
-  ro.trust = *trust;
-  auto rt = Runtime::Open(ro);
+  absl::StatusOr<RuntimeOptions> ro =
+      RuntimeOptionsForCommand(f.manifest, f.cache, f.device, f.offline, f.trust);
+  if (!ro.ok()) return PrintError(ro.status());
+  ro->tuning_file = f.tuning_file;
+  auto rt = Runtime::Open(*ro);
   if (!rt.ok()) return PrintError(rt.status());
   auto gemm = MoeGemm::Create(**rt);
   if (!gemm.ok()) return PrintError(gemm.status());
