@@ -74,14 +74,17 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
   const double x = static_cast<double>(tm * tn) / static_cast<double>(tm + tn);
   const double tile_factor = x / (x + 16.0);
   const double cta_flops = 2.0 * tm * tn * k_iters * tk;
-  c.compute_us = c.waves * c.ctas_per_sm * cta_flops / (peak_per_sm * tile_factor) * 1e6;
+  c.compute_us = c.waves * c.ctas_per_sm * cta_flops /
+                 (peak_per_sm * tile_factor * kernel.mma_efficiency) * 1e6;
 
   const double bytes =
       p.experts * static_cast<double>(p.n) * p.k * BitsPerElement(p.weight_format) / 8 +
       static_cast<double>(p.tokens) * p.k * BitsPerElement(p.activation_format) / 8 +
       static_cast<double>(p.tokens) * p.output_n() * 2.0;
   const double busy = std::min(1.0, static_cast<double>(c.ctas) / device.sm_count);
-  c.memory_us = c.ctas > 0 ? bytes / (device.memory_tbps * 1e12 * busy) * 1e6 : 0.0;
+  c.memory_us = c.ctas > 0 ? bytes / (device.memory_tbps * 1e12 * busy *
+                                       kernel.memory_efficiency) * 1e6
+                           : 0.0;
   c.time_us = std::max(c.compute_us, c.memory_us);
   return c;
 }

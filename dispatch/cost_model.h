@@ -7,9 +7,13 @@
 //   CTAs/SM   = min(threads limit, shared memory limit, 32), at least 1
 //   waves     = ceil(CTAs / (SMs * CTAs/SM))
 //   efficiency in M, N, K = useful / padded extent (m / (ceil(m/tm) * tm), ...)
-//   compute   = waves * CTAs/SM * 2*tm*tn*ceil(K/tk)*tk / (peak per SM * tile factor),
+//   compute   = waves * CTAs/SM * 2*tm*tn*ceil(K/tk)*tk /
+//               (peak per SM * tile factor * mma_efficiency),
 //               tile factor = x / (x + 16), x = tm*tn / (tm + tn) (operand reuse)
-//   memory    = (unique bytes of A, B, scales and output) / (bandwidth * min(1, CTAs/SMs))
+//   memory    = (unique bytes of A, B, scales and output) /
+//               (bandwidth * min(1, CTAs/SMs) * memory_efficiency)
+// mma_efficiency and memory_efficiency are the kernel's calibration (manifest extras,
+// measured on the H200 and written by scripts/build-artifacts; 1 when absent).
 //   time      = max(compute, memory)
 // It captures wave quantisation, padding waste in each dimension, operand reuse of big
 // tiles and the bandwidth a too-small grid leaves unused; it is a ranking, not a

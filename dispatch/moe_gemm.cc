@@ -236,6 +236,7 @@ absl::StatusOr<MoeGemmDecision> MoeGemm::DecisionFor(const KernelEntry& kernel,
   d.tile_m = kernel.spec.tile_m;
   d.tile_n = kernel.spec.tile_n;
   d.activation = ToAbi(kernel.activation);
+  CUBIST_ASSIGN_OR_RETURN(d.info, MoeGemmKernelInfoOf(kernel.spec));
   d.from_tuning = from_tuning;
   return d;
 }
@@ -293,6 +294,7 @@ absl::Status MoeGemm::CanImplement(const MoeGemmArgs& args) {
   desc.activation = d->activation;
   desc.tile_m = d->tile_m;
   desc.tile_n = d->tile_n;
+  desc.abi = d->info.abi;
   std::string problem = moe::MoeGemmCheck(ParamsOf(args), desc);
   if (!problem.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(problem, " (kernel ", d->kernel->name(), ")"));
@@ -302,8 +304,10 @@ absl::Status MoeGemm::CanImplement(const MoeGemmArgs& args) {
 
 absl::Status MoeGemm::Launch(const MoeGemmDecision& d, const MoeGemmArgs& args,
                              CUstream stream) {
-  moe::MoeGemmParams p = ParamsOf(args);  // the launch reads it through a void*
-  const moe::MoeGemmGrid grid = moe::MoeGemmGridFor(p, d.activation, d.tile_m, d.tile_n);
+  MoeGemmLaunch launch;  // the launch reads its parameters through a void*
+  CUBIST_RETURN_IF_ERROR(PrepareMoeGemmLaunch(runtime_->driver(), d.info, ParamsOf(args),
+                                              runtime_->device_info().sm_count, &launch));
+  const moe::MoeGemmGrid grid = launch.grid;
 
   CUlaunchConfig config = {};
   config.gridDimX = grid.x;
@@ -332,9 +336,8 @@ absl::Status MoeGemm::Launch(const MoeGemmDecision& d, const MoeGemmArgs& args,
   }
   config.attrs = num_attrs > 0 ? attrs : nullptr;
   config.numAttrs = num_attrs;
-  void* params[] = {&p};
   DriverApi& driver = runtime_->driver();
-  const CUresult r = driver.LaunchKernelEx(&config, d.function, params, nullptr);
+  const CUresult r = driver.LaunchKernelEx(&config, d.function, launch.kernel_params(), nullptr);
   if (r != CUDA_SUCCESS) {
     return CuCheck(driver, r, absl::StrCat("launch ", d.kernel->name()));
   }

@@ -43,6 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "dispatch/autotuner.h"
 #include "dispatch/decision_cache.h"
+#include "dispatch/moe_gemm_launch.h"
 #include "dispatch/problem.h"
 #include "dispatch/runtime.h"
 #include "kernels/moe_gemm_abi.h"
@@ -85,6 +86,7 @@ struct MoeGemmDecision {
   int32_t tile_m = 0;
   int32_t tile_n = 0;
   moe::MoeActivation activation = moe::kIdentity;
+  MoeGemmKernelInfo info;  // ABI version, formats, tiles, persistent CTAs per SM
   bool from_tuning = false;  // the tuning file chose it
 };
 

@@ -45,6 +45,19 @@ absl::Status ReadConstraint(const KernelSpec& spec, const EntryErrors& err,
   return absl::OkStatus();
 }
 
+// Reads an optional number in (0, 1] from the kernel's extras.
+absl::Status ReadFraction(const KernelSpec& spec, const EntryErrors& err, const char* key,
+                          double* out) {
+  auto it = spec.extras.find(key);
+  if (it == spec.extras.end()) return absl::OkStatus();
+  double v = 0;
+  if (!absl::SimpleAtod(it->second, &v) || !(v > 0 && v <= 1)) {
+    return err.Error(key, absl::StrCat("expected a number in (0, 1], got ", it->second));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
 absl::Status ValidateKnownOp(KernelEntry& e, const EntryErrors& err) {
   const KernelSpec& s = e.spec;
   {
@@ -113,6 +126,9 @@ absl::Status ValidateKnownOp(KernelEntry& e, const EntryErrors& err) {
   CUBIST_RETURN_IF_ERROR(ReadConstraint(s, err, "max_k", &c.max_k));
   CUBIST_RETURN_IF_ERROR(ReadConstraint(s, err, "max_n", &c.max_n));
   CUBIST_RETURN_IF_ERROR(ReadConstraint(s, err, "max_tokens", &c.max_tokens));
+  CUBIST_RETURN_IF_ERROR(ReadConstraint(s, err, "max_experts", &c.max_experts));
+  CUBIST_RETURN_IF_ERROR(ReadFraction(s, err, "mma_efficiency", &e.mma_efficiency));
+  CUBIST_RETURN_IF_ERROR(ReadFraction(s, err, "memory_efficiency", &e.memory_efficiency));
   return absl::OkStatus();
 }
 

@@ -39,6 +39,7 @@ namespace cubist {
 //   "n_align": the output width (N, or N/2 for gated activations) % n_align == 0
 //   "max_k": K <= max_k                    "max_n": N <= max_n
 //   "max_tokens": tokens (offsets[E]) <= max_tokens
+//   "max_experts": E <= max_experts
 // (k_align and n_align are what scripts/build-artifacts writes, from
 // kernels/moe_gemm_abi.h's MoeGemmKAlign and kMoeGemmOutColsAlign.)
 // The dispatcher adds the constraints the formats impose (K a multiple of the scale
@@ -51,6 +52,7 @@ struct ShapeConstraints {
   int64_t max_k = 0;       // 0: no limit
   int64_t max_n = 0;       // 0: no limit
   int64_t max_tokens = 0;  // 0: no limit
+  int64_t max_experts = 0;  // 0: no limit
 
   bool operator==(const ShapeConstraints&) const = default;
 };
@@ -65,6 +67,11 @@ struct KernelEntry {
   Activation activation = Activation::kIdentity;
   SmTarget arch;  // parsed spec.arch
   ShapeConstraints constraints;
+  // Calibration the cost model reads from extras (cost_model.h): the fraction of the
+  // device's dense matrix rate the kernel's main loop reaches on full tiles, and the
+  // fraction of copy bandwidth it streams operands at. 1 when absent.
+  double mma_efficiency = 1.0;
+  double memory_efficiency = 1.0;
 
   const std::string& name() const { return spec.name; }
 };

@@ -64,6 +64,10 @@ void CheckShape(const KernelEntry& kernel, const MoeProblem& p,
     reject(absl::StrCat("tokens=", p.tokens, " exceeds the kernel's max_tokens ",
                         c.max_tokens));
   }
+  if (c.max_experts > 0 && p.experts > c.max_experts) {
+    reject(absl::StrCat("experts=", p.experts, " exceeds the kernel's max_experts ",
+                        c.max_experts));
+  }
 }
 
 // "sm_90a kernel does not run on SM 100: an 'a' target runs only on SM 90".
@@ -142,10 +146,10 @@ std::vector<Rejection> CheckKernel(const KernelEntry& kernel, const MoeProblem& 
     out.push_back({RejectReason::kOp, absl::StrCat("kernel implements '", kernel.spec.op,
                                                    "', problem is ", Sv(OpName(p.op)))});
   }
-  if (options.abi != 0 && kernel.spec.abi != options.abi) {
+  if (options.abi != 0 && (kernel.spec.abi < 1 || kernel.spec.abi > options.abi)) {
     out.push_back({RejectReason::kAbi,
                    absl::StrCat("kernel takes parameter struct version ", kernel.spec.abi,
-                                ", this build fills version ", options.abi)});
+                                ", this build fills versions 1 to ", options.abi)});
   }
   if (kernel.op.has_value()) {
     if (kernel.weight_format != p.weight_format) {

@@ -57,8 +57,9 @@ struct Verdict {
 };
 
 struct SelectOptions {
-  // The parameter-struct version this build's launcher fills (kernels/moe_gemm_abi.h);
-  // 0 accepts any (selection without launching, e.g. `cubist select`).
+  // The newest parameter-struct version this build's launcher fills
+  // (kernels/moe_gemm_abi.h): kernels of versions 1..abi are accepted, newer ones
+  // rejected; 0 accepts any (selection without launching, e.g. `cubist select`).
   int abi = 0;
   // When set, the only kernel considered (debugging): NotFound when no kernel has the
   // name, FailedPrecondition listing its rejections when it cannot solve the problem.

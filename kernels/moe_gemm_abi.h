@@ -4,14 +4,18 @@
 // (kernels/moe_gemm.cu) include this same header, so it is plain C++17 that compiles
 // under nvcc and g++ without any CUDA header, and it holds no state.
 //
-// The operation (docs/kernels.md and /work/shared/docs/moe-math.md):
+// The operation (docs/kernels.md):
 //   tokens are sorted by expert; expert e owns rows offsets[e] .. offsets[e+1]-1 of A
 //   [T, K]; its weights are B[e] = [N, K] (K contiguous, "TN"); C = A_e * B_e^T in fp32
 //   after dequantisation; out = act(C) in bf16, [T, N] or, for gated activations,
 //   [T, N/2] with x0 = C[:, 0:N/2] (linear) and x1 = C[:, N/2:N] (gate).
 //
-// Version: kMoeGemmAbi is recorded in every kernel's manifest entry ("abi"). Any change
-// to MoeGemmParams' layout or to the meaning of a field bumps it.
+// Versions: every kernel's manifest entry records the version of the parameter struct it
+// takes ("abi"). Any change to a struct's layout or to the meaning of a field is a new
+// version; a dispatcher fills every version up to kMoeGemmAbi and refuses newer ones.
+//   1  MoeGemmParams; one CTA per (M tile, N tile), MoeGemmGridFor (kernels/moe_gemm.cu)
+//   2  MoeGemmParamsV2 = MoeGemmParams plus TMA tensor maps of A and B built by the host;
+//      a persistent grid, MoeGemmPersistentGridFor (kernels/moe_gemm_tma.cu)
 #ifndef CUBIST_KERNELS_MOE_GEMM_ABI_H_
 #define CUBIST_KERNELS_MOE_GEMM_ABI_H_
 
@@ -25,7 +29,10 @@
 
 namespace cubist::moe {
 
-inline constexpr int kMoeGemmAbi = 1;
+inline constexpr int kMoeGemmAbiV1 = 1;
+inline constexpr int kMoeGemmAbiV2 = 2;
+inline constexpr int kMoeGemmAbi = 2;  // the newest version
+static_assert(kMoeGemmAbi == kMoeGemmAbiV2, "kMoeGemmAbi names the newest version");
 inline constexpr char kMoeGemmOp[] = "moe_gemm";
 
 // Element formats of A (activations) and B (weights). Names match the manifest's
@@ -72,7 +79,7 @@ enum MoeActivation : int32_t {
 // at it). All pointers are device pointers; "null" marks an optional input.
 // Layout is fixed: 8-byte fields are 8-byte aligned, sizeof == 136 (checked below).
 struct MoeGemmParams {
-  int32_t abi;          // kMoeGemmAbi; set by MoeGemmParamsInit
+  int32_t abi;          // 1, or 2 inside MoeGemmParamsV2; set by the Init functions
   int32_t num_experts;  // E >= 1
   int32_t num_tokens;   // T >= 0: rows of A and of out
   int32_t n;            // N: rows of each expert's B, both halves when gated
@@ -159,11 +166,70 @@ CUBIST_HD constexpr int32_t MoeGemmKAlign(MoeFormat w, MoeFormat a) {
 }
 inline constexpr int32_t kMoeGemmOutColsAlign = 8;
 
-// Sets abi and zeroes everything else.
+// Sets abi (version 1) and zeroes everything else.
 inline MoeGemmParams MoeGemmParamsInit() {
   MoeGemmParams p{};
-  p.abi = kMoeGemmAbi;
+  p.abi = kMoeGemmAbiV1;
   return p;
+}
+
+// ---------------------------------------------------------------------------------
+// Version 2: TMA kernels (kernels/moe_gemm_tma.cu).
+//
+// The host encodes two tensor maps (cuTensorMapEncodeTiled) and passes them by value
+// inside the parameter struct, which the kernel takes as a __grid_constant__:
+//   a_map: A viewed as 2-D [T rows, K], box [tile_m rows, 128 bytes of K]
+//   b_map: B viewed as 2-D [E*N rows, K], box [MoeGemmTmaBRows rows, 128 bytes of K]
+// both with 128-byte swizzle, no interleave, L2 promotion 256 B, out-of-bounds fill
+// zero; the element type is bf16 for bf16 operands and uint8 for fp8 ones (128 bytes of
+// K = 64 bf16 or 128 fp8 elements: the kernel's k-tile). Rows of a box that run past an
+// expert's end belong to the next expert or lie outside the tensor (zero-filled); the
+// kernel computes them and never stores them.
+// MoeTensorMap is CUtensorMap's size and alignment without the CUDA header.
+struct alignas(64) MoeTensorMap {
+  uint64_t opaque[16];
+};
+struct MoeGemmParamsV2 {
+  MoeGemmParams g;  // g.abi == 2
+  uint8_t pad[56];  // a_map at offset 192, 64-byte aligned
+  MoeTensorMap a_map;
+  MoeTensorMap b_map;
+};
+static_assert(sizeof(MoeTensorMap) == 128 && alignof(MoeTensorMap) == 64, "CUtensorMap");
+static_assert(sizeof(MoeGemmParamsV2) == 448, "MoeGemmParamsV2 layout is ABI");
+
+inline MoeGemmParamsV2 MoeGemmParamsV2Init() {
+  MoeGemmParamsV2 p{};
+  p.g.abi = kMoeGemmAbiV2;
+  return p;
+}
+
+// Bytes of K one TMA box row covers, and the rows of B one box brings: gated kernels
+// load the linear (x0) and gate (x1) halves of their tile_n rows as two boxes.
+inline constexpr int32_t kMoeGemmTmaBoxBytes = 128;
+CUBIST_HD constexpr int32_t MoeGemmTmaBRows(int32_t tile_n, MoeActivation act) {
+  return IsGated(act) ? tile_n / 2 : tile_n;
+}
+
+// Experts a version-2 kernel can schedule: it keeps offsets and per-expert tile counts
+// in shared memory (manifest extras "max_experts").
+inline constexpr int32_t kMoeGemmTmaMaxExperts = 1024;
+
+// The version-2 launch grid: persistent, one-dimensional, min(tiles, SMs x
+// ctas_per_sm) CTAs where tiles = MoeGemmMaxMTiles * MoeGemmNTiles (computed without
+// reading offsets). Each CTA reads offsets once, then walks tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ... in the same grouped order as version 1.
+CUBIST_HD constexpr MoeGemmGrid MoeGemmPersistentGridFor(const MoeGemmParams& p,
+                                                         MoeActivation act, int32_t tile_m,
+                                                         int32_t tile_n, int32_t sm_count,
+                                                         int32_t ctas_per_sm) {
+  const int64_t tiles = MoeGemmMaxMTiles(p.num_tokens, p.num_experts, tile_m) *
+                        MoeGemmNTiles(p.n, act, tile_n);
+  const int64_t cap = static_cast<int64_t>(sm_count < 1 ? 1 : sm_count) *
+                      (ctas_per_sm < 1 ? 1 : ctas_per_sm);
+  MoeGemmGrid g;
+  g.x = static_cast<uint32_t>(tiles < 1 ? 1 : (tiles < cap ? tiles : cap));
+  return g;
 }
 
 // Manifest vocabulary.

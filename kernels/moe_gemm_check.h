@@ -22,6 +22,7 @@ struct MoeGemmKernelDesc {
   MoeActivation activation = kIdentity;
   int32_t tile_m = 0;
   int32_t tile_n = 0;
+  int32_t abi = kMoeGemmAbiV1;  // the version of the kernel's parameter struct
 };
 
 // Returns "" when `p` can be launched on the kernel `k`, otherwise
@@ -38,9 +39,14 @@ inline std::string MoeGemmCheck(const MoeGemmParams& p, const MoeGemmKernelDesc&
   auto s = [](int64_t v) { return std::to_string(v); };
   const std::string pair = std::string(FormatName(k.weight_format)) + " x " +
                            FormatName(k.activation_format);
-  if (p.abi != kMoeGemmAbi) {
+  // Callers fill the version-1 struct; the launcher wraps it for newer kernels.
+  if (p.abi != kMoeGemmAbiV1) {
     return "moe_gemm: parameter struct has abi " + s(p.abi) + ", the kernels expect " +
-           s(kMoeGemmAbi) + "; initialise it with MoeGemmParamsInit()";
+           s(kMoeGemmAbiV1) + "; initialise it with MoeGemmParamsInit()";
+  }
+  if (k.abi < kMoeGemmAbiV1 || k.abi > kMoeGemmAbi) {
+    return "moe_gemm: the kernel takes parameter struct version " + s(k.abi) +
+           ", this build fills versions 1 to " + s(kMoeGemmAbi) + "; use a newer cubist";
   }
   if (p.num_experts < 1) {
     return "moe_gemm: E = " + s(p.num_experts) + "; need at least one expert";
@@ -88,6 +94,17 @@ inline std::string MoeGemmCheck(const MoeGemmParams& p, const MoeGemmKernelDesc&
     return "moe_gemm: fp32 arrays (scales, alpha, beta, limit) must be 4-byte aligned";
   }
   if (k.tile_m <= 0 || k.tile_n <= 0) return "moe_gemm: kernel description has no tile";
+  if (k.abi == kMoeGemmAbiV2) {
+    if (p.num_experts > kMoeGemmTmaMaxExperts) {
+      return "moe_gemm: E = " + s(p.num_experts) + " exceeds the " +
+             s(kMoeGemmTmaMaxExperts) + " experts a TMA (abi 2) kernel schedules; use an "
+             "abi 1 kernel or split the experts";
+    }
+    if (static_cast<int64_t>(p.num_experts) * p.n > 0x7FFFFFFF) {
+      return "moe_gemm: E x N = " + s(static_cast<int64_t>(p.num_experts) * p.n) +
+             " weight rows exceed a TMA coordinate (2^31 - 1); split the experts";
+    }
+  }
   const int64_t blocks = MoeGemmMaxMTiles(p.num_tokens, p.num_experts, k.tile_m) *
                          MoeGemmNTiles(p.n, k.activation, k.tile_n);
   if (blocks > 0x7FFFFFFF) {

@@ -92,6 +92,13 @@ CUresult DriverApi::OccupancyMaxActiveBlocksPerMultiprocessor(int*, CUfunction, 
                                                               size_t) {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
+CUresult DriverApi::TensorMapEncodeTiled(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                         const cuuint64_t*, const cuuint64_t*,
+                                         const cuuint32_t*, const cuuint32_t*,
+                                         CUtensorMapInterleave, CUtensorMapSwizzle,
+                                         CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
 CUresult DriverApi::LibraryLoadData(CUlibrary*, const void*, CUjit_option*, void**,
                                     unsigned int, CUlibraryOption*, void**, unsigned int) {
   return CUDA_ERROR_NOT_SUPPORTED;
@@ -302,6 +309,15 @@ class CudaDriver final : public DriverApi {
                                                      size_t smem) override {
     return occupancy_(n, f, block, smem);
   }
+  CUresult TensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank,
+                                void* addr, const cuuint64_t* dim, const cuuint64_t* strides,
+                                const cuuint32_t* box, const cuuint32_t* elem_strides,
+                                CUtensorMapInterleave il, CUtensorMapSwizzle sw,
+                                CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) override {
+    if (tensor_map_encode_tiled_ == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    return tensor_map_encode_tiled_(map, type, rank, addr, dim, strides, box, elem_strides,
+                                    il, sw, l2, oob);
+  }
   CUresult LibraryLoadData(CUlibrary* lib, const void* code, CUjit_option* jo,
                            void** jv, unsigned int nj, CUlibraryOption* lo, void** lv,
                            unsigned int nl) override {
@@ -389,6 +405,7 @@ class CudaDriver final : public DriverApi {
   PFN_cuFuncSetAttribute_v9000 func_set_attribute_ = nullptr;
   PFN_cuFuncGetAttribute_v2020 func_get_attribute_ = nullptr;
   PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor_v6050 occupancy_ = nullptr;
+  PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encode_tiled_ = nullptr;
   PFN_cuLibraryLoadData_v12000 library_load_data_ = nullptr;
   PFN_cuLibraryUnload_v12000 library_unload_ = nullptr;
   PFN_cuLibraryGetKernel_v12000 library_get_kernel_ = nullptr;
@@ -493,6 +510,10 @@ absl::Status CudaDriver::Resolve(const std::string& library) {
   CUBIST_RETURN_IF_ERROR(Get("cuModuleGetFunction", 2000, &module_get_function_));
   CUBIST_RETURN_IF_ERROR(Get("cuGetErrorName", 6000, &get_error_name_));
   CUBIST_RETURN_IF_ERROR(Get("cuGetErrorString", 6000, &get_error_string_));
+  // Optional (CUDA 12.0): without it the TMA kernels (moe_gemm ABI 2) cannot be launched,
+  // and the dispatcher says so.
+  CUBIST_RETURN_IF_ERROR(
+      Get("cuTensorMapEncodeTiled", 12000, &tensor_map_encode_tiled_, /*optional=*/true));
   // The library API (CUDA 12.0) is optional: without it the module cache falls back to
   // cuModuleLoadData.
   CUBIST_RETURN_IF_ERROR(Get("cuLibraryLoadData", 12000, &library_load_data_, true));

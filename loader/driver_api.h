@@ -94,6 +94,18 @@ class DriverApi {
                                                              int block_size,
                                                              size_t dynamic_smem_bytes);
 
+  // Tensor maps for the bulk tensor copy engine (TMA; CUDA 12.0+, a pure host call).
+  virtual CUresult TensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type,
+                                        cuuint32_t rank, void* global_address,
+                                        const cuuint64_t* global_dim,
+                                        const cuuint64_t* global_strides,
+                                        const cuuint32_t* box_dim,
+                                        const cuuint32_t* element_strides,
+                                        CUtensorMapInterleave interleave,
+                                        CUtensorMapSwizzle swizzle,
+                                        CUtensorMapL2promotion l2_promotion,
+                                        CUtensorMapFloatOOBfill oob_fill);
+
   // Libraries (context independent, CUDA 12.0+) and modules.
   virtual CUresult LibraryLoadData(CUlibrary* library, const void* code,
                                    CUjit_option* jit_options, void** jit_option_values,

@@ -217,7 +217,7 @@ TEST_F(RuntimeFakeDriverTest, RunLaunchesTheSelectedKernelWithItsGeometry) {
   EXPECT_EQ(l.attrs[0].id, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
   EXPECT_EQ(l.attrs[0].value.clusterDim.x, 2u);
   EXPECT_EQ(l.attrs[0].value.clusterDim.y, 1u);
-  EXPECT_EQ(l.params.abi, moe::kMoeGemmAbi);
+  EXPECT_EQ(l.params.abi, moe::kMoeGemmAbiV1);
   EXPECT_EQ(l.params.num_experts, 8);
   EXPECT_EQ(l.params.num_tokens, 16384);
   EXPECT_EQ(l.params.n, 28672);

@@ -1,0 +1,156 @@
+#include "dispatch/moe_gemm_launch.h"
+
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "dispatch/moe_gemm.h"
+#include "dispatch/moe_types.h"
+#include "loader/device_memory.h"
+
+namespace cubist {
+namespace {
+
+// The maps are copied bytewise into MoeTensorMap, which has the 64-byte alignment TMA
+// requires (CUDA 13's header over-aligns CUtensorMap to 128).
+static_assert(sizeof(CUtensorMap) == sizeof(moe::MoeTensorMap) &&
+                  alignof(moe::MoeTensorMap) >= 64,
+              "MoeTensorMap must stand for CUtensorMap");
+
+// A 2-D tensor map: `rows` rows of `row_bytes` bytes (K elements; bf16 as bf16, every
+// narrower format as bytes: fp4 packs two elements in one), box of 128 bytes x box_rows.
+struct MapKey {
+  uint64_t address = 0;
+  uint64_t rows = 0;
+  uint64_t row_bytes = 0;
+  uint32_t elem_bytes = 0;
+  uint32_t box_rows = 0;
+  bool operator==(const MapKey&) const = default;
+};
+
+// Per-thread cache of recently encoded maps (weights of a few layers and their activation
+// buffers). Replacement is round-robin; a hit costs a few compares.
+class MapCache {
+ public:
+  const moe::MoeTensorMap* Find(const MapKey& key) const {
+    for (int i = 0; i < kSize; ++i) {
+      if (used_[i] && keys_[i] == key) return &maps_[i];
+    }
+    return nullptr;
+  }
+  void Insert(const MapKey& key, const moe::MoeTensorMap& map) {
+    keys_[next_] = key;
+    maps_[next_] = map;
+    used_[next_] = true;
+    next_ = (next_ + 1) % kSize;
+  }
+
+ private:
+  static constexpr int kSize = 16;
+  MapKey keys_[kSize];
+  moe::MoeTensorMap maps_[kSize];
+  bool used_[kSize] = {};
+  int next_ = 0;
+};
+
+thread_local MapCache t_maps;
+
+absl::Status EncodeMap(DriverApi& d, const MapKey& key, const char* operand,
+                       moe::MoeTensorMap* out) {
+  if (const moe::MoeTensorMap* hit = t_maps.Find(key)) {
+    *out = *hit;
+    return absl::OkStatus();
+  }
+  const cuuint64_t dims[2] = {key.row_bytes / key.elem_bytes, key.rows};
+  const cuuint64_t strides[1] = {key.row_bytes};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(moe::kMoeGemmTmaBoxBytes / key.elem_bytes),
+                             key.box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  CUtensorMap map;
+  const CUresult r = d.TensorMapEncodeTiled(
+      &map, key.elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8,
+      2, reinterpret_cast<void*>(key.address), dims, strides, box, elem_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_ERROR_NOT_SUPPORTED) {
+    return absl::FailedPreconditionError(
+        "moe_gemm: this driver cannot encode TMA tensor maps (cuTensorMapEncodeTiled needs "
+        "CUDA 12.0); update the NVIDIA driver or use a version-1 (abi 1) kernel");
+  }
+  if (r != CUDA_SUCCESS) {
+    return CuCheck(d, r,
+                   absl::StrCat("moe_gemm: tensor map of ", operand, " [", key.rows, " x ",
+                                dims[0], "] at 0x", absl::Hex(key.address), ", box ",
+                                box[1], " x ", box[0]));
+  }
+  std::memcpy(out, &map, sizeof(map));
+  t_maps.Insert(key, *out);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
+  auto bad = [&](const char* field, absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kernel ", spec.name, ": ", field, ": ", what));
+  };
+  MoeGemmKernelInfo k;
+  if (spec.abi < moe::kMoeGemmAbiV1 || spec.abi > moe::kMoeGemmAbi) {
+    return bad("abi", absl::StrCat("parameter struct version ", spec.abi,
+                                   "; this build fills versions 1 to ", moe::kMoeGemmAbi,
+                                   " (a newer cubist launches it)"));
+  }
+  k.abi = spec.abi;
+  auto w = ParseDataFormat(spec.weight_format);
+  if (!w.ok()) return bad("weight_format", w.status().message());
+  auto a = ParseDataFormat(spec.activation_format);
+  if (!a.ok()) return bad("activation_format", a.status().message());
+  auto act = ParseActivation(spec.activation);
+  if (!act.ok()) return bad("activation", act.status().message());
+  k.weight_format = ToAbi(*w);
+  k.activation_format = ToAbi(*a);
+  k.activation = ToAbi(*act);
+  k.tile_m = spec.tile_m;
+  k.tile_n = spec.tile_n;
+  if (auto it = spec.extras.find("ctas_per_sm"); it != spec.extras.end()) {
+    int v = 0;
+    if (!absl::SimpleAtoi(it->second, &v) || v < 1 || v > 32) {
+      return bad("ctas_per_sm", absl::StrCat("expected an integer in 1..32, got ", it->second));
+    }
+    k.ctas_per_sm = v;
+  }
+  return k;
+}
+
+absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
+                                  const moe::MoeGemmParams& p, int sm_count,
+                                  MoeGemmLaunch* out) {
+  out->params.g = p;
+  if (k.abi == moe::kMoeGemmAbiV1) {
+    out->grid = moe::MoeGemmGridFor(p, k.activation, k.tile_m, k.tile_n);
+    return absl::OkStatus();
+  }
+  out->params.g.abi = moe::kMoeGemmAbiV2;
+  auto row_bytes = [&](moe::MoeFormat f) {
+    return static_cast<uint64_t>(p.k) * moe::FormatBits(f) / 8;
+  };
+  auto elem_bytes = [](moe::MoeFormat f) { return f == moe::kBf16 ? 2u : 1u; };
+  // T = 0 launches read no row of A, but a map needs at least one row.
+  const MapKey a_key{reinterpret_cast<uint64_t>(p.a),
+                     static_cast<uint64_t>(p.num_tokens > 0 ? p.num_tokens : 1),
+                     row_bytes(k.activation_format), elem_bytes(k.activation_format),
+                     static_cast<uint32_t>(k.tile_m)};
+  const MapKey b_key{reinterpret_cast<uint64_t>(p.b),
+                     static_cast<uint64_t>(p.num_experts) * static_cast<uint64_t>(p.n),
+                     row_bytes(k.weight_format), elem_bytes(k.weight_format),
+                     static_cast<uint32_t>(moe::MoeGemmTmaBRows(k.tile_n, k.activation))};
+  CUBIST_RETURN_IF_ERROR(EncodeMap(driver, a_key, "a", &out->params.a_map));
+  CUBIST_RETURN_IF_ERROR(EncodeMap(driver, b_key, "b", &out->params.b_map));
+  out->grid = moe::MoeGemmPersistentGridFor(p, k.activation, k.tile_m, k.tile_n, sm_count,
+                                            k.ctas_per_sm);
+  return absl::OkStatus();
+}
+
+}  // namespace cubist

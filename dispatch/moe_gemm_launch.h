@@ -1,0 +1,69 @@
+// One launch of a moe_gemm kernel, for every parameter-struct version this build fills
+// (kernels/moe_gemm_abi.h): the dispatcher (MoeGemm::Run), the GPU tests and the
+// benchmarks all launch through PrepareMoeGemmLaunch, so a kernel's launch is written once.
+//
+//   version 1: the kernel takes MoeGemmParams; grid MoeGemmGridFor.
+//   version 2: the kernel takes MoeGemmParamsV2, whose TMA tensor maps of A and B are
+//              encoded here (cuTensorMapEncodeTiled); persistent grid
+//              MoeGemmPersistentGridFor(sm_count, ctas_per_sm).
+//
+// Cost: encoding a tensor map is a host call of about a microsecond; the maps of recent
+// launches are kept in a small per-thread cache keyed by pointer, shape and box, so an
+// engine that reuses its weight and activation buffers pays it once per buffer, and the
+// hot path compares keys and copies 256 bytes (docs/kernels.md has the measured cost).
+//
+// Thread safety: PrepareMoeGemmLaunch may be called from any number of threads (the cache
+// is thread-local); a MoeGemmLaunch belongs to the thread that filled it.
+#ifndef CUBIST_DISPATCH_MOE_GEMM_LAUNCH_H_
+#define CUBIST_DISPATCH_MOE_GEMM_LAUNCH_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/moe_gemm_abi.h"
+#include "loader/driver_api.h"
+#include "manifest/manifest.h"
+
+namespace cubist {
+
+// What launching a moe_gemm kernel needs to know about it, from its manifest entry.
+struct MoeGemmKernelInfo {
+  int abi = moe::kMoeGemmAbiV1;
+  moe::MoeFormat weight_format = moe::kBf16;
+  moe::MoeFormat activation_format = moe::kBf16;
+  moe::MoeActivation activation = moe::kIdentity;
+  int32_t tile_m = 0;
+  int32_t tile_n = 0;
+  int32_t ctas_per_sm = 1;  // version 2: extras "ctas_per_sm" (default 1)
+};
+
+// InvalidArgument naming the field when the entry is not a moe_gemm kernel this build can
+// launch (unknown format or activation, abi outside 1..kMoeGemmAbi, bad ctas_per_sm).
+[[nodiscard]] absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec);
+
+// The parameter block and grid of one launch. Pass kernel_params() as cuLaunchKernel's
+// kernelParams; it points into this object, which must outlive the launch call (not the
+// kernel: the driver copies parameters at launch).
+struct MoeGemmLaunch {
+  moe::MoeGemmParamsV2 params = moe::MoeGemmParamsV2Init();  // version 1 reads params.g
+  moe::MoeGemmGrid grid;
+  void* arg = nullptr;
+  void** kernel_params() {
+    arg = &params;
+    return &arg;
+  }
+};
+
+// Fills `out` for launching kernel `k` on `p` (a version-1 struct from MoeGemmParamsInit;
+// call MoeGemmCheck first). sm_count is the device's multiprocessor count (version 2's
+// grid). Errors: FailedPrecondition when the driver cannot encode tensor maps (driver
+// older than CUDA 12.0), InvalidArgument when the driver refuses a map (the message
+// names the operand, its shape and the driver's error).
+[[nodiscard]] absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
+                                                const moe::MoeGemmParams& p, int sm_count,
+                                                MoeGemmLaunch* out);
+
+}  // namespace cubist
+
+#endif  // CUBIST_DISPATCH_MOE_GEMM_LAUNCH_H_
