@@ -33,7 +33,7 @@ CUBIST_HD constexpr bool UsesFp8Mma(MoeFormat w, MoeFormat a) {
 }
 CUBIST_HD constexpr int RoundUp(int x, int m) { return (x + m - 1) / m * m; }
 
-// The weight x activation pairs the family implements (moe-math.md).
+// The weight x activation pairs the family implements (docs/kernels.md).
 CUBIST_HD constexpr bool IsSupportedPair(MoeFormat w, MoeFormat a) {
   return (w == kBf16 && a == kBf16) || (w == kFp8 && a == kFp8) ||
          (w == kFp8Block && a == kFp8Block) || (w == kMxfp4 && a == kBf16) ||
@@ -112,6 +112,119 @@ CUBIST_HD constexpr MoeGemmLayout MakeLayout(MoeFormat w, MoeFormat a, int tile_
     l.error = "tile_k must be 64 or 128";
   } else if (stages < 3) {
     l.error = "stages must be at least 3";
+  } else if (l.smem_bytes > kMaxDynamicSmem) {
+    l.error = "shared memory exceeds 227 KB; use fewer stages";
+  }
+  return l;
+}
+
+// ---------------------------------------------------------------------------------
+// Version-2 (TMA, warp-specialized, persistent) kernels: kernels/moe_gemm_tma.cu.
+// Both operands direct (bf16 x bf16, fp8 x fp8, fp8-block x fp8-block); each pipeline
+// stage holds one 128-byte-wide k-tile of A (tile_m rows) and of B (tile_n rows) exactly
+// as TMA writes them with the 128-byte swizzle. Warpgroup 0 produces (one thread issues
+// the copies), warpgroups 1..tile_m/64 consume (64 rows each). Shared memory:
+//   [stages x (A tile, B tile)] [full/empty mbarriers] [offsets, tile prefix: E+1 each]
+struct MoeGemmTmaLayout {
+  int tile_m = 0, tile_n = 0, stages = 0;
+  int consumers = 0;    // warpgroups that own accumulators
+  int threads = 0;      // 128 * (consumers + 1)
+  int ctas_per_sm = 1;  // CTAs the persistent grid places on each SM
+  int consumer_regs = 0;  // setmaxnreg targets of two-consumer kernels
+  int producer_regs = 40;
+  int a_stage_bytes = 0, b_stage_bytes = 0, stage_bytes = 0;
+  int barrier_offset = 0;  // 2 * stages mbarriers of 8 bytes
+  int sched_offset = 0;    // 2 * (kMoeGemmTmaMaxExperts + 1) int32
+  int smem_bytes = 0;      // dynamic shared memory to request, alignment slack included
+  bool fp8_mma = false;
+  const char* error = nullptr;
+};
+
+inline constexpr int kMoeGemmTmaSchedBytes = 2 * (kMoeGemmTmaMaxExperts + 1) * 4;
+
+CUBIST_HD constexpr MoeGemmTmaLayout MakeTmaLayout(MoeFormat w, MoeFormat a, int tile_m,
+                                                   int tile_n, int stages) {
+  MoeGemmTmaLayout l;
+  l.tile_m = tile_m;
+  l.tile_n = tile_n;
+  l.stages = stages;
+  l.fp8_mma = UsesFp8Mma(w, a);
+  l.consumers = tile_m / 64;
+  l.threads = 128 * (l.consumers + 1);
+  l.a_stage_bytes = tile_m * kMoeGemmTmaBoxBytes;
+  l.b_stage_bytes = tile_n * kMoeGemmTmaBoxBytes;
+  l.stage_bytes = l.a_stage_bytes + l.b_stage_bytes;
+  l.barrier_offset = stages * l.stage_bytes;
+  l.sched_offset = l.barrier_offset + RoundUp(2 * stages * 8, 128);
+  l.smem_bytes = kSmemAlign + l.sched_offset + kMoeGemmTmaSchedBytes;
+  // One consumer: two CTAs per SM when they fit, so that one CTA's epilogue overlaps the
+  // other's main loop; the register file then holds 2 x (producer + consumer).
+  // (228 KiB per SM, 1 KiB of it reserved per CTA)
+  // fp8 consumers hold an accumulator and two partials (192 registers): one per SM.
+  l.ctas_per_sm = tile_m == 64 && !l.fp8_mma && 2 * (l.smem_bytes + 1024) <= 233472 ? 2 : 1;
+  l.consumer_regs = 232;  // used by two-consumer kernels (the producer keeps 40)
+  if (!(w == a && IsDirect(w))) {
+    l.error = "TMA kernels take bf16 x bf16, fp8 x fp8 or fp8-block x fp8-block";
+  } else if (tile_m != 64 && tile_m != 128) {
+    l.error = "tile_m must be 64 or 128";
+  } else if (tile_n != 64 && tile_n != 128 && tile_n != 256) {
+    l.error = "tile_n must be 64, 128 or 256";
+  } else if (l.fp8_mma && tile_n > 128) {
+    l.error = "fp8 kernels keep two accumulators: tile_n at most 128";
+  } else if (stages < 2) {
+    l.error = "stages must be at least 2";
+  } else if (l.smem_bytes > kMaxDynamicSmem) {
+    l.error = "shared memory exceeds 227 KB; use fewer stages";
+  }
+  return l;
+}
+
+// ---------------------------------------------------------------------------------
+// Version-2 fp4-weight kernels: kernels/moe_gemm_fp4.cu (mxfp4 x bf16). The weights stay
+// packed in shared memory and each consumer decodes its 64 rows straight into wgmma's A
+// registers; the tokens are the MMA's N (tile_m of the problem, 8 to 128), the weight rows
+// its M (tile_n of the problem, 64 per consumer). A k-tile is 256 elements: 128 bytes of
+// packed weights per row (one TMA box row) and four 64-element panels of activations.
+//   [stages x (weights W x 128 B, activations 4 x TT x 128 B)] [mbarriers]
+//   [offsets, tile prefix] [epilogue min(TT, 64) x W fp32]
+// (The weights' ue8m0 scales are read from global memory, one k-tile ahead.)
+inline constexpr int kMoeGemmFp4KTile = 256;
+
+struct MoeGemmFp4Layout {
+  int tile_m = 0, tile_n = 0, stages = 0;
+  int consumers = 0, threads = 0, ctas_per_sm = 1;
+  int w_stage_bytes = 0, a_stage_bytes = 0, stage_bytes = 0;
+  int barrier_offset = 0, sched_offset = 0, epilogue_offset = 0;
+  int epilogue_tokens = 0;  // tokens the epilogue stages at a time (at most 64)
+  int smem_bytes = 0;
+  const char* error = nullptr;
+};
+
+CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int tile_m,
+                                                   int tile_n, int stages) {
+  MoeGemmFp4Layout l;
+  l.tile_m = tile_m;
+  l.tile_n = tile_n;
+  l.stages = stages;
+  l.consumers = tile_n / 64;
+  l.threads = 128 * (l.consumers + 1);
+  l.w_stage_bytes = tile_n * kMoeGemmTmaBoxBytes;
+  l.a_stage_bytes = 4 * tile_m * kMoeGemmTmaBoxBytes;
+  l.stage_bytes = l.w_stage_bytes + l.a_stage_bytes;
+  l.barrier_offset = stages * l.stage_bytes;
+  l.sched_offset = l.barrier_offset + RoundUp(2 * stages * 8, 128);
+  l.epilogue_offset = l.sched_offset + kMoeGemmTmaSchedBytes;
+  l.epilogue_tokens = tile_m < 64 ? tile_m : 64;
+  l.smem_bytes = kSmemAlign + l.epilogue_offset + l.epilogue_tokens * tile_n * 4;
+  l.ctas_per_sm = 2 * (l.smem_bytes + 1024) <= 233472 ? 2 : 1;
+  if (!(w == kMxfp4 && a == kBf16)) {
+    l.error = "fp4 TMA kernels take mxfp4 x bf16";
+  } else if (tile_m != 8 && tile_m != 16 && tile_m != 32 && tile_m != 64 && tile_m != 128) {
+    l.error = "tile_m (tokens) must be 8, 16, 32, 64 or 128";
+  } else if (tile_n != 64 && tile_n != 128) {
+    l.error = "tile_n must be 64 or 128";
+  } else if (stages < 2) {
+    l.error = "stages must be at least 2";
   } else if (l.smem_bytes > kMaxDynamicSmem) {
     l.error = "shared memory exceeds 227 KB; use fewer stages";
   }

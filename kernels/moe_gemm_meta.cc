@@ -3,12 +3,14 @@
 // (kernels/moe_gemm_layout.h), so the manifest's threads and shared_mem_bytes always
 // match the cubin. scripts/build-artifacts builds it with the host compiler.
 //
-// Input, one configuration per line on stdin:  WFMT AFMT ACT TILE_M TILE_N TILE_K STAGES
+// Input, one configuration per line on stdin:  WFMT AFMT ACT TILE_M TILE_N TILE_K STAGES [tma]
 //   (names as in the manifest: mxfp4 bf16 swiglu 64 128 128 0; STAGES 0 = the deepest
-//   pipeline, at most 6, that fits in shared memory)
+//   pipeline, at most 6, that fits in shared memory; "tma" = a generation-2 kernel,
+//   kernels/moe_gemm_tma.cu, whose tile_k must be 128 bytes of K)
 // Output, one line each: {"ok":true,"stages":5,"threads":128,"shared_mem_bytes":...,
 //   "k_align":32,"n_align":8,"gated":true,"mma":"wgmma.bf16","decode_a":false,
-//   "decode_b":true} or {"ok":false,"error":"..."}. Exit status 0 unless input is garbled.
+//   "decode_b":true} or {"ok":false,"error":"..."}; generation-2 lines add "ctas_per_sm"
+//   and "max_experts". Exit status 0 unless input is garbled.
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -42,6 +44,83 @@ bool ParseActivation(const std::string& s, MoeActivation* a) {
   return false;
 }
 
+// A generation-2 (TMA) configuration. Stages 0: one-consumer tiles take 4 stages when
+// that leaves room for two CTAs per SM; otherwise the deepest pipeline (at most 8) that
+// fits.
+// An fp4-weight generation-2 configuration (kernels/moe_gemm_fp4.cu): tile_k 256;
+// stages 0 = the deepest pipeline (at most 8) that still fits two CTAs per SM with at
+// least 3 stages (decoding wants warps), else the deepest that fits.
+void PrintFp4(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int tk,
+              int stages) {
+  MoeGemmFp4Layout l;
+  if (tk != kMoeGemmFp4KTile) {
+    std::printf("{\"ok\":false,\"error\":\"fp4 TMA kernels take tile_k %d\"}\n",
+                kMoeGemmFp4KTile);
+    return;
+  }
+  if (stages != 0) {
+    l = MakeFp4Layout(wf, af, tm, tn, stages);
+  } else {
+    for (int s = 8; s >= 3; --s) {
+      l = MakeFp4Layout(wf, af, tm, tn, s);
+      if (l.error == nullptr && l.ctas_per_sm == 2) break;
+      l.error = "no two-per-SM fit";
+    }
+    for (int s = 8; s >= 2 && l.error != nullptr; --s) l = MakeFp4Layout(wf, af, tm, tn, s);
+  }
+  if (l.error != nullptr) {
+    std::printf("{\"ok\":false,\"error\":\"%s\"}\n", l.error);
+    return;
+  }
+  const bool gated = IsGated(ac);
+  std::printf(
+      "{\"ok\":true,\"stages\":%d,\"threads\":%d,\"shared_mem_bytes\":%d,"
+      "\"k_align\":%d,\"n_align\":%d,\"gated\":%s,\"mma\":\"wgmma.bf16 (A in registers)\","
+      "\"decode_a\":false,\"decode_b\":true,\"ctas_per_sm\":%d,\"max_experts\":%d,"
+      "\"fp4\":true}\n",
+      l.stages, l.threads, l.smem_bytes, MoeGemmKAlign(wf, af),
+      gated ? 2 * kMoeGemmOutColsAlign : kMoeGemmOutColsAlign, gated ? "true" : "false",
+      l.ctas_per_sm, kMoeGemmTmaMaxExperts);
+}
+
+void PrintTma(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int tk,
+              int stages) {
+  if (wf == kMxfp4) {
+    PrintFp4(wf, af, ac, tm, tn, tk, stages);
+    return;
+  }
+  const int box_k = kMoeGemmTmaBoxBytes * 8 / FormatBits(af);
+  MoeGemmTmaLayout l;
+  if (tk != box_k) {
+    std::printf("{\"ok\":false,\"error\":\"TMA kernels take tile_k %d (128 bytes of K) for %s\"}\n",
+                box_k, FormatName(af));
+    return;
+  }
+  if (stages == 0) {
+    l = MakeTmaLayout(wf, af, tm, tn, 4);
+    if (!(tm == 64 && l.error == nullptr && l.ctas_per_sm == 2)) {
+      for (int s = 8; s >= 2; --s) {
+        l = MakeTmaLayout(wf, af, tm, tn, s);
+        if (l.error == nullptr) break;
+      }
+    }
+  } else {
+    l = MakeTmaLayout(wf, af, tm, tn, stages);
+  }
+  if (l.error != nullptr) {
+    std::printf("{\"ok\":false,\"error\":\"%s\"}\n", l.error);
+    return;
+  }
+  const bool gated = IsGated(ac);
+  std::printf(
+      "{\"ok\":true,\"stages\":%d,\"threads\":%d,\"shared_mem_bytes\":%d,"
+      "\"k_align\":%d,\"n_align\":%d,\"gated\":%s,\"mma\":\"%s\","
+      "\"decode_a\":false,\"decode_b\":false,\"ctas_per_sm\":%d,\"max_experts\":%d}\n",
+      l.stages, l.threads, l.smem_bytes, MoeGemmKAlign(wf, af),
+      gated ? 2 * kMoeGemmOutColsAlign : kMoeGemmOutColsAlign, gated ? "true" : "false",
+      l.fp8_mma ? "wgmma.e4m3" : "wgmma.bf16", l.ctas_per_sm, kMoeGemmTmaMaxExperts);
+}
+
 }  // namespace
 
 int main() {
@@ -57,6 +136,12 @@ int main() {
         !ParseFormat(a, &af) || !ParseActivation(act, &ac)) {
       std::fprintf(stderr, "moe_gemm_meta: cannot parse line: %s\n", line.c_str());
       return 2;
+    }
+    std::string gen;
+    in >> gen;
+    if (gen == "tma") {
+      PrintTma(wf, af, ac, tm, tn, tk, stages);
+      continue;
     }
     MoeGemmLayout l;
     if (stages == 0) {

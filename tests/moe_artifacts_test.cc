@@ -81,20 +81,23 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->name, "moe-gemm-sm90a");
   EXPECT_EQ(m->version, 3);
-  ASSERT_EQ(m->kernels.size(), 4u);  // the --small preset
-  ASSERT_EQ(m->artifacts.size(), 4u);
+  ASSERT_EQ(m->kernels.size(), 5u);  // the --small preset
+  ASSERT_EQ(m->artifacts.size(), 5u);
   std::set<std::string> formats;
   for (const KernelSpec& k : m->kernels) {
     SCOPED_TRACE(k.name);
     EXPECT_EQ(k.op, "moe_gemm");
-    EXPECT_EQ(k.abi, moe::kMoeGemmAbi);
+    // Generation 2 (TMA, persistent) kernels take parameter struct version 2.
+    const bool tma = k.name.rfind("moe_gemm_tma_", 0) == 0;
+    EXPECT_EQ(k.abi, tma ? moe::kMoeGemmAbiV2 : moe::kMoeGemmAbiV1);
     EXPECT_EQ(k.arch, "sm_90a");
     EXPECT_EQ(k.function, k.name);
     EXPECT_EQ(k.artifact, "cubins/sm_90a/" + k.name + ".cubin");
     EXPECT_EQ(k.cluster, (std::array<int, 3>{1, 1, 1}));
-    // 128 per 64 rows; kernels that decode fp4 in registers have at least 256.
+    // 128 per 64 rows; kernels that decode fp4 in registers have at least 256; TMA
+    // kernels add a producer warpgroup.
     const bool decoded = k.weight_format == "mxfp4" || k.weight_format == "nvfp4";
-    EXPECT_EQ(k.threads, decoded ? 256 : k.tile_m / 64 * 128);
+    EXPECT_EQ(k.threads, tma ? (k.tile_m / 64 + 1) * 128 : decoded ? 256 : k.tile_m / 64 * 128);
     EXPECT_GT(k.shared_mem_bytes, 48 * 1024);
     EXPECT_LE(k.shared_mem_bytes, moe::kMaxDynamicSmem);
     EXPECT_GE(k.stages, 3);
@@ -106,6 +109,12 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
     EXPECT_EQ(k.extras.at("n_multiple"), gated ? "16" : "8");
     EXPECT_THAT(k.extras.at("k_multiple"), ::testing::AnyOf("8", "16", "32"));
     EXPECT_THAT(k.extras.at("grid"), HasSubstr("MoeGemmMaxMTiles"));
+    if (tma) {
+      EXPECT_THAT(k.extras.at("grid"), HasSubstr("MoeGemmPersistentGridFor"));
+      EXPECT_EQ(k.extras.at("max_experts"), "1024");
+      EXPECT_EQ(k.extras.at("ctas_per_sm"), "1");  // 128-row tiles: one per SM
+      EXPECT_EQ(k.stages, 6);                       // 32 KiB stages for 128x128
+    }
     EXPECT_THAT(k.extras.at("mma"), HasSubstr("wgmma"));
   }
   EXPECT_EQ(formats, (std::set<std::string>{"bf16xbf16", "mxfp4xbf16", "fp8xfp8"}));
@@ -145,7 +154,15 @@ TEST_F(MoeArtifactsTest, CubinsAreSm90aWithTheAbiParameterStruct) {
     const KernelInfo& ki = img.kernels[0];
     EXPECT_EQ(ki.name, k.function);
     ASSERT_TRUE(ki.param_bytes.has_value());
-    EXPECT_EQ(*ki.param_bytes, static_cast<int>(sizeof(moe::MoeGemmParams)));
+    if (k.abi == moe::kMoeGemmAbiV2) {
+      // The 64-byte aligned parameter (its tensor maps) starts at an aligned address of
+      // the constant bank, so the bank's parameter size includes up to 63 bytes of
+      // padding before it (496 with nvcc 13.0: 48 + 448).
+      EXPECT_GE(*ki.param_bytes, static_cast<int>(sizeof(moe::MoeGemmParamsV2)));
+      EXPECT_LT(*ki.param_bytes, static_cast<int>(sizeof(moe::MoeGemmParamsV2)) + 64);
+    } else {
+      EXPECT_EQ(*ki.param_bytes, static_cast<int>(sizeof(moe::MoeGemmParams)));
+    }
     if (ki.max_threads) EXPECT_EQ(*ki.max_threads, k.threads);
     if (ki.frame_bytes) EXPECT_EQ(*ki.frame_bytes, 0) << "registers spilled to local memory";
   }
@@ -157,11 +174,19 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
                        "--activations swiglu,geglu --tiles 64x128 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
             "moe_gemm_mxfp4_bf16_swiglu_m64n128k128\n"
+            "moe_gemm_tma_mxfp4_bf16_swiglu_m64n128k256\n"
             "moe_gemm_mxfp4_bf16_geglu_m64n128k128\n"
+            "moe_gemm_tma_mxfp4_bf16_geglu_m64n128k256\n"
             "moe_gemm_mxfp4_mxfp8_swiglu_m64n128k128\n"
             "moe_gemm_mxfp4_mxfp8_geglu_m64n128k128\n");
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 95);  // the whole family
+  // The whole family: 95 generation-1 kernels, 65 generation-2 (TMA) ones.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 160);
+  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --generation 2 "
+                       "--formats fp8 --activations relu2 2>&1", &out), 0) << out;
+  EXPECT_EQ(out,
+            "moe_gemm_tma_fp8_fp8_relu2_m64n128k128\n"
+            "moe_gemm_tma_fp8_fp8_relu2_m128n128k128\n");
   EXPECT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats fp16 2>&1",
                        &out), 2);
   EXPECT_THAT(out, HasSubstr("--formats: unknown 'fp16'"));

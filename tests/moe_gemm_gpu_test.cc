@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_check.h"
+#include "dispatch/moe_gemm_launch.h"
 #include "loader/context.h"
 #include "loader/device_memory.h"
 #include "loader/driver_api.h"
@@ -120,6 +121,40 @@ TEST(MoeGemmCheckTest, RejectsMissingScalesMisalignmentAndAbi) {
               HasSubstr("has abi 0, the kernels expect 1"));
 }
 
+TEST(MoeGemmCheckTest, VersionTwoKernelsBoundExpertsAndRows) {
+  MoeGemmParams p = ValidParams();
+  const MoeGemmKernelDesc tma{kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV2};
+  EXPECT_EQ(MoeGemmCheck(p, tma), "");
+  p.num_experts = kMoeGemmTmaMaxExperts + 1;
+  EXPECT_THAT(MoeGemmCheck(p, tma),
+              HasSubstr("E = 1025 exceeds the 1024 experts a TMA (abi 2) kernel schedules"));
+  EXPECT_EQ(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256}), "");  // version 1
+  p.num_experts = 1000;
+  p.n = 4 * 1024 * 1024;  // 4e9 weight rows: past a TMA coordinate
+  EXPECT_THAT(MoeGemmCheck(p, tma), HasSubstr("weight rows exceed a TMA coordinate"));
+  p = ValidParams();
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, 3}),
+              HasSubstr("the kernel takes parameter struct version 3, this build fills "
+                        "versions 1 to 2"));
+}
+
+TEST(MoeGemmAbiTest, PersistentGridIsCappedBySmsAndTiles) {
+  MoeGemmParams p = ValidParams();
+  p.num_experts = 128;
+  p.num_tokens = 128 * 128;
+  p.n = 5760;
+  // 254 M tiles (the bound) x 45 output tiles: far more than 132 x 2.
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kSwiglu, 128, 128, 132, 2).x, 264u);
+  p.num_experts = 1;
+  p.num_tokens = 64;
+  p.n = 256;
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kIdentity, 64, 128, 132, 2).x, 2u);  // 1 x 2 tiles
+  p.num_tokens = 0;
+  // No rows: (0 + 63) / 64 = 0 tiles, and a grid is never empty.
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kIdentity, 64, 128, 132, 2).x, 1u);
+  EXPECT_GE(MoeGemmPersistentGridFor(p, kIdentity, 128, 128, 0, 0).x, 1u);
+}
+
 TEST(MoeGemmAbiTest, GridIsAnUpperBoundOnTiles) {
   MoeGemmParams p = ValidParams();
   p.num_experts = 3;
@@ -141,6 +176,7 @@ struct GpuEnv {
   Stream stream;
   Manifest manifest;
   std::string dir;
+  int sm_count = 0;
   std::string skip_reason;
 };
 
@@ -160,6 +196,13 @@ GpuEnv& Env() {
       return e;
     }
     e->ctx = std::move(*ctx);
+    CUdevice dev = 0;
+    if (e->driver->DeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        e->driver->DeviceGetAttribute(&e->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                      dev) != CUDA_SUCCESS) {
+      e->skip_reason = "cannot read the multiprocessor count of GPU 0";
+      return e;
+    }
     if (!e->ctx.MakeCurrent().ok() || e->ctx.sm().major != 9) {
       e->skip_reason = "the moe_gemm family is sm_90a; this GPU is another architecture";
       return e;
@@ -278,7 +321,7 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
     if (k.op != kMoeGemmOp) continue;
     auto w = ParseFormat(k.weight_format), a = ParseFormat(k.activation_format);
     ASSERT_TRUE(w && a && ParseAct(k.activation)) << k.name;
-    EXPECT_EQ(k.abi, kMoeGemmAbi) << k.name;
+    EXPECT_TRUE(k.abi == kMoeGemmAbiV1 || k.abi == kMoeGemmAbiV2) << k.name;
     by_pair[{*w, *a}].push_back(&k);
   }
 
@@ -314,15 +357,20 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
         ASSERT_TRUE(fn.ok()) << fn.status();
 
         MoeGemmParams params = dev.Params(prob, act);
-        const MoeGemmKernelDesc desc{pair.first, pair.second, act, k->tile_m, k->tile_n};
+        auto info = MoeGemmKernelInfoOf(*k);
+        ASSERT_TRUE(info.ok()) << info.status();
+        const MoeGemmKernelDesc desc{pair.first, pair.second, act, k->tile_m, k->tile_n,
+                                     info->abi};
         ASSERT_EQ(MoeGemmCheck(params, desc), "");
-        const MoeGemmGrid grid = MoeGemmGridFor(params, act, k->tile_m, k->tile_n);
+        MoeGemmLaunch launch;
+        const absl::Status prep = PrepareMoeGemmLaunch(d, *info, params, env.sm_count, &launch);
+        ASSERT_TRUE(prep.ok()) << prep;
+        const MoeGemmGrid grid = launch.grid;
         ASSERT_TRUE(dev.out.FillAsync(0xFF, env.stream.get()).ok());  // bf16 NaN
-        void* args[] = {&params};
         ASSERT_TRUE(CuCheck(d,
                             d.LaunchKernel(*fn, grid.x, grid.y, grid.z, k->threads, 1, 1,
-                                           k->shared_mem_bytes, env.stream.get(), args,
-                                           nullptr),
+                                           k->shared_mem_bytes, env.stream.get(),
+                                           launch.kernel_params(), nullptr),
                             "launch " + k->name)
                         .ok());
         const absl::Status sync = env.stream.Synchronize();
@@ -350,41 +398,48 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
 }
 
 // A problem whose every expert is empty launches (the grid is never empty) and writes
-// nothing.
+// nothing, for a kernel of each parameter-struct version in the manifest.
 TEST(MoeGemmGpuTest, NoTokensWritesNothing) {
   CUBIST_REQUIRE_GPU();
   GpuEnv& env = Env();
   DriverApi& d = *env.driver;
-  const KernelSpec* k = nullptr;
+  std::map<int, const KernelSpec*> by_abi;  // the last kernel of each version
   for (const KernelSpec& s : env.manifest.kernels) {
-    if (s.op == kMoeGemmOp) k = &s;
+    if (s.op == kMoeGemmOp) by_abi[s.abi] = &s;
   }
-  ASSERT_NE(k, nullptr);
-  MoeProblemShape shape{*ParseFormat(k->weight_format), *ParseFormat(k->activation_format),
-                        256, 256, {0, 0, 0, 0}};
-  MoeProblemData prob = MakeRandomProblem(shape, 9);
-  prob.num_tokens = 0;
-  DeviceProblem dev;
-  ASSERT_TRUE(dev.Init(d, prob).ok());
-  const MoeActivation act = *ParseAct(k->activation);
-  MoeGemmParams params = dev.Params(prob, act);
-  params.a = params.out = reinterpret_cast<void*>(dev.out.get());  // T = 0: any valid ptr
-  auto img = env.cache->AddImageFile(env.dir + "/" + k->artifact,
-                                     {.expected_sha256 = env.manifest.FindArtifact(k->artifact)->sha256});
-  ASSERT_TRUE(img.ok());
-  auto fn = env.cache->GetFunction(*img, k->function);
-  ASSERT_TRUE(fn.ok()) << fn.status();
-  ASSERT_TRUE(dev.out.Fill(0xFF).ok());
-  const MoeGemmGrid grid = MoeGemmGridFor(params, act, k->tile_m, k->tile_n);
-  void* args[] = {&params};
-  ASSERT_TRUE(CuCheck(d, d.LaunchKernel(*fn, grid.x, 1, 1, k->threads, 1, 1,
-                                        k->shared_mem_bytes, env.stream.get(), args, nullptr),
-                      "launch")
-                  .ok());
-  ASSERT_TRUE(env.stream.Synchronize().ok());
-  std::vector<uint8_t> guard(DeviceProblem::kGuard);
-  ASSERT_TRUE(dev.out.CopyToHost(guard.data(), guard.size()).ok());
-  EXPECT_EQ(std::count(guard.begin(), guard.end(), 0xFF), int(guard.size()));
+  ASSERT_FALSE(by_abi.empty());
+  for (const auto& [abi, k] : by_abi) {
+    SCOPED_TRACE(k->name);
+    MoeProblemShape shape{*ParseFormat(k->weight_format), *ParseFormat(k->activation_format),
+                          256, 256, {0, 0, 0, 0}};
+    MoeProblemData prob = MakeRandomProblem(shape, 9);
+    prob.num_tokens = 0;
+    DeviceProblem dev;
+    ASSERT_TRUE(dev.Init(d, prob).ok());
+    const MoeActivation act = *ParseAct(k->activation);
+    MoeGemmParams params = dev.Params(prob, act);
+    params.a = params.out = reinterpret_cast<void*>(dev.out.get());  // T = 0: any valid ptr
+    auto img = env.cache->AddImageFile(
+        env.dir + "/" + k->artifact,
+        {.expected_sha256 = env.manifest.FindArtifact(k->artifact)->sha256});
+    ASSERT_TRUE(img.ok());
+    auto fn = env.cache->GetFunction(*img, k->function);
+    ASSERT_TRUE(fn.ok()) << fn.status();
+    ASSERT_TRUE(dev.out.Fill(0xFF).ok());
+    auto info = MoeGemmKernelInfoOf(*k);
+    ASSERT_TRUE(info.ok()) << info.status();
+    MoeGemmLaunch launch;
+    ASSERT_TRUE(PrepareMoeGemmLaunch(d, *info, params, env.sm_count, &launch).ok());
+    ASSERT_TRUE(CuCheck(d, d.LaunchKernel(*fn, launch.grid.x, 1, 1, k->threads, 1, 1,
+                                          k->shared_mem_bytes, env.stream.get(),
+                                          launch.kernel_params(), nullptr),
+                        "launch")
+                    .ok());
+    ASSERT_TRUE(env.stream.Synchronize().ok());
+    std::vector<uint8_t> guard(DeviceProblem::kGuard);
+    ASSERT_TRUE(dev.out.CopyToHost(guard.data(), guard.size()).ok());
+    EXPECT_EQ(std::count(guard.begin(), guard.end(), 0xFF), int(guard.size()));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,221 @@
+// Device code shared by the moe_gemm kernel generations (kernels/moe_gemm.cu, ABI 1;
+// kernels/moe_gemm_tma.cu, ABI 2): PTX wrappers, the exact element decoders and the
+// activations. Include only from a .cu file compiled for sm_90a.
+#ifndef CUBIST_KERNELS_MOE_GEMM_DEVICE_CUH_
+#define CUBIST_KERNELS_MOE_GEMM_DEVICE_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "kernels/moe_gemm_abi.h"
+
+namespace cubist::moe {
+namespace {
+
+// ---------------------------------------------------------------------------------
+// PTX helpers.
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Copies 16 bytes, or writes 16 zero bytes when !valid (src-size 0 reads nothing).
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Shared memory written by the generic proxy (cp.async, st.shared) and read next by
+// wgmma (the async proxy) needs this fence in every writing thread before the barrier.
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator accesses across wgmma issue/wait.
+template <int R>
+__device__ __forceinline__ void FenceRegs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Matrix descriptor of a K-major operand in a 128-byte-swizzled panel: start address,
+// leading byte offset 16 (unused by this mode), stride 1024 bytes between 8-row groups,
+// swizzle mode 1 (128 B). Advancing the start by 32 bytes selects the next k-step.
+__device__ __forceinline__ uint64_t Desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{64} << 32) | (uint64_t{1} << 62);
+}
+
+// Byte offset of 16-byte chunk `chunk` (0 .. row_bytes/16-1) of row `r` in an operand
+// tile of `rows` rows stored as 128-byte-swizzled panels.
+__device__ __forceinline__ uint32_t SwizzledChunk(int rows, int r, int chunk) {
+  return static_cast<uint32_t>((chunk >> 3) * rows * 128 + r * 128 +
+                               (((chunk & 7) ^ (r & 7)) << 4));
+}
+
+// ---------------------------------------------------------------------------------
+// Element decoding (exact: every value below is representable in bf16, except that
+// a block scale beyond bf16's exponent range saturates like the fp32 product would).
+
+__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+__device__ __forceinline__ __nv_bfloat162 Bits2(uint32_t v) {
+  return *reinterpret_cast<__nv_bfloat162*>(&v);
+}
+__device__ __forceinline__ uint32_t Bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+// 8 e2m1 (one 32-bit word, low nibble first) times a scale -> 8 bf16. The bf16 bytes of
+// the 8 magnitudes are two 8-byte tables; prmt looks up four nibbles at once (high and
+// low byte separately), two more prmt interleave them. The signs come from prmt's
+// sign-replicating mode: the high nibble's sign is its byte's msb, the low nibble's is
+// the msb of the same byte of w << 4; one lop3 puts them at bits 15 and 31. About 2.5
+// instructions per element, the scale multiply included.
+__device__ __forceinline__ uint4 DecodeE2m1x8(uint32_t w, __nv_bfloat162 s) {
+  constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u;  // 0, .5, 1, 1.5 | 2, 3, 4, 6
+  constexpr uint32_t kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;
+  const uint32_t idx = w & 0x77777777u;
+  const uint32_t hi_a = Prmt(kHi0, kHi1, idx), hi_b = Prmt(kHi0, kHi1, idx >> 16);
+  const uint32_t lo_a = Prmt(kLo0, kLo1, idx), lo_b = Prmt(kLo0, kLo1, idx >> 16);
+  uint32_t o[4] = {Prmt(lo_a, hi_a, 0x5140), Prmt(lo_a, hi_a, 0x7362),
+                   Prmt(lo_b, hi_b, 0x5140), Prmt(lo_b, hi_b, 0x7362)};
+  const uint32_t w4 = w << 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    // byte 1 = sign of element 2j (low nibble of byte j), byte 3 = sign of element 2j+1.
+    const uint32_t sel = ((8u | (4u + j)) << 4) | ((8u | j) << 12);
+    o[j] |= Prmt(w, w4, sel) & 0x80008000u;
+    o[j] = Bits(__hmul2(Bits2(o[j]), s));
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+__device__ __forceinline__ __nv_bfloat162 E4m3x2ToBf16x2(uint32_t two_bytes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xFFFFu), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  return __floats2bfloat162_rn(f.x, f.y);
+}
+// 8 e4m3 (two words) times a scale -> 8 bf16.
+__device__ __forceinline__ uint4 DecodeE4m3x8(uint32_t lo, uint32_t hi, __nv_bfloat162 s) {
+  return make_uint4(Bits(__hmul2(E4m3x2ToBf16x2(lo), s)),
+                    Bits(__hmul2(E4m3x2ToBf16x2(lo >> 16), s)),
+                    Bits(__hmul2(E4m3x2ToBf16x2(hi), s)),
+                    Bits(__hmul2(E4m3x2ToBf16x2(hi >> 16), s)));
+}
+// ue8m0: 2^(s-127); 0 is 2^-127 (a bf16 subnormal), 0xFF is NaN. s << 7 in both halves is
+// one multiply; the two special bytes take one compare.
+__device__ __forceinline__ __nv_bfloat162 Ue8m0ToBf16x2(uint32_t s) {
+  uint32_t b = s * 0x00800080u;
+  if (s - 1u >= 0xFEu) b = s == 0u ? 0x00400040u : 0x7FC07FC0u;
+  return Bits2(b);
+}
+__device__ __forceinline__ __nv_bfloat162 E4m3ToBf16x2(uint32_t s) {
+  const __nv_bfloat162 v = E4m3x2ToBf16x2(s);
+  return __nv_bfloat162(v.x, v.x);
+}
+
+// ---------------------------------------------------------------------------------
+// Activations (moe-math.md); NaN propagates through every clamp.
+
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+struct ActParams {
+  float alpha, beta, limit;
+};
+
+template <MoeActivation A>
+__device__ __forceinline__ float Act(float x0, float x1, const ActParams& q) {
+  if constexpr (A == kIdentity) {
+    return x0;
+  } else if constexpr (A == kRelu2) {
+    const float r = x0 < 0.0f ? 0.0f : x0;
+    return r * r;
+  } else {
+    x1 = x1 > q.limit ? q.limit : x1;
+    x0 = x0 > q.limit ? q.limit : (x0 < -q.limit ? -q.limit : x0);
+    if constexpr (A == kSwiglu) {
+      return x1 * Sigmoid(q.alpha * x1) * (x0 + q.beta);
+    } else if constexpr (A == kGeglu) {
+      return 0.5f * x1 * (1.0f + erff(x1 * 0.70710678118654752f)) * x0;
+    } else {
+      return q.beta * tanhf(x0 / q.beta) * q.alpha * tanhf(x1 / q.alpha) * Sigmoid(x1);
+    }
+  }
+}
+
+
+// ---------------------------------------------------------------------------------
+// The epilogue: one warpgroup's 64 x TN accumulators (wgmma's register layout) times the
+// global scales, through the activation, to bf16 `out`. row0 is the warpgroup's first row
+// of A/out; rows at or past row_end (the expert's end) and columns past the output width
+// are not stored.
+template <MoeFormat WF, MoeActivation ACT, int TN, int R>
+__device__ __forceinline__ void StoreTile(const MoeGemmParams& p, int e, int row0, int row_end,
+                                          int n_tile, float (&acc)[R]) {
+  constexpr bool kGated = IsGated(ACT);
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+  float scale = 1.0f;
+  if constexpr (WF == kFp8 || WF == kNvfp4) {
+    if (p.a_global_scale != nullptr) scale *= __ldg(p.a_global_scale);
+    if (p.b_global_scale != nullptr) scale *= __ldg(p.b_global_scale + e);
+  }
+  ActParams q{1.0f, ACT == kSitu ? 1.0f : 0.0f, __int_as_float(0x7f800000)};
+  if constexpr (kGated) {
+    if (p.alpha != nullptr) q.alpha = __ldg(p.alpha + e);
+    if (p.beta != nullptr) q.beta = __ldg(p.beta + e);
+    if (p.limit != nullptr) q.limit = __ldg(p.limit + e);
+  }
+  const int n_out = MoeGemmOutCols(p.n, ACT);
+  constexpr int kOutGroups = kGated ? TN / 16 : TN / 8;  // 8-column groups of out
+  constexpr int kTileCols = kGated ? TN / 2 : TN;
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + warp * 16 + lane / 4 + 8 * h;
+    if (row >= row_end) continue;
+    __nv_bfloat16* orow = out + static_cast<int64_t>(row) * n_out;
+#pragma unroll
+    for (int g = 0; g < kOutGroups; ++g) {
+      const int col = n_tile * kTileCols + g * 8 + (lane % 4) * 2;
+      if (col >= n_out) continue;
+      const int i0 = g * 4 + 2 * h;
+      float v0, v1;
+      if constexpr (kGated) {
+        const int i1 = (g + TN / 16) * 4 + 2 * h;
+        v0 = Act<ACT>(acc[i0] * scale, acc[i1] * scale, q);
+        v1 = Act<ACT>(acc[i0 + 1] * scale, acc[i1 + 1] * scale, q);
+      } else {
+        v0 = Act<ACT>(acc[i0] * scale, 0.0f, q);
+        v1 = Act<ACT>(acc[i0 + 1] * scale, 0.0f, q);
+      }
+      *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(v0, v1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cubist::moe
+
+#endif  // CUBIST_KERNELS_MOE_GEMM_DEVICE_CUH_

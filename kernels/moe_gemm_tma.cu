@@ -1,0 +1,296 @@
+// The moe_gemm kernels of ABI version 2 for sm_90a: TMA loads, a warp-specialized
+// mbarrier pipeline and a persistent tile scheduler. One kernel per cubin, built by
+// scripts/build-artifacts with
+//   -DMOE_FMT=kBf16 -DMOE_ACT=kSwiglu -DMOE_TM=128 -DMOE_TN=256 -DMOE_STAGES=4
+//   -DMOE_NAME=moe_gemm_tma_bf16_bf16_swiglu_m128n256k64
+// and -gencode=arch=compute_90a,code=sm_90a. Contract: kernels/moe_gemm_abi.h (version
+// 2: MoeGemmParamsV2, MoeGemmPersistentGridFor); shared memory: MakeTmaLayout in
+// kernels/moe_gemm_layout.h; docs/kernels.md explains the design and the measurements.
+//
+// Roles. Warpgroup 0 is the producer: one thread walks this CTA's tiles and, for each
+// k-tile, waits until a stage is free (its `empty` mbarrier), then issues the TMA copies of
+// A's and B's k-tile into it, completing on the stage's `full` mbarrier. Warpgroups
+// 1..tile_m/64 are consumers, each owning 64 rows of the tile and all tile_n columns in
+// registers: wait `full`, issue wgmma on the stage, release it once the wgmma that read it
+// retired, and after the last k-tile apply the activation and store bf16 to `out`. While
+// consumers run the epilogue the producer already fills stages with the next tile.
+//
+// Scheduling. Each CTA reads offsets once into shared memory and builds the prefix sum of
+// per-expert M tiles; tile i (blockIdx.x, blockIdx.x + gridDim.x, ...) maps to (M tile,
+// N tile) in groups of kMoeGemmGroupM M tiles, and an M tile to its expert by binary
+// search in the prefix sums.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "kernels/moe_gemm_abi.h"
+#include "kernels/moe_gemm_device.cuh"
+#include "kernels/moe_gemm_layout.h"
+#include "kernels/moe_gemm_tma_common.cuh"
+#include "kernels/wgmma_ops.cuh"
+
+#if !defined(MOE_FMT) || !defined(MOE_ACT) || !defined(MOE_TM) || !defined(MOE_TN) || \
+    !defined(MOE_STAGES) || !defined(MOE_NAME)
+#error "define MOE_FMT MOE_ACT MOE_TM MOE_TN MOE_STAGES MOE_NAME"
+#endif
+
+namespace cubist::moe {
+namespace {
+
+// ---------------------------------------------------------------------------------
+
+template <MoeFormat F, MoeActivation ACT, int TM, int TN, int ST>
+struct MoeGemmTma {
+  static constexpr MoeGemmTmaLayout L = MakeTmaLayout(F, F, TM, TN, ST);
+  static_assert(L.error == nullptr, "invalid moe_gemm_tma configuration (moe_gemm_layout.h)");
+  static constexpr int kThreads = L.threads;
+  static constexpr int kConsumers = L.consumers;
+  static constexpr bool kFp8 = L.fp8_mma;
+  static constexpr bool kGated = IsGated(ACT);
+  using Mma = Wgmma<kFp8 ? WgmmaKind::kE4m3 : WgmmaKind::kBf16, TN>;
+  static constexpr int kRegs = Mma::kRegs;
+  static constexpr int kBoxElems = kMoeGemmTmaBoxBytes / (kFp8 ? 1 : 2);  // K per k-tile
+  static constexpr int kBRows = MoeGemmTmaBRows(TN, ACT);
+  static constexpr uint32_t kStageTx = static_cast<uint32_t>(L.stage_bytes);
+  // Two consumers (384 threads, at most 168 registers each at entry) move registers from
+  // the producer to the consumers; one consumer fits its accumulators without that.
+  static constexpr bool kSetMaxNreg = kConsumers == 2;
+
+  using Tile = MoeTile;
+
+  __device__ static void Run(const MoeGemmParamsV2& pv) {
+    const MoeGemmParams& p = pv.g;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* smem = reinterpret_cast<uint8_t*>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t{kSmemAlign - 1});
+    const uint32_t smem_base = SmemAddr(smem);
+    const uint32_t full_bar = smem_base + L.barrier_offset;  // + 8 * stage
+    const uint32_t empty_bar = full_bar + 8 * ST;
+    int* off = reinterpret_cast<int*>(smem + L.sched_offset);
+    int* pre = off + kMoeGemmTmaMaxExperts + 1;
+    const int E = p.num_experts;
+    // The host refuses larger E (MoeGemmCheck); a kernel launched anyway writes nothing.
+    if (E < 1 || E > kMoeGemmTmaMaxExperts) return;
+
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < ST; ++s) {
+        MbarInit(full_bar + 8 * s, 1);
+        MbarInit(empty_bar + 8 * s, kConsumers);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      TmaPrefetchMap(&pv.a_map);
+      TmaPrefetchMap(&pv.b_map);
+    }
+    BuildTilePrefix(p, TM, off, pre);
+
+    const int64_t m_tiles = pre[E];
+    const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, TN);
+    const int64_t tiles = m_tiles * n_tiles;
+    const int num_kt = (p.k + kBoxElems - 1) / kBoxElems;
+    const int wg = threadIdx.x / 128;
+
+    if (wg == 0) {
+      if constexpr (kSetMaxNreg) SetMaxRegsDec<L.producer_regs>();
+      if (threadIdx.x != 0) return;
+      StageRing<ST> ring;
+      for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const Tile t = TileAt(tile, m_tiles, n_tiles, E, TM, off, pre);
+        const int b_row = t.e * p.n + t.n_tile * kBRows;
+        for (int kt = 0; kt < num_kt; ++kt) {
+          // A fresh barrier's preceding phase counts as complete: the first pass is free.
+          MbarWait(empty_bar + 8 * ring.s, ring.phase ^ 1);
+          const uint32_t full = full_bar + 8 * ring.s;
+          const uint32_t a_dst = smem_base + ring.s * L.stage_bytes;
+          const uint32_t b_dst = a_dst + L.a_stage_bytes;
+          MbarArriveExpectTx(full, kStageTx);
+          TmaLoad2d(a_dst, &pv.a_map, kt * kBoxElems, t.row_begin, full);
+          TmaLoad2d(b_dst, &pv.b_map, kt * kBoxElems, b_row, full);
+          if constexpr (kGated) {
+            // The gate half: rows N/2 further down the expert's B.
+            TmaLoad2d(b_dst + kBRows * kMoeGemmTmaBoxBytes, &pv.b_map, kt * kBoxElems,
+                      b_row + p.n / 2, full);
+          }
+          ring.Advance();
+        }
+      }
+      return;
+    }
+
+    if constexpr (kSetMaxNreg) SetMaxRegsInc<L.consumer_regs>();
+    const int ci = wg - 1;  // this consumer's rows: ci*64 .. ci*64+63 of the tile
+    const bool signals = threadIdx.x % 128 == 0;  // arrives on `empty` for the warpgroup
+    const uint32_t a_off = ci * 64 * kMoeGemmTmaBoxBytes;
+    StageRing<ST> pipe;  // persists across tiles
+    float acc[kRegs];
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const Tile t = TileAt(tile, m_tiles, n_tiles, E, TM, off, pre);
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
+      if constexpr (!kFp8) {
+        // bf16: one accumulator; a stage is released once the wgmma after it has been
+        // issued and its own has retired (one group in flight).
+        int prev = -1;
+        for (int kt = 0; kt < num_kt; ++kt) {
+          MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+          Issue(smem_base + pipe.s * L.stage_bytes, a_off, acc, true);
+          WgmmaWait<1>();
+          FenceRegs(acc);
+          if (prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
+          prev = pipe.s;
+          pipe.Advance();
+        }
+        WgmmaWait<0>();
+        FenceRegs(acc);
+        if (prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
+      } else if constexpr (F == kFp8Block) {
+        // fp8-block: each 128-deep k-tile is summed by the tensor cores into a fresh
+        // partial and promoted into fp32 with DeepSeek's block scales, loaded one k-tile
+        // ahead. One partial: the scales leave no registers for two.
+        float part[kRegs];
+        const uint32_t hi_mask = HiBlockMask(p, t);
+        Scales sc = LoadScales(p, t, ci, 0);
+        for (int kt = 0; kt < num_kt; ++kt) {
+          MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+          Issue(smem_base + pipe.s * L.stage_bytes, a_off, part, false);
+          // The next k-tile's scales load while this one's wgmma runs and is promoted.
+          const Scales next = LoadScales(p, t, ci, kt + 1 < num_kt ? kt + 1 : kt);
+          WgmmaWait<0>();
+          FenceRegs(part);
+          if (signals) MbarArrive(empty_bar + 8 * pipe.s);
+          Promote(hi_mask, sc, acc, part);
+          sc = next;
+          pipe.Advance();
+        }
+      } else {
+        // fp8 per tensor: as fp8-block without block scales (the tensor cores' fp8
+        // accumulation keeps fewer bits than fp32), with two partials that alternate, so
+        // the wgmma of k-tile kt+1 runs while k-tile kt is promoted.
+        float part0[kRegs], part1[kRegs];
+        int s0 = pipe.s;
+        MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+        Issue(smem_base + pipe.s * L.stage_bytes, a_off, part0, false);
+        pipe.Advance();
+        for (int kt = 0; kt < num_kt; kt += 2) {
+          const int s1 = pipe.s;
+          if (kt + 1 < num_kt) {
+            MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+            Issue(smem_base + pipe.s * L.stage_bytes, a_off, part1, false);
+            pipe.Advance();
+            WgmmaWait<1>();
+          } else {
+            WgmmaWait<0>();
+          }
+          FenceRegs(part0);
+          if (signals) MbarArrive(empty_bar + 8 * s0);
+#pragma unroll
+          for (int i = 0; i < kRegs; ++i) acc[i] += part0[i];
+          if (kt + 1 >= num_kt) break;
+          s0 = pipe.s;
+          if (kt + 2 < num_kt) {
+            MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+            Issue(smem_base + pipe.s * L.stage_bytes, a_off, part0, false);
+            pipe.Advance();
+            WgmmaWait<1>();
+          } else {
+            WgmmaWait<0>();
+          }
+          FenceRegs(part1);
+          if (signals) MbarArrive(empty_bar + 8 * s1);
+#pragma unroll
+          for (int i = 0; i < kRegs; ++i) acc[i] += part1[i];
+        }
+      }
+      StoreTile<F, ACT, TN>(p, t.e, t.row_begin + ci * 64, t.row_end, t.n_tile, acc);
+    }
+  }
+
+  // Issues the wgmma of one stage (at `stage`; this consumer's A rows at a_off) into d,
+  // as one commit group.
+  template <int R>
+  __device__ __forceinline__ static void Issue(uint32_t stage, uint32_t a_off, float (&d)[R],
+                                               bool accumulate) {
+    const uint32_t a_addr = stage + a_off;
+    const uint32_t b_addr = stage + L.a_stage_bytes;
+    WgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {  // 32 bytes of K per wgmma
+      Mma::Mma(d, Desc(a_addr + ks * 32), Desc(b_addr + ks * 32), accumulate || ks > 0 ? 1 : 0);
+    }
+    WgmmaCommit();
+  }
+
+  // fp8-block scale factors of one k-tile: sa per accumulator row half, and per B half
+  // (x0, x1 when gated) the first and the last 128-row block it touches (kBRows
+  // consecutive rows span at most two).
+  struct Scales {
+    float sa[2];
+    float sb_lo[2], sb_hi[2];
+  };
+  __device__ __forceinline__ static Scales LoadScales(const MoeGemmParams& p, const Tile& t,
+                                                      int ci, int kt) {
+    Scales sc;
+    const int kb = (p.k + 127) / 128;
+    const int nb = (p.n + 127) / 128;
+    const float* as = static_cast<const float*>(p.a_scale);
+    const float* bs =
+        static_cast<const float*>(p.b_scale) + static_cast<int64_t>(t.e) * nb * kb + kt;
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = t.row_begin + ci * 64 + warp * 16 + lane / 4 + 8 * h;
+      sc.sa[h] = row < t.row_end ? __ldg(as + static_cast<int64_t>(row) * kb + kt) : 0.0f;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int first = t.n_tile * kBRows + (h ? p.n / 2 : 0);
+      const int lo = min(first, p.n - 1) / 128;
+      const int hi = min(first + kBRows - 1, p.n - 1) / 128;
+      sc.sb_lo[h] = h == 1 && !kGated ? 1.0f : __ldg(bs + static_cast<int64_t>(lo) * kb);
+      sc.sb_hi[h] = h == 1 && !kGated   ? 1.0f
+                    : hi == lo          ? sc.sb_lo[h]
+                                        : __ldg(bs + static_cast<int64_t>(hi) * kb);
+    }
+    return sc;
+  }
+  // Bit g set: 8-column group g takes its B scale from the last block of its half.
+  __device__ __forceinline__ static uint32_t HiBlockMask(const MoeGemmParams& p, const Tile& t) {
+    uint32_t mask = 0;
+#pragma unroll
+    for (int g = 0; g < TN / 8; ++g) {
+      const int h = kGated && g * 8 >= kBRows ? 1 : 0;
+      const int first = t.n_tile * kBRows + (h ? p.n / 2 : 0);
+      const int row = min(first + (g * 8) % kBRows, p.n - 1);
+      if (row / 128 != min(first, p.n - 1) / 128) mask |= 1u << g;
+    }
+    return mask;
+  }
+  __device__ __forceinline__ static void Promote(uint32_t hi_mask, const Scales& sc,
+                                                 float (&acc)[kRegs], float (&part)[kRegs]) {
+#pragma unroll
+    for (int g = 0; g < TN / 8; ++g) {
+      const int h = kGated && g * 8 >= kBRows ? 1 : 0;
+      const float sb = (hi_mask >> g) & 1 ? sc.sb_hi[h] : sc.sb_lo[h];
+      const float s0 = sc.sa[0] * sb, s1 = sc.sa[1] * sb;
+      acc[g * 4 + 0] += part[g * 4 + 0] * s0;
+      acc[g * 4 + 1] += part[g * 4 + 1] * s0;
+      acc[g * 4 + 2] += part[g * 4 + 2] * s1;
+      acc[g * 4 + 3] += part[g * 4 + 3] * s1;
+    }
+  }
+};
+
+}  // namespace
+}  // namespace cubist::moe
+
+using MoeTmaKernel =
+    cubist::moe::MoeGemmTma<cubist::moe::MOE_FMT, cubist::moe::MOE_ACT, MOE_TM, MOE_TN,
+                            MOE_STAGES>;
+
+// One CTA per SM caps two-consumer kernels at 168 registers at entry, below the setmaxnreg
+// targets as setmaxnreg requires; one-consumer kernels ask for the CTAs per SM their
+// shared memory allows.
+extern "C" __global__ void __launch_bounds__(MoeTmaKernel::kThreads,
+                                             MoeTmaKernel::L.ctas_per_sm)
+    MOE_NAME(const __grid_constant__ cubist::moe::MoeGemmParamsV2 p) {
+  MoeTmaKernel::Run(p);
+}

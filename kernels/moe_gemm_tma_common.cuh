@@ -1,0 +1,151 @@
+// Device code of the TMA (ABI version 2) kernels: kernels/moe_gemm_tma.cu (bf16, fp8)
+// and kernels/moe_gemm_fp4.cu (fp4 weights decoded into wgmma's A registers). mbarrier
+// and TMA wrappers, and the persistent tile scheduler both walk the same way. Include only
+// from a .cu file compiled for sm_90a.
+#ifndef CUBIST_KERNELS_MOE_GEMM_TMA_COMMON_CUH_
+#define CUBIST_KERNELS_MOE_GEMM_TMA_COMMON_CUH_
+
+#include <stdint.h>
+
+#include "kernels/moe_gemm_abi.h"
+#include "kernels/moe_gemm_device.cuh"
+
+namespace cubist::moe {
+namespace {
+
+// ---------------------------------------------------------------------------------
+// mbarrier and TMA wrappers (shared-memory addresses are 32-bit).
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+// Waits for the completion of the phase with this parity.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// 2-D tile copy global -> shared through a tensor map (a __grid_constant__ parameter);
+// c0 is the element index along K, c1 the row.
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const MoeTensorMap* map, int32_t c0,
+                                          int32_t c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void TmaPrefetchMap(const MoeTensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map))
+               : "memory");
+}
+template <int kRegs>
+__device__ __forceinline__ void SetMaxRegsInc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void SetMaxRegsDec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// ---------------------------------------------------------------------------------
+// The persistent scheduler (MoeGemmPersistentGridFor): each CTA reads offsets once into
+// shared memory and builds the prefix sums of per-expert M tiles; tile i of the grouped
+// order then maps to (expert, rows, N tile) without touching global memory.
+
+struct MoeTile {
+  int e;          // expert
+  int row_begin;  // first row of A/out
+  int row_end;    // one past the expert's last row (<= T)
+  int n_tile;
+};
+
+// off[0..E] = offsets clamped to [0, T]; pre[e] = M tiles (of tm rows) of experts < e.
+// Every thread of the CTA calls it; it ends with a barrier.
+__device__ __forceinline__ void BuildTilePrefix(const MoeGemmParams& p, int tm, int* off,
+                                                int* pre) {
+  const int E = p.num_experts, T = p.num_tokens;
+  for (int i = threadIdx.x; i <= E; i += blockDim.x) {
+    off[i] = min(max(__ldg(p.offsets + i), 0), T);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    // 32 experts per step: a warp prefix sum with a running carry.
+    const int lane = threadIdx.x;
+    int carry = 0;
+    if (lane == 0) pre[0] = 0;
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + lane;
+      const int rows = e < E ? off[e + 1] - off[e] : 0;
+      int incl = rows > 0 ? (rows + tm - 1) / tm : 0;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+        if (lane >= d) incl += v;
+      }
+      if (e < E) pre[e + 1] = carry + incl;
+      carry += __shfl_sync(0xFFFFFFFFu, incl, 31);
+    }
+  }
+  __syncthreads();
+}
+
+// Tile `tile` (< m_tiles * n_tiles) of the grouped order (kMoeGemmGroupM M tiles per
+// group, M fastest), its expert found by binary search in pre (experts without tokens have
+// pre[e] == pre[e + 1] and are skipped by taking the last such e).
+__device__ __forceinline__ MoeTile TileAt(int64_t tile, int64_t m_tiles, int64_t n_tiles,
+                                          int E, int tm, const int* off, const int* pre) {
+  const int64_t per_group = kMoeGemmGroupM * n_tiles;
+  const int64_t first_m = tile / per_group * kMoeGemmGroupM;
+  const int64_t gsize = m_tiles - first_m < kMoeGemmGroupM ? m_tiles - first_m : kMoeGemmGroupM;
+  const int64_t in_group = tile % per_group;
+  const int m_idx = static_cast<int>(first_m + in_group % gsize);
+  MoeTile t;
+  t.n_tile = static_cast<int>(in_group / gsize);
+  int lo = 0, hi = E - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (pre[mid] <= m_idx) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  t.e = lo;
+  t.row_begin = off[lo] + (m_idx - pre[lo]) * tm;
+  t.row_end = off[lo + 1];
+  return t;
+}
+
+// A consumer's (or the producer's) position in the ring of `stages` stages.
+template <int kStages>
+struct StageRing {
+  int s = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void Advance() {
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+}  // namespace
+}  // namespace cubist::moe
+
+#endif  // CUBIST_KERNELS_MOE_GEMM_TMA_COMMON_CUH_
