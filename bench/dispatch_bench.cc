@@ -204,6 +204,8 @@ void BM_MoeGemmRunHost(benchmark::State& state) {
 void BM_RawLaunchKernelExHost(benchmark::State& state) {
   // What an engine would write by hand: the same function, grid, block, shared memory
   // and parameter struct, set up once, then cuLaunchKernelEx in the loop.
+  // For a version-2 (TMA) kernel the tensor maps are encoded here, once, as an engine
+  // that prepared its launch by hand would.
   const MoeGemmDecision& d = *g_gpu->decision;
   const MoeGemmArgs& a = g_gpu->args;
   moe::MoeGemmParams p = moe::MoeGemmParamsInit();
@@ -215,7 +217,13 @@ void BM_RawLaunchKernelExHost(benchmark::State& state) {
   p.b = reinterpret_cast<const void*>(a.b);
   p.offsets = reinterpret_cast<const int32_t*>(a.offsets);
   p.out = reinterpret_cast<void*>(a.out);
-  const moe::MoeGemmGrid grid = moe::MoeGemmGridFor(p, d.activation, d.tile_m, d.tile_n);
+  MoeGemmLaunch prepared;
+  if (!PrepareMoeGemmLaunch(g_gpu->rt->driver(), d.info, p, g_gpu->rt->device_info().sm_count,
+                            &prepared)
+           .ok()) {
+    return state.SkipWithError("PrepareMoeGemmLaunch failed");
+  }
+  const moe::MoeGemmGrid grid = prepared.grid;
   CUlaunchConfig config = {};
   config.gridDimX = grid.x;
   config.gridDimY = grid.y;
@@ -225,7 +233,7 @@ void BM_RawLaunchKernelExHost(benchmark::State& state) {
   config.blockDimZ = 1;
   config.sharedMemBytes = d.shared_mem_bytes;
   config.hStream = g_gpu->stream.get();
-  void* params[] = {&p};
+  void** params = prepared.kernel_params();
   DriverApi& driver = g_gpu->rt->driver();
   int n = 0;
   for (auto _ : state) {
@@ -278,7 +286,7 @@ int ChildCubist() {
 }
 
 int ChildRaw(const std::string& cubin, const std::string& function, int smem, int threads,
-             int tile_m, int tile_n) {
+             int tile_m, int tile_n, int abi, int ctas_per_sm) {
   auto driver = GetDriver();
   if (!driver.ok()) return 1;
   DriverApi& d = **driver;
@@ -312,15 +320,25 @@ int ChildRaw(const std::string& cubin, const std::string& function, int smem, in
   p.b = reinterpret_cast<const void*>(pb);
   p.offsets = reinterpret_cast<const int32_t*>(pf);
   p.out = reinterpret_cast<void*>(po);
-  const moe::MoeGemmGrid grid = moe::MoeGemmGridFor(p, moe::kIdentity, tile_m, tile_n);
+  // A version-2 kernel needs its two tensor maps: the same host calls an engine would make.
+  MoeGemmKernelInfo info;
+  info.abi = abi;
+  info.activation = moe::kIdentity;
+  info.tile_m = tile_m;
+  info.tile_n = tile_n;
+  info.ctas_per_sm = ctas_per_sm;
+  int sms = 0;
+  if (d.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)) return 1;
+  MoeGemmLaunch launch;
+  if (!PrepareMoeGemmLaunch(d, info, p, sms, &launch).ok()) return 1;
+  const moe::MoeGemmGrid grid = launch.grid;
   CUlaunchConfig c = {};
   c.gridDimX = grid.x;
   c.gridDimY = c.gridDimZ = 1;
   c.blockDimX = threads;
   c.blockDimY = c.blockDimZ = 1;
   c.sharedMemBytes = smem;
-  void* params[] = {&p};
-  if (d.LaunchKernelEx(&c, f, params, nullptr) || d.CtxSynchronize()) return 1;
+  if (d.LaunchKernelEx(&c, f, launch.kernel_params(), nullptr) || d.CtxSynchronize()) return 1;
   return 0;
 }
 
@@ -416,7 +434,9 @@ int Startup(const std::string& self, int runs) {
     cub.push_back(TimeChild({self, "--child-cubist", "--manifest", g_manifest}));
     raw.push_back(TimeChild({self, "--child-raw", cubin, k.function,
                              std::to_string(k.shared_mem_bytes), std::to_string(k.threads),
-                             std::to_string(k.tile_m), std::to_string(k.tile_n)}));
+                             std::to_string(k.tile_m), std::to_string(k.tile_n),
+                             std::to_string(k.abi),
+                             k.extras.count("ctas_per_sm") ? k.extras.at("ctas_per_sm") : "1"}));
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -467,9 +487,10 @@ int main(int argc, char** argv) {
   if (mode == "child-cubist") return ChildCubist();
   if (mode == "child-phases") return ChildPhases();
   if (mode == "child-raw") {
-    if (child_args.size() != 6) return 2;
+    if (child_args.size() != 8) return 2;
     return ChildRaw(child_args[0], child_args[1], std::stoi(child_args[2]),
-                    std::stoi(child_args[3]), std::stoi(child_args[4]), std::stoi(child_args[5]));
+                    std::stoi(child_args[3]), std::stoi(child_args[4]), std::stoi(child_args[5]),
+                    std::stoi(child_args[6]), std::stoi(child_args[7]));
   }
   if (mode == "startup") return Startup("/proc/self/exe", runs);
 

@@ -2,14 +2,18 @@
 # One batched run of the moe_gemm family on a GPU machine (the device tool's `run`):
 # correctness through the loader, SASS check, our timings and the torch baselines, each
 # under a time limit, logs into $OUT. Expects, carried from the build machine:
-#   .bundle-kernels/  (bundle-libs of moe_gemm_gpu_test and moe_gemm_bench)
-#   .device-kernels/art/  (scripts/build-artifacts output: the whole family)
-# Usage: bench/moe_device_run.sh [test|sass|bench|baselines ...]  (default: all four)
+#   $BUNDLE (default .bundle-kernels/): bundle-libs of moe_gemm_gpu_test, moe_gemm_bench
+#           and libcubist_moe_shim.so
+#   $ART (default .device-kernels/art/): scripts/build-artifacts output
+# Usage: bench/moe_device_run.sh [test|sass|bench|baselines|compare ...]
+#   (default: test sass compare). `compare` is bench/moe_bench.py: ours through the
+#   engine API and torch's grouped GEMMs in one process ($COMPARE_ARGS adds flags).
 set -uo pipefail
 OUT=${OUT:-/tmp/moe-out}
 mkdir -p "$OUT"
-art=.device-kernels/art
-steps=${*:-test sass bench baselines}
+art=${ART:-.device-kernels/art}
+bundle=${BUNDLE:-.bundle-kernels}
+steps=${*:-test sass compare}
 command -v cuobjdump >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 for step in $steps; do
@@ -17,7 +21,7 @@ for step in $steps; do
   case $step in
     test)
       CUBIST_MOE_ARTIFACTS=$art CUBIST_MOE_RESULTS=$OUT/gpu_results.txt \
-        timeout ${TEST_LIMIT:-150} .bundle-kernels/run moe_gemm_gpu_test > "$OUT/gpu_test.log" 2>&1
+        timeout ${TEST_LIMIT:-150} "$bundle/run" moe_gemm_gpu_test > "$OUT/gpu_test.log" 2>&1
       echo "gpu test exit $?"; grep -E "FAIL|within tolerance|PASSED|Skipped" "$OUT/gpu_test.log" | head -40
       ;;
     sass)
@@ -30,9 +34,16 @@ for step in $steps; do
       awk '{print $2, $3}' "$OUT/sass.txt" | sort | uniq -c
       ;;
     bench)
-      timeout ${BENCH_LIMIT:-220} .bundle-kernels/run moe_gemm_bench $art --csv "$OUT/bench.csv" \
+      timeout ${BENCH_LIMIT:-220} "$bundle/run" moe_gemm_bench $art --csv "$OUT/bench.csv" \
         ${BENCH_ARGS:-} > "$OUT/bench.md" 2>&1
       echo "bench exit $?"; cat "$OUT/bench.md" | tail -70
+      ;;
+    compare)
+      LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONUNBUFFERED=1 \
+        timeout ${COMPARE_LIMIT:-300} python3 bench/moe_bench.py --manifest "$art/manifest.json" \
+        --shim "$bundle/bin/libcubist_moe_shim.so" --csv "$OUT/compare.csv" ${COMPARE_ARGS:-} \
+        > "$OUT/compare.md" 2>&1
+      echo "compare exit $?"; cat "$OUT/compare.md"
       ;;
     baselines)
       PYTHONUNBUFFERED=1 timeout ${BASE_LIMIT:-170} python3 bench/moe_baselines.py --csv "$OUT/baselines.csv" \

@@ -28,6 +28,7 @@
 #include "base/status_macros.h"
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_check.h"
+#include "dispatch/moe_gemm_launch.h"
 #include "loader/context.h"
 #include "loader/device_memory.h"
 #include "loader/driver_api.h"
@@ -200,6 +201,15 @@ int Main(int argc, char** argv) {
   auto ctx = PrimaryContext::Retain(d, 0);
   if (!ctx.ok()) return fail(ctx.status());
   if (auto s = ctx->MakeCurrent(); !s.ok()) return fail(s);
+  int sm_count = 0;
+  {
+    CUdevice dev = 0;
+    if (d.DeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        d.DeviceGetAttribute(&sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) !=
+            CUDA_SUCCESS) {
+      return fail(absl::InternalError("cannot read the multiprocessor count of GPU 0"));
+    }
+  }
   auto cache = ModuleCache::Create(d, ctx->get());
   auto stream = Stream::Create(d);
   if (!cache.ok() || !stream.ok()) return fail(cache.ok() ? stream.status() : cache.status());
@@ -239,8 +249,10 @@ int Main(int argc, char** argv) {
         p.b_global_scale = static_cast<const float*>(ptr(in->b_gs));
         p.offsets = static_cast<const int32_t*>(ptr(in->offsets));
         p.out = ptr(in->out);
+        auto info = MoeGemmKernelInfoOf(*k);
+        if (!info.ok()) return fail(info.status());
         const std::string err =
-            MoeGemmCheck(p, {pair.first, pair.second, act, k->tile_m, k->tile_n});
+            MoeGemmCheck(p, {pair.first, pair.second, act, k->tile_m, k->tile_n, info->abi});
         if (!err.empty()) {
           std::printf("skip %s on %s: %s\n", k->name.c_str(), s.name, err.c_str());
           continue;
@@ -252,11 +264,15 @@ int Main(int argc, char** argv) {
         if (!fid.ok()) return fail(fid.status());
         auto fn = (*cache)->GetFunction(*fid);
         if (!fn.ok()) return fail(fn.status());
-        const MoeGemmGrid g = MoeGemmGridFor(p, act, k->tile_m, k->tile_n);
-        void* args[] = {&p};
+        MoeGemmLaunch prepared;
+        if (auto st = PrepareMoeGemmLaunch(d, *info, p, sm_count, &prepared); !st.ok()) {
+          return fail(st);
+        }
+        const MoeGemmGrid g = prepared.grid;
         auto launch = [&] {
           return CuCheck(d, d.LaunchKernel(*fn, g.x, g.y, g.z, k->threads, 1, 1,
-                                           k->shared_mem_bytes, stream->get(), args, nullptr),
+                                           k->shared_mem_bytes, stream->get(),
+                                           prepared.kernel_params(), nullptr),
                          "launch " + k->name);
         };
         for (int i = 0; i < warmup; ++i) {
