@@ -47,6 +47,30 @@ bool ParseActivation(const std::string& s, MoeActivation* a) {
 // A generation-2 (TMA) configuration. Stages 0: one-consumer tiles take 4 stages when
 // that leaves room for two CTAs per SM; otherwise the deepest pipeline (at most 8) that
 // fits.
+// One output line. ctas_per_sm > 0 marks a generation-2 kernel (persistent grid).
+struct Meta {
+  int stages = 0, threads = 0, smem_bytes = 0;
+  const char* mma = "";
+  bool decode_a = false, decode_b = false;
+  int ctas_per_sm = 0;
+  const char* extra = "";  // more JSON members, each starting with a comma
+};
+void PrintOk(MoeFormat wf, MoeFormat af, MoeActivation ac, const Meta& m) {
+  const bool gated = IsGated(ac);
+  std::printf(
+      "{\"ok\":true,\"stages\":%d,\"threads\":%d,\"shared_mem_bytes\":%d,"
+      "\"k_align\":%d,\"n_align\":%d,\"gated\":%s,\"mma\":\"%s\","
+      "\"decode_a\":%s,\"decode_b\":%s",
+      m.stages, m.threads, m.smem_bytes, MoeGemmKAlign(wf, af),
+      gated ? 2 * kMoeGemmOutColsAlign : kMoeGemmOutColsAlign, gated ? "true" : "false", m.mma,
+      m.decode_a ? "true" : "false", m.decode_b ? "true" : "false");
+  if (m.ctas_per_sm > 0) {
+    std::printf(",\"ctas_per_sm\":%d,\"max_experts\":%d", m.ctas_per_sm, kMoeGemmTmaMaxExperts);
+  }
+  std::printf("%s}\n", m.extra);
+}
+void PrintError(const char* error) { std::printf("{\"ok\":false,\"error\":\"%s\"}\n", error); }
+
 // An fp4-weight generation-2 configuration (kernels/moe_gemm_fp4.cu): tile_k 256;
 // stages 0 = the deepest pipeline (at most 8) that still fits two CTAs per SM with at
 // least 3 stages (decoding wants warps), else the deepest that fits.
@@ -54,9 +78,7 @@ void PrintFp4(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int 
               int stages) {
   MoeGemmFp4Layout l;
   if (tk != kMoeGemmFp4KTile) {
-    std::printf("{\"ok\":false,\"error\":\"fp4 TMA kernels take tile_k %d\"}\n",
-                kMoeGemmFp4KTile);
-    return;
+    return PrintError("fp4 TMA kernels take tile_k 256");
   }
   if (stages != 0) {
     l = MakeFp4Layout(wf, af, tm, tn, stages);
@@ -68,19 +90,10 @@ void PrintFp4(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int 
     }
     for (int s = 8; s >= 2 && l.error != nullptr; --s) l = MakeFp4Layout(wf, af, tm, tn, s);
   }
-  if (l.error != nullptr) {
-    std::printf("{\"ok\":false,\"error\":\"%s\"}\n", l.error);
-    return;
-  }
-  const bool gated = IsGated(ac);
-  std::printf(
-      "{\"ok\":true,\"stages\":%d,\"threads\":%d,\"shared_mem_bytes\":%d,"
-      "\"k_align\":%d,\"n_align\":%d,\"gated\":%s,\"mma\":\"wgmma.bf16 (A in registers)\","
-      "\"decode_a\":false,\"decode_b\":true,\"ctas_per_sm\":%d,\"max_experts\":%d,"
-      "\"fp4\":true}\n",
-      l.stages, l.threads, l.smem_bytes, MoeGemmKAlign(wf, af),
-      gated ? 2 * kMoeGemmOutColsAlign : kMoeGemmOutColsAlign, gated ? "true" : "false",
-      l.ctas_per_sm, kMoeGemmTmaMaxExperts);
+  if (l.error != nullptr) return PrintError(l.error);
+  PrintOk(wf, af, ac,
+          {l.stages, l.threads, l.smem_bytes, "wgmma.bf16 (A in registers)", false, true,
+           l.ctas_per_sm, ",\"fp4\":true"});
 }
 
 void PrintTma(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int tk,
@@ -107,18 +120,10 @@ void PrintTma(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int 
   } else {
     l = MakeTmaLayout(wf, af, tm, tn, stages);
   }
-  if (l.error != nullptr) {
-    std::printf("{\"ok\":false,\"error\":\"%s\"}\n", l.error);
-    return;
-  }
-  const bool gated = IsGated(ac);
-  std::printf(
-      "{\"ok\":true,\"stages\":%d,\"threads\":%d,\"shared_mem_bytes\":%d,"
-      "\"k_align\":%d,\"n_align\":%d,\"gated\":%s,\"mma\":\"%s\","
-      "\"decode_a\":false,\"decode_b\":false,\"ctas_per_sm\":%d,\"max_experts\":%d}\n",
-      l.stages, l.threads, l.smem_bytes, MoeGemmKAlign(wf, af),
-      gated ? 2 * kMoeGemmOutColsAlign : kMoeGemmOutColsAlign, gated ? "true" : "false",
-      l.fp8_mma ? "wgmma.e4m3" : "wgmma.bf16", l.ctas_per_sm, kMoeGemmTmaMaxExperts);
+  if (l.error != nullptr) return PrintError(l.error);
+  PrintOk(wf, af, ac,
+          {l.stages, l.threads, l.smem_bytes, l.fp8_mma ? "wgmma.e4m3" : "wgmma.bf16", false,
+           false, l.ctas_per_sm});
 }
 
 }  // namespace
@@ -161,18 +166,12 @@ int main() {
       l = MakeLayout(wf, af, tm, tn, tk, stages);
     }
     if (l.error != nullptr) {
-      std::printf("{\"ok\":false,\"error\":\"%s\"}\n", l.error);
+      PrintError(l.error);
       continue;
     }
-    const bool gated = IsGated(ac);
-    std::printf(
-        "{\"ok\":true,\"stages\":%d,\"threads\":%d,\"shared_mem_bytes\":%d,"
-        "\"k_align\":%d,\"n_align\":%d,\"gated\":%s,\"mma\":\"%s\","
-        "\"decode_a\":%s,\"decode_b\":%s}\n",
-        l.stages, l.threads, l.smem_bytes, MoeGemmKAlign(wf, af),
-        gated ? 2 * kMoeGemmOutColsAlign : kMoeGemmOutColsAlign, gated ? "true" : "false",
-        l.fp8_mma ? "wgmma.e4m3" : "wgmma.bf16", l.a.direct ? "false" : "true",
-        l.b.direct ? "false" : "true");
+    PrintOk(wf, af, ac,
+            {l.stages, l.threads, l.smem_bytes, l.fp8_mma ? "wgmma.e4m3" : "wgmma.bf16",
+             !l.a.direct, !l.b.direct});
   }
   return 0;
 }

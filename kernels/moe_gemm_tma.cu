@@ -72,18 +72,8 @@ struct MoeGemmTma {
     // The host refuses larger E (MoeGemmCheck); a kernel launched anyway writes nothing.
     if (E < 1 || E > kMoeGemmTmaMaxExperts) return;
 
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < ST; ++s) {
-        MbarInit(full_bar + 8 * s, 1);
-        MbarInit(empty_bar + 8 * s, kConsumers);
-      }
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-      TmaPrefetchMap(&pv.a_map);
-      TmaPrefetchMap(&pv.b_map);
-    }
-    BuildTilePrefix(p, TM, off, pre);
-
-    const int64_t m_tiles = pre[E];
+    const int64_t m_tiles =
+        PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers, TM, off, pre);
     const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, TN);
     const int64_t tiles = m_tiles * n_tiles;
     const int num_kt = (p.k + kBoxElems - 1) / kBoxElems;

@@ -132,6 +132,27 @@ __device__ __forceinline__ MoeTile TileAt(int64_t tile, int64_t m_tiles, int64_t
   return t;
 }
 
+// The prologue every version-2 kernel runs: thread 0 initialises the `kStages` stage
+// mbarriers (full: the producer's arrival plus the copy's bytes; empty: one arrival per
+// consumer warpgroup) and prefetches the tensor maps; then the CTA builds the tile prefix
+// sums (off, pre) for M tiles of tm rows. Returns the number of M tiles.
+template <int kStages>
+__device__ __forceinline__ int64_t PipelinePrologue(const MoeGemmParamsV2& pv, uint32_t full_bar,
+                                                    uint32_t empty_bar, int consumers, int tm,
+                                                    int* off, int* pre) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full_bar + 8 * s, 1);
+      MbarInit(empty_bar + 8 * s, consumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    TmaPrefetchMap(&pv.a_map);
+    TmaPrefetchMap(&pv.b_map);
+  }
+  BuildTilePrefix(pv.g, tm, off, pre);
+  return pre[pv.g.num_experts];
+}
+
 // A consumer's (or the producer's) position in the ring of `stages` stages.
 template <int kStages>
 struct StageRing {
