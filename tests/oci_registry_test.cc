@@ -17,6 +17,8 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "artifacts/oci_push.h"
+#include "artifacts/oci_reference.h"
 #include "base/sha256.h"
 #include "tests/test_util.h"
 #include "tests/testlib/child_process.h"
@@ -155,6 +157,53 @@ TEST_F(OciRegistryTest, PushAgainSkipsEveryBlobAndGivesTheSameDigest) {
   EXPECT_THAT(out, HasSubstr(first));
 }
 
+// Blobs over monolithic_max go up in PATCH chunks; the registry checks the digest of
+// the assembled blob, and a fetch gets the exact bytes back.
+TEST_F(OciRegistryTest, ChunkedUploadsOfLargeBlobs) {
+  StartRegistry();
+  MakeRepo(3, 300000, 700000);
+  PushSource source;
+  source.manifest_bytes = testing::ReadFileOrDie(repo_ + "/manifest.json");
+  source.manifest = manifest_;
+  source.artifact_dir = repo_;
+  PushOptions options;
+  options.monolithic_max = 1000;  // the artifacts, not the small blobs
+  options.chunk_size = 100000;
+  auto ref = ParseOciReference(Ref("cubist/chunked:v1"));
+  CUBIST_ASSERT_OK(ref);
+  auto report = PushArtifactSet(*ref, source, options);
+  CUBIST_ASSERT_OK(report);
+  EXPECT_EQ(report->blobs_uploaded, 5);
+  int patches = 0;
+  for (const std::string& line : registry_->AccessLog()) {
+    if (absl::StartsWith(line, "PATCH /v2/cubist/chunked/blobs/uploads/")) ++patches;
+  }
+  EXPECT_GE(patches, 3 * 3);  // at least 3 chunks per artifact
+  std::string out, cache = tmp_.Join("cache");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("cubist/chunked@" + report->digest),
+                                " --cache ", cache), &out), 0) << out;
+  ExpectAllCached(cache);
+}
+
+// A file that changed after the manifest was built is refused by size before upload.
+TEST_F(OciRegistryTest, PushRefusesAFileThatDiffersFromTheManifest) {
+  StartRegistry();
+  MakeRepo(2, 1000, 2000);
+  testing::WriteFileOrDie(repo_ + "/" + files_[1].path, files_[1].data + "x");
+  std::string out;
+  EXPECT_EQ(Cubist(absl::StrCat("push --manifest ", repo_, "/manifest.json ", Ref("cubist/bad:v1")), &out),
+            3) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("push ", files_[1].path, ": the file has ")));
+  EXPECT_THAT(out, HasSubstr("rebuild the manifest"));
+  // Same size, other bytes: the registry's digest check refuses it.
+  std::string same = files_[1].data;
+  same[0] ^= 1;
+  testing::WriteFileOrDie(repo_ + "/" + files_[1].path, same);
+  EXPECT_EQ(Cubist(absl::StrCat("push --manifest ", repo_, "/manifest.json ", Ref("cubist/bad:v1")), &out),
+            3) << out;
+  EXPECT_THAT(out, HasSubstr("the registry computed another sha256 than the manifest's"));
+}
+
 TEST_F(OciRegistryTest, TagMovedIsReported) {
   StartRegistry();
   MakeRepo(3, 100, 1000);
@@ -250,6 +299,54 @@ TEST_F(OciRegistryTest, HtpasswdLoginFromEnvironmentAndDockerConfig) {
   EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("team/k:v1"), " --cache ", tmp_.Join("c2")),
                    &out, "HOME=" + tmp_.path()), 7) << out;
   EXPECT_THAT(out, HasSubstr("requires a login"));
+}
+
+// The registry bearer-token flow against real servers: nginx in front of the registry
+// answers like a token-authenticated registry (401 + WWW-Authenticate: Bearer realm=...
+// unless the request carries the token) and serves the token endpoint, which wants
+// HTTP basic credentials.
+TEST_F(OciRegistryTest, BearerTokenFlowThroughATokenGate) {
+  if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
+  StartRegistry();
+  MakeRepo(5, 100, 200000);
+  NginxServer::Options o;
+  o.root = tmp_.path();
+  o.workdir = tmp_.Join("nginx");
+  o.server_extra = absl::StrCat(
+      "    client_max_body_size 0;\n"
+      "    location = /token {\n"
+      "      if ($http_authorization != \"Basic Ym9iOmdhdGUtcHc=\") { return 401; }\n"
+      "      default_type application/json;\n"
+      "      return 200 '{\"token\": \"tok-$arg_service\"}';\n"
+      "    }\n"
+      "    location /v2/ {\n"
+      "      if ($http_authorization != \"Bearer tok-gate\") {\n"
+      "        add_header WWW-Authenticate 'Bearer realm=\"http://$http_host/token\",service=\"gate\"' always;\n"
+      "        return 401;\n"
+      "      }\n"
+      "      proxy_pass http://", registry_->HostPort(), ";\n"
+      "      proxy_set_header Host $http_host; proxy_http_version 1.1;\n"
+      "      proxy_set_header Connection \"\"; proxy_request_buffering off;\n"
+      "    }\n");
+  auto gate = NginxServer::Start(o);
+  ASSERT_TRUE(gate.ok()) << gate.status();
+  std::string ref = absl::StrCat("oci://127.0.0.1:", (*gate)->port(), "/team/tokens:v1");
+  std::string out;
+  std::string creds = "CUBIST_REGISTRY_USERNAME=bob CUBIST_REGISTRY_PASSWORD=gate-pw";
+  ASSERT_EQ(Cubist(absl::StrCat("push --manifest ", repo_, "/manifest.json ", ref), &out, creds), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("5 artifacts, 7 blobs uploaded"));
+  std::string cache = tmp_.Join("cache");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", ref, " --cache ", cache), &out, creds), 0) << out;
+  EXPECT_THAT(out, HasSubstr("5 downloaded"));
+  ExpectAllCached(cache);
+  std::map<std::string, int> ok = (*gate)->SuccessfulRequests();
+  EXPECT_GE(ok["/token"], 2);  // one login per command
+  // Without credentials the token endpoint refuses: PermissionDenied with the fix.
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", ref, " --cache ", tmp_.Join("c2")), &out,
+                   "HOME=" + tmp_.path()), 7) << out;
+  EXPECT_THAT(out, HasSubstr("requires a login for team/tokens (token endpoint answered HTTP 401)"));
+  EXPECT_THAT(out, Not(HasSubstr("gate-pw")));
 }
 
 TEST_F(OciRegistryTest, RegistryStoppedMidFetchAndRestartedResumes) {
