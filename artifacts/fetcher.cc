@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "artifacts/curl_handles.h"
 #include "artifacts/group_commit.h"
+#include "artifacts/oci_manifest_source.h"
 #include "artifacts/sources.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
@@ -43,7 +44,13 @@ const char* FetchOutcomeName(FetchOutcome outcome) {
 std::vector<FetchItem> PlanFetch(const Manifest& manifest,
                                  const std::vector<std::string>& mirrors,
                                  const std::vector<std::string>& filters) {
-  std::vector<std::string> bases = ArtifactBases(manifest, mirrors);
+  // Artifacts of a set in an OCI registry are blobs named by their digest.
+  std::optional<OciReference> oci;
+  if (IsOciReference(manifest.source)) {
+    if (auto ref = ParseOciReference(manifest.source); ref.ok()) oci = *std::move(ref);
+  }
+  std::vector<std::string> bases =
+      oci.has_value() ? OciBlobBases(*oci, mirrors) : ArtifactBases(manifest, mirrors);
   std::vector<FetchItem> items;
   items.reserve(manifest.artifacts.size());
   for (const Artifact& a : manifest.artifacts) {
@@ -55,7 +62,10 @@ std::vector<FetchItem> PlanFetch(const Manifest& manifest,
     }
     FetchItem item;
     item.artifact = a;
-    for (const std::string& b : bases) item.urls.push_back(JoinUrl(b, a.path));
+    for (const std::string& b : bases) {
+      item.urls.push_back(oci.has_value() ? absl::StrCat(b, "sha256:", a.sha256)
+                                          : JoinUrl(b, a.path));
+    }
     items.push_back(std::move(item));
   }
   return items;
@@ -114,6 +124,7 @@ struct Transfer {
   std::optional<absl::Duration> retry_after;
   char errbuf[CURL_ERROR_SIZE] = {0};
   FetchProgress* progress = nullptr;
+  CurlSlist headers;  // FetchOptions::authorization's header, when there is one
 };
 
 struct Shared {
@@ -508,6 +519,13 @@ class Worker {
     curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 256L * 1024L);
     if (!ca_bundle_.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ca_bundle_.c_str());
     if (!ca_dir_.empty()) curl_easy_setopt(e, CURLOPT_CAPATH, ca_dir_.c_str());
+    if (s_.options.authorization) {
+      std::string header = s_.options.authorization(t->url);
+      if (!header.empty()) {
+        t->headers.reset(curl_slist_append(nullptr, header.c_str()));
+        curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->headers.get());
+      }
+    }
     if (job->offset > 0) {
       curl_easy_setopt(e, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(job->offset));
     }
@@ -577,6 +595,14 @@ class Worker {
     job->offset += t.received;
     if (t.received > 0 && t.start_offset > 0) job->resumed = true;
 
+    if (rc == CURLE_RANGE_ERROR && (code < 200 || code >= 300) &&
+        !absl::StartsWithIgnoreCase(Sv(t.url), "file://")) {
+      // libcurl calls any answer to a resumed request without Content-Range a range
+      // error, a 502 from a proxy whose origin is restarting included. That is the
+      // HTTP error, not a server without ranges: keep the partial file and retry.
+      t.discard = true;
+      rc = CURLE_OK;
+    }
     if (rc != CURLE_OK) {
       std::string why = t.errbuf[0] != '\0' ? t.errbuf : curl_easy_strerror(rc);
       if (rc == CURLE_FILE_COULDNT_READ_FILE) {

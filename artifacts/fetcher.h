@@ -26,6 +26,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -57,6 +59,10 @@ struct FetchOptions {
   int max_redirects = 5;
   // Group commit of fsync; false only for benchmarks that measure the network part.
   bool durable = true;
+  // The Authorization header line for a request to `url` ("Authorization: Bearer ..."),
+  // or "" for none. Called from the fetch threads; must be thread-safe. Registries set
+  // it (MakeOciAuthorizer); plain HTTP sources leave it empty.
+  std::function<std::string(std::string_view url)> authorization;
 };
 
 // Live counters, readable from another thread (the CLI's progress bar).
@@ -109,7 +115,8 @@ FetchReport FetchArtifacts(const Store& store, const std::vector<FetchItem>& ite
                            const FetchOptions& options, FetchProgress* progress = nullptr);
 
 // Builds the items for a manifest: each artifact whose path matches one of `filters`
-// (fnmatch globs; empty = all), with its URLs from ArtifactBases.
+// (fnmatch globs; empty = all), with its URLs from ArtifactBases; for a manifest
+// read from an OCI registry (source oci://...), its blob URLs (OciBlobBases).
 std::vector<FetchItem> PlanFetch(const Manifest& manifest,
                                  const std::vector<std::string>& mirrors,
                                  const std::vector<std::string>& filters);

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "artifacts/curl_handles.h"
+#include "artifacts/oci_manifest_source.h"
 #include "artifacts/sources.h"
 #include "artifacts/version_guard.h"
 #include "base/file_util.h"
@@ -117,6 +118,7 @@ absl::StatusOr<std::string> ReadLocation(std::string_view location, uint64_t max
 
 absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
                                             const OpenManifestOptions& options) {
+  if (IsOciReference(location)) return OpenOciManifest(location, options);
   OpenedManifest out;
   std::optional<std::string> signature;
   bool want_signature = !options.trust.trusted_keys.empty();

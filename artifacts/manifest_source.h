@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -38,9 +39,12 @@ struct OpenedManifest {
   Manifest manifest;
   std::string bytes;          // the exact bytes that were verified and parsed
   bool from_offline_copy = false;
+  // Things the user should hear about that are not errors (an OCI tag that moved).
+  std::vector<std::string> notices;
 };
 
-// Reads `location` (http(s):// or file:// URL, or a local path; a JSON manifest or a
+// Reads `location` (http(s):// or file:// URL, an oci:// reference (oci_manifest_source.h),
+// or a local path; a JSON manifest or a
 // FlashInfer checksums.txt), checks and parses it. Errors: NotFound (404, no such
 // file), Unavailable (network, after retries), InvalidArgument (malformed, too large),
 // PermissionDenied (signature), FailedPrecondition (expired, rollback).

@@ -45,6 +45,7 @@ void RegisterRun(CLI::App& app, Globals& g);       // dispatch
 void RegisterTune(CLI::App& app, Globals& g);      // dispatch
 void RegisterKeygen(CLI::App& app, Globals& g);    // trust
 void RegisterSign(CLI::App& app, Globals& g);      // trust
+void RegisterPush(CLI::App& app, Globals& g);      // OCI registries
 
 }  // namespace cubist::cli
 

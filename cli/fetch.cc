@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "artifacts/fetcher.h"
+#include "artifacts/oci_manifest_source.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/exit_codes.h"
@@ -85,6 +86,14 @@ int RunFetch(const FetchFlags& f) {
   options.offline = f.offline;
   options.attempts_per_source = f.retries;
   options.durable = !f.no_fsync;
+  if (IsOciReference(m.source)) {
+    auto ref = ParseOciReference(m.source);
+    if (!ref.ok()) return PrintError(ref.status());
+    options.authorization = MakeOciAuthorizer(*ref);
+  }
+  for (const std::string& note : opened->notices) {
+    std::fprintf(stderr, "cubist: note: %s\n", note.c_str());
+  }
   FetchProgress progress;
   FetchReport report;
   {
@@ -155,7 +164,8 @@ void RegisterFetch(CLI::App& app, Globals& g) {
   auto flags = std::make_shared<FetchFlags>();
   CLI::App* cmd = app.add_subcommand(
       "fetch", "Download a manifest's artifacts into the cache, verifying every byte");
-  cmd->add_option("--manifest,-m", flags->manifest, "Manifest URL or path (JSON or checksums.txt)")
+  cmd->add_option("--manifest,-m", flags->manifest, "Manifest URL or path (JSON or checksums.txt), or an OCI artifact set: "
+                  "oci://HOST[:PORT]/REPO:TAG or oci://HOST[:PORT]/REPO@sha256:DIGEST")
       ->required();
   cmd->add_option("--cache", flags->cache,
                   "Cache directory (default: $CUBIST_CACHE_DIR, $XDG_CACHE_HOME/cubist, "
@@ -166,7 +176,8 @@ void RegisterFetch(CLI::App& app, Globals& g) {
   cmd->add_flag("--offline", flags->offline,
                 "No network: fail, listing them, if artifacts are not cached");
   cmd->add_option("--mirror", flags->mirrors,
-                  "Base URL or directory to try before the manifest's own; repeatable");
+                  "Base URL or directory to try before the manifest's own (for an oci:// "
+                  "set: a registry mirror or caching proxy, http://HOST:PORT); repeatable");
   cmd->add_option("--filter", flags->filters,
                   "Only artifacts whose path matches this glob; repeatable");
   cmd->add_option("--retries", flags->retries, "Attempts per source for transient failures")

@@ -90,10 +90,12 @@ absl::Status NginxServer::Launch() {
     << "  default_type application/octet-stream;\n"
     << "  sendfile on; tcp_nopush on; tcp_nodelay on;\n"
     << "  keepalive_requests 100000; keepalive_timeout 60s;\n"
+    << o.http_extra
     << "  server {\n"
     << "    listen 127.0.0.1:" << port_ << " reuseport;\n"
     << "    root " << o.root << ";\n";
   if (!o.limit_rate.empty()) c << "    limit_rate " << o.limit_rate << ";\n";
+  c << o.server_extra;
   c << "  }\n}\n";
   config_ = w + "/nginx.conf";
   {

@@ -21,6 +21,10 @@ class NginxServer {
     std::string workdir;       // config, logs, pid; created
     std::string limit_rate;    // e.g. "200k": slows every response (for kill tests)
     int workers = 1;
+    // Raw configuration added to the http block and to the server block (a
+    // proxy_cache_path / locations that proxy to an origin, for site-cache tests).
+    std::string http_extra;
+    std::string server_extra;
   };
 
   // The nginx binary, or "" when none is installed.

@@ -1,0 +1,279 @@
+#include "artifacts/oci_manifest_source.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "artifacts/oci_client.h"
+#include "base/file_util.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
+#include "base/strings.h"
+
+namespace cubist {
+namespace {
+
+constexpr uint64_t kMaxImageManifest = uint64_t{16} << 20;
+
+struct Layer {
+  std::string sha256;  // hex
+  uint64_t size = 0;
+};
+
+// The cubist layers of an image manifest: the manifest blob and the optional
+// signature blob. InvalidArgument when this is not a cubist artifact set.
+absl::Status FindCubistLayers(const std::string& body, const std::string& where,
+                              Layer* manifest, std::optional<Layer>* signature) {
+  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the image manifest is not JSON"));
+  }
+  std::string artifact_type = j.value("artifactType", "");
+  std::string config_type;
+  if (j.contains("config") && j["config"].is_object()) {
+    config_type = j["config"].value("mediaType", "");
+  }
+  if (artifact_type != kOciArtifactType && config_type != kOciArtifactType) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": not a cubist artifact set (artifactType '", artifact_type,
+        "', config mediaType '", config_type, "'; expected ", kOciArtifactType,
+        "); publish sets with 'cubist push'"));
+  }
+  if (!j.contains("layers") || !j["layers"].is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the image manifest has no layers"));
+  }
+  bool found = false;
+  for (size_t i = 0; i < j["layers"].size(); ++i) {
+    const nlohmann::json& l = j["layers"][i];
+    if (!l.is_object()) continue;
+    std::string type = l.value("mediaType", "");
+    if (type != kOciManifestLayerType && type != kOciSignatureLayerType) continue;
+    std::string digest = l.value("digest", "");
+    if (!absl::StartsWith(digest, "sha256:") || !IsSha256Hex(digest.substr(7)) ||
+        !l.contains("size") || !l["size"].is_number_unsigned()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": layers[", i, "]: a sha256 digest and a size are required"));
+    }
+    Layer layer{digest.substr(7), l["size"].get<uint64_t>()};
+    if (type == kOciManifestLayerType) {
+      if (found) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": layers[", i, "]: a second layer of type ", kOciManifestLayerType));
+      }
+      found = true;
+      *manifest = layer;
+    } else {
+      *signature = layer;
+    }
+  }
+  if (!found) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": no layer of type ", kOciManifestLayerType, " (the cubist manifest)"));
+  }
+  return absl::OkStatus();
+}
+
+// Reads a small blob whole and checks it against its descriptor.
+absl::StatusOr<std::string> ReadBlob(RegistryClient& client, const Layer& layer,
+                                     std::string_view what, const std::string& where,
+                                     uint64_t max_bytes) {
+  if (layer.size > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", Sv(what), " is ", layer.size, " bytes, over the limit of ", max_bytes));
+  }
+  CUBIST_ASSIGN_OR_RETURN(HttpResponse r,
+                          client.Send("GET", absl::StrCat("blobs/sha256:", layer.sha256), {}, {},
+                                      max_bytes + 1));
+  if (r.status != 200) return RegistryError(r, absl::StrCat(where, ": read ", Sv(what)));
+  std::string got = Sha256Hex(r.body);
+  if (r.body.size() != layer.size || got != layer.sha256) {
+    return absl::DataLossError(absl::StrCat(
+        where, ": ", Sv(what), " blob mismatch: expected sha256 ", layer.sha256, " (",
+        layer.size, " bytes), got ", got, " (", r.body.size(),
+        " bytes); the registry's storage is corrupt or a proxy altered it; nothing was "
+        "used; report it to the registry's operator"));
+  }
+  return std::move(r.body);
+}
+
+// A directory removed with its contents when this goes out of scope.
+class ScratchDir {
+ public:
+  ScratchDir() = default;
+  ~ScratchDir() {
+    if (!path_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(path_, ec);
+    }
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  absl::Status Create(const std::string& parent) {
+    CUBIST_RETURN_IF_ERROR(MakeDirs(parent));
+    std::string tmpl = parent + "/.staging-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      return ErrnoToStatusLocal(errno, "create a directory in " + parent);
+    }
+    path_ = tmpl;
+    return absl::OkStatus();
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  static absl::Status ErrnoToStatusLocal(int err, const std::string& what) {
+    return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
+  }
+  std::string path_;
+};
+
+std::string OciCopyDir(const Store& store, const OciReference& ref) {
+  return absl::StrCat(store.ManifestsDir(), "/by-oci/", Sha256Hex(ref.ToString()));
+}
+
+}  // namespace
+
+absl::StatusOr<OpenedManifest> OpenOciManifest(std::string_view location,
+                                               const OpenManifestOptions& options) {
+  CUBIST_ASSIGN_OR_RETURN(OciReference ref, ParseOciReference(location));
+  std::string where = ref.ToString();
+  if (options.offline) {
+    if (options.store == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          where, ": --offline and the manifest is in a registry, but there is no cache to "
+          "read a copy from"));
+    }
+    std::string copy = OciCopyDir(*options.store, ref) + "/manifest.json";
+    if (::access(copy.c_str(), F_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat(
+          where, ": --offline, and the cache holds no copy of this artifact set; fetch it "
+          "once with the network, or copy a cache that has it"));
+    }
+    CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened, OpenManifest(copy, options));
+    opened.manifest.source = where;
+    opened.from_offline_copy = true;
+    return opened;
+  }
+
+  CUBIST_ASSIGN_OR_RETURN(RegistryCredentials creds, LookUpRegistryCredentials(ref.host));
+  auto auth = std::make_shared<RegistryAuth>(ref, std::move(creds),
+                                             absl::StrCat("repository:", ref.repository, ":pull"));
+  RegistryClient client(auth, options.timeout);
+  CUBIST_ASSIGN_OR_RETURN(
+      HttpResponse r,
+      client.Send("GET", absl::StrCat("manifests/", ref.ManifestRef()),
+                  {absl::StrCat("Accept: ", kOciImageManifestType)}, {}, kMaxImageManifest,
+                  options.attempts));
+  if (r.status == 404) {
+    return absl::NotFoundError(absl::StrCat(
+        where, ": the registry has no such ", ref.digest.empty() ? "tag" : "manifest",
+        " (HTTP 404); check the name, or publish it with 'cubist push'"));
+  }
+  if (r.status != 200) return RegistryError(r, absl::StrCat("read ", where));
+  std::string digest = absl::StrCat("sha256:", Sha256Hex(r.body));
+  if (!ref.digest.empty() && digest != ref.digest) {
+    return absl::DataLossError(absl::StrCat(
+        where, ": the registry served an image manifest whose digest is ", digest,
+        ", not the pinned ", ref.digest, "; refused: the registry or a proxy in between "
+        "serves other content than was pinned"));
+  }
+  Layer mlayer;
+  std::optional<Layer> slayer;
+  CUBIST_RETURN_IF_ERROR(FindCubistLayers(r.body, where, &mlayer, &slayer));
+  CUBIST_ASSIGN_OR_RETURN(std::string bytes,
+                          ReadBlob(client, mlayer, "the cubist manifest", where,
+                                   options.max_bytes));
+  std::optional<std::string> signature;
+  if (slayer.has_value()) {
+    CUBIST_ASSIGN_OR_RETURN(signature,
+                            ReadBlob(client, *slayer, "the manifest's signature", where, 64 << 10));
+  }
+
+  // Hand the verified bytes to OpenManifest as files, so that every check is the one
+  // every manifest gets. In the cache, the files then become the offline copy.
+  ScratchDir scratch;
+  std::string final_dir;
+  if (options.store != nullptr) {
+    final_dir = OciCopyDir(*options.store, ref);
+    CUBIST_RETURN_IF_ERROR(scratch.Create(final_dir));
+  } else {
+    const char* tmp = std::getenv("TMPDIR");
+    CUBIST_RETURN_IF_ERROR(scratch.Create(tmp != nullptr && *tmp ? tmp : "/tmp"));
+  }
+  std::string staged = scratch.path() + "/manifest.json";
+  CUBIST_RETURN_IF_ERROR(WriteFileAtomically(staged, bytes));
+  if (signature.has_value()) {
+    CUBIST_RETURN_IF_ERROR(WriteFileAtomically(staged + ".sig", *signature));
+  }
+  CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened, OpenManifest(staged, options));
+  opened.manifest.source = where;
+
+  if (options.store != nullptr && options.record_version) {
+    std::string digest_file = final_dir + "/digest";
+    auto previous = ReadFileToString(digest_file, 1024);
+    if (previous.ok() && !previous->empty() && *previous != digest && ref.digest.empty()) {
+      opened.notices.push_back(absl::StrCat(
+          where, ": the tag moved from ", *previous, " to ", digest,
+          " since the last fetch into this cache"));
+    }
+    // Best effort, as for URL manifests: the offline copy must not fail a good fetch.
+    std::string final_manifest = final_dir + "/manifest.json";
+    if (signature.has_value()) {
+      (void)std::rename((staged + ".sig").c_str(), (final_manifest + ".sig").c_str());
+    } else {
+      ::unlink((final_manifest + ".sig").c_str());
+    }
+    (void)std::rename(staged.c_str(), final_manifest.c_str());
+    (void)WriteFileAtomically(digest_file, digest);
+  }
+  return opened;
+}
+
+std::vector<std::string> OciBlobBases(const OciReference& ref,
+                                      const std::vector<std::string>& mirrors) {
+  std::vector<std::string> out;
+  for (const std::string& m : mirrors) out.push_back(MirrorRepositoryUrl(m, ref) + "blobs/");
+  out.push_back(ref.RepositoryUrl() + "blobs/");
+  return out;
+}
+
+namespace {
+
+class OciAuthorizer {
+ public:
+  explicit OciAuthorizer(OciReference ref) : ref_(std::move(ref)) {}
+  std::string HeaderFor(std::string_view url) {
+    if (!absl::StartsWith(Sv(url), ref_.RepositoryUrl())) return "";
+    absl::MutexLock lock(&mu_);
+    if (auth_ == nullptr) {
+      auto creds = LookUpRegistryCredentials(ref_.host);
+      auth_ = std::make_shared<RegistryAuth>(
+          ref_, creds.ok() ? *creds : RegistryCredentials{},
+          absl::StrCat("repository:", ref_.repository, ":pull"));
+      RegistryClient client(auth_, absl::Seconds(60));
+      (void)client.Ping();  // failures surface as the blobs' own 401s
+    }
+    return auth_->HeaderFor(url);
+  }
+
+ private:
+  const OciReference ref_;
+  absl::Mutex mu_;
+  std::shared_ptr<RegistryAuth> auth_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+std::function<std::string(std::string_view url)> MakeOciAuthorizer(const OciReference& ref) {
+  auto a = std::make_shared<OciAuthorizer>(ref);
+  return [a](std::string_view url) { return a->HeaderFor(url); };
+}
+
+}  // namespace cubist

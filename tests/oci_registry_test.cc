@@ -1,0 +1,477 @@
+// OCI registries end to end, against a real registry (Debian's docker-registry,
+// distribution 2.8) on loopback: push, fetch by tag and by digest, offline, tag moves,
+// a pinned digest that does not match, a corrupt blob in the registry's storage,
+// htpasswd (basic) logins, the registry stopped mid-fetch and restarted, 8 processes
+// into one cache, and 16 nodes behind an nginx site cache (every blob leaves the
+// registry once).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "artifacts/oci_push.h"
+#include "artifacts/oci_reference.h"
+#include "base/sha256.h"
+#include "tests/test_util.h"
+#include "tests/testlib/child_process.h"
+#include "tests/testlib/nginx_server.h"
+#include "tests/testlib/registry_server.h"
+#include "tests/testlib/sample_repo.h"
+
+namespace cubist {
+namespace {
+
+using ::cubist::testing::NginxServer;
+using ::cubist::testing::RegistryServer;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class OciRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (RegistryServer::BinaryPath().empty()) {
+      GTEST_SKIP() << "docker-registry not installed (scripts/install-deps installs it)";
+    }
+    repo_ = tmp_.Join("repo");
+  }
+
+  void StartRegistry(const std::string& user = "", const std::string& password = "") {
+    RegistryServer::Options o;
+    o.workdir = tmp_.Join("registry");
+    o.user = user;
+    o.password = password;
+    auto s = RegistryServer::Start(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    registry_ = *std::move(s);
+  }
+
+  void MakeRepo(int count, size_t min_size, size_t max_size) {
+    files_ = testing::MakeSampleFiles(count, min_size, max_size, 11);
+    manifest_ = testing::WriteSampleRepo(repo_, files_, "oci-sample", 1);
+  }
+
+  std::string Ref(const std::string& name_tag) const {
+    return absl::StrCat("oci://", registry_->HostPort(), "/", name_tag);
+  }
+
+  int Cubist(const std::string& args, std::string* out = nullptr, const std::string& env = "") {
+    return testing::RunCommand(absl::StrCat(env, env.empty() ? "" : " ", testing::CliPath(), " ",
+                                            args),
+                               out);
+  }
+
+  // Pushes the sample repo; returns the digest printed on stdout.
+  std::string Push(const std::string& target, const std::string& env = "") {
+    std::string out;
+    int rc = Cubist(absl::StrCat("push -q --manifest ", repo_, "/manifest.json ", target), &out,
+                    env);
+    EXPECT_EQ(rc, 0) << out;
+    return std::string(absl::StripSuffix(out, "\n"));
+  }
+
+  std::string ObjectPath(const std::string& cache, const std::string& sha) const {
+    return absl::StrCat(cache, "/objects/sha256/", sha.substr(0, 2), "/", sha);
+  }
+
+  void ExpectAllCached(const std::string& cache) {
+    for (size_t i = 0; i < files_.size(); ++i) {
+      std::string p = ObjectPath(cache, manifest_.artifacts[i].sha256);
+      ASSERT_TRUE(testing::FileExists(p)) << p;
+      EXPECT_EQ(testing::ReadFileOrDie(p), files_[i].data) << files_[i].path;
+    }
+  }
+
+  testing::TempDir tmp_;
+  std::string repo_;
+  std::vector<testing::SampleFile> files_;
+  Manifest manifest_;
+  std::unique_ptr<RegistryServer> registry_;
+};
+
+TEST_F(OciRegistryTest, PushThenFetchByTagByDigestAndOffline) {
+  StartRegistry();
+  MakeRepo(20, 1000, 60000);
+  std::string digest = Push(Ref("cubist/sample:v1"));
+  ASSERT_TRUE(absl::StartsWith(digest, "sha256:") && IsSha256Hex(digest.substr(7))) << digest;
+
+  std::string out;
+  std::string c1 = tmp_.Join("c1");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("cubist/sample:v1"), " --cache ", c1), &out), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("fetched 20 artifacts of oci-sample v1"));
+  EXPECT_THAT(out, HasSubstr("20 downloaded"));
+  ExpectAllCached(c1);
+  // Every artifact came from the registry as a blob named by its sha256.
+  std::map<std::string, int> gets = registry_->BlobGets();
+  for (const Artifact& a : manifest_.artifacts) EXPECT_EQ(gets["sha256:" + a.sha256], 1) << a.path;
+
+  // Pinned: the whole set named by one digest, into another cache.
+  std::string c2 = tmp_.Join("c2");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("cubist/sample@" + digest), " --cache ", c2),
+                   &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("20 downloaded"));
+  ExpectAllCached(c2);
+
+  // Offline: the same command line, the registry gone.
+  registry_->Stop();
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --offline --manifest ", Ref("cubist/sample:v1"), " --cache ",
+                                c1), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("20 already cached"));
+  ASSERT_EQ(Cubist(absl::StrCat("verify --offline --manifest ", Ref("cubist/sample@" + digest),
+                                " --cache ", c2), &out), 0) << out;
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --offline --manifest ", Ref("cubist/other:v1"), " --cache ",
+                                c1), &out), 5) << out;
+  EXPECT_THAT(out, HasSubstr("the cache holds no copy of this artifact set"));
+}
+
+TEST_F(OciRegistryTest, PushAgainSkipsEveryBlobAndGivesTheSameDigest) {
+  StartRegistry();
+  MakeRepo(12, 100, 5000);
+  // An interrupted push, as the registry sees it: some blobs are there, no manifest.
+  std::vector<testing::SampleFile> part(files_.begin(), files_.begin() + 5);
+  std::string part_dir = tmp_.Join("part");
+  testing::WriteSampleRepo(part_dir, part, "oci-sample", 1);
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("push --manifest ", part_dir, "/manifest.json ",
+                                Ref("cubist/partial:scratch")), &out), 0) << out;
+
+  ASSERT_EQ(Cubist(absl::StrCat("push --manifest ", repo_, "/manifest.json ", Ref("cubist/partial:v1")),
+                   &out), 0) << out;
+  // The 5 artifacts and the empty config were there (a repository's blobs are
+  // per repository, and the registry links ones it already stores on upload).
+  EXPECT_THAT(out, HasSubstr("12 artifacts, 8 blobs uploaded"));
+  EXPECT_THAT(out, HasSubstr("6 already in the registry"));
+  std::string first = std::string(absl::StripSuffix(out.substr(out.rfind("sha256:")), "\n"));
+
+  ASSERT_EQ(Cubist(absl::StrCat("push --manifest ", repo_, "/manifest.json ", Ref("cubist/partial:v1")),
+                   &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("0 blobs uploaded (0 B), 14 already in the registry"));
+  EXPECT_THAT(out, HasSubstr(first));
+}
+
+// Blobs over monolithic_max go up in PATCH chunks; the registry checks the digest of
+// the assembled blob, and a fetch gets the exact bytes back.
+TEST_F(OciRegistryTest, ChunkedUploadsOfLargeBlobs) {
+  StartRegistry();
+  MakeRepo(3, 300000, 700000);
+  PushSource source;
+  source.manifest_bytes = testing::ReadFileOrDie(repo_ + "/manifest.json");
+  source.manifest = manifest_;
+  source.artifact_dir = repo_;
+  PushOptions options;
+  options.monolithic_max = 1000;  // the artifacts, not the small blobs
+  options.chunk_size = 100000;
+  auto ref = ParseOciReference(Ref("cubist/chunked:v1"));
+  CUBIST_ASSERT_OK(ref);
+  auto report = PushArtifactSet(*ref, source, options);
+  CUBIST_ASSERT_OK(report);
+  EXPECT_EQ(report->blobs_uploaded, 5);
+  int patches = 0;
+  for (const std::string& line : registry_->AccessLog()) {
+    if (absl::StartsWith(line, "PATCH /v2/cubist/chunked/blobs/uploads/")) ++patches;
+  }
+  EXPECT_GE(patches, 3 * 3);  // at least 3 chunks per artifact
+  std::string out, cache = tmp_.Join("cache");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("cubist/chunked@" + report->digest),
+                                " --cache ", cache), &out), 0) << out;
+  ExpectAllCached(cache);
+}
+
+// A file that changed after the manifest was built is refused by size before upload.
+TEST_F(OciRegistryTest, PushRefusesAFileThatDiffersFromTheManifest) {
+  StartRegistry();
+  MakeRepo(2, 1000, 2000);
+  testing::WriteFileOrDie(repo_ + "/" + files_[1].path, files_[1].data + "x");
+  std::string out;
+  EXPECT_EQ(Cubist(absl::StrCat("push --manifest ", repo_, "/manifest.json ", Ref("cubist/bad:v1")), &out),
+            3) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("push ", files_[1].path, ": the file has ")));
+  EXPECT_THAT(out, HasSubstr("rebuild the manifest"));
+  // Same size, other bytes: the registry's digest check refuses it.
+  std::string same = files_[1].data;
+  same[0] ^= 1;
+  testing::WriteFileOrDie(repo_ + "/" + files_[1].path, same);
+  EXPECT_EQ(Cubist(absl::StrCat("push --manifest ", repo_, "/manifest.json ", Ref("cubist/bad:v1")), &out),
+            3) << out;
+  EXPECT_THAT(out, HasSubstr("the registry computed another sha256 than the manifest's"));
+}
+
+TEST_F(OciRegistryTest, TagMovedIsReported) {
+  StartRegistry();
+  MakeRepo(3, 100, 1000);
+  std::string d1 = Push(Ref("cubist/moving:stable"));
+  std::string out, cache = tmp_.Join("cache");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("cubist/moving:stable"), " --cache ", cache),
+                   &out), 0) << out;
+  EXPECT_THAT(out, Not(HasSubstr("moved")));
+  // Version 2 of the set under the same tag.
+  files_ = testing::MakeSampleFiles(3, 100, 1000, 12);
+  manifest_ = testing::WriteSampleRepo(repo_, files_, "oci-sample", 2);
+  std::string d2 = Push(Ref("cubist/moving:stable"));
+  ASSERT_NE(d1, d2);
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("cubist/moving:stable"), " --cache ", cache),
+                   &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("cubist: note: ", Ref("cubist/moving:stable"),
+                                          ": the tag moved from ", d1, " to ", d2)));
+  ExpectAllCached(cache);
+}
+
+TEST_F(OciRegistryTest, PinnedDigestMismatchIsRefused) {
+  StartRegistry();
+  MakeRepo(3, 100, 1000);
+  std::string digest = Push(Ref("cubist/pinned:v1"));
+  // Alter the stored image manifest in place (same size, still valid JSON): the
+  // registry then serves other bytes under the pinned digest.
+  std::string path = registry_->BlobDataPath(digest);
+  std::string data = testing::ReadFileOrDie(path);
+  ASSERT_THAT(data, HasSubstr("oci-sample"));
+  testing::WriteFileOrDie(path, absl::StrReplaceAll(data, {{"oci-sample", "oci-sampla"}}));
+  std::string out, cache = tmp_.Join("cache");
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("cubist/pinned@" + digest), " --cache ", cache),
+                   &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("not the pinned ", digest, "; refused")));
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_FALSE(testing::FileExists(ObjectPath(cache, a.sha256))) << "nothing may be fetched";
+  }
+}
+
+TEST_F(OciRegistryTest, CorruptBlobInRegistryStorageIsRefusedAndNeverCached) {
+  StartRegistry();
+  MakeRepo(6, 2000, 4000);
+  Push(Ref("cubist/corrupt:v1"));
+  const Artifact& bad = manifest_.artifacts[2];
+  std::string path = registry_->BlobDataPath(bad.sha256);
+  std::string data = testing::ReadFileOrDie(path);
+  data[100] ^= 0x01;
+  testing::WriteFileOrDie(path, data);
+
+  std::string out, cache = tmp_.Join("cache");
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("cubist/corrupt:v1"), " --cache ", cache),
+                   &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("fetch ", bad.path)));
+  EXPECT_THAT(out, HasSubstr("sha256 mismatch"));
+  EXPECT_THAT(out, HasSubstr("5 downloaded"));
+  EXPECT_FALSE(testing::FileExists(ObjectPath(cache, bad.sha256)));
+  EXPECT_FALSE(testing::FileExists(absl::StrCat(cache, "/tmp/", bad.sha256, ".part")));
+}
+
+TEST_F(OciRegistryTest, HtpasswdLoginFromEnvironmentAndDockerConfig) {
+  if (RegistryServer::HtpasswdPath().empty()) {
+    GTEST_SKIP() << "htpasswd not installed (apache2-utils; scripts/install-deps installs it)";
+  }
+  StartRegistry("alice", "s3cret-pw");
+  MakeRepo(4, 100, 3000);
+  std::string out;
+  // Anonymous: refused, with the fix.
+  EXPECT_EQ(Cubist(absl::StrCat("push --manifest ", repo_, "/manifest.json ", Ref("team/k:v1")), &out,
+                   "env -u CUBIST_REGISTRY_USERNAME HOME=" + tmp_.path()), 7) << out;
+  EXPECT_THAT(out, HasSubstr("requires a login"));
+  EXPECT_THAT(out, HasSubstr("CUBIST_REGISTRY_USERNAME"));
+  // A wrong password: refused, naming the user, never printing the password.
+  EXPECT_EQ(Cubist(absl::StrCat("push --manifest ", repo_, "/manifest.json ", Ref("team/k:v1")), &out,
+                   "CUBIST_REGISTRY_USERNAME=alice CUBIST_REGISTRY_PASSWORD=wrong-pw"), 7) << out;
+  EXPECT_THAT(out, HasSubstr("refused the credentials of user 'alice'"));
+  EXPECT_THAT(out, Not(HasSubstr("wrong-pw")));
+  // The right one.
+  std::string digest;
+  ASSERT_EQ(Cubist(absl::StrCat("push -q --manifest ", repo_, "/manifest.json ", Ref("team/k:v1")), &out,
+                   "CUBIST_REGISTRY_USERNAME=alice CUBIST_REGISTRY_PASSWORD=s3cret-pw"), 0) << out;
+  EXPECT_THAT(out, Not(HasSubstr("s3cret-pw")));
+  // Fetch with a docker-style config file.
+  std::string docker = tmp_.Join("docker");
+  testing::WriteFileOrDie(docker + "/config.json",
+                          absl::StrCat("{\"auths\": {\"", registry_->HostPort(),
+                                       "\": {\"auth\": \"YWxpY2U6czNjcmV0LXB3\"}}}"));
+  std::string cache = tmp_.Join("cache");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("team/k:v1"), " --cache ", cache), &out,
+                   "DOCKER_CONFIG=" + docker), 0) << out;
+  EXPECT_THAT(out, HasSubstr("4 downloaded"));
+  ExpectAllCached(cache);
+  // Anonymous fetch: refused.
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("team/k:v1"), " --cache ", tmp_.Join("c2")),
+                   &out, "HOME=" + tmp_.path()), 7) << out;
+  EXPECT_THAT(out, HasSubstr("requires a login"));
+}
+
+// The registry bearer-token flow against real servers: nginx in front of the registry
+// answers like a token-authenticated registry (401 + WWW-Authenticate: Bearer realm=...
+// unless the request carries the token) and serves the token endpoint, which wants
+// HTTP basic credentials.
+TEST_F(OciRegistryTest, BearerTokenFlowThroughATokenGate) {
+  if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
+  StartRegistry();
+  MakeRepo(5, 100, 200000);
+  NginxServer::Options o;
+  o.root = tmp_.path();
+  o.workdir = tmp_.Join("nginx");
+  o.server_extra = absl::StrCat(
+      "    client_max_body_size 0;\n"
+      "    location = /token {\n"
+      "      if ($http_authorization != \"Basic Ym9iOmdhdGUtcHc=\") { return 401; }\n"
+      "      default_type application/json;\n"
+      "      return 200 '{\"token\": \"tok-$arg_service\"}';\n"
+      "    }\n"
+      "    location /v2/ {\n"
+      "      if ($http_authorization != \"Bearer tok-gate\") {\n"
+      "        add_header WWW-Authenticate 'Bearer realm=\"http://$http_host/token\",service=\"gate\"' always;\n"
+      "        return 401;\n"
+      "      }\n"
+      "      proxy_pass http://", registry_->HostPort(), ";\n"
+      "      proxy_set_header Host $http_host; proxy_http_version 1.1;\n"
+      "      proxy_set_header Connection \"\"; proxy_request_buffering off;\n"
+      "    }\n");
+  auto gate = NginxServer::Start(o);
+  ASSERT_TRUE(gate.ok()) << gate.status();
+  std::string ref = absl::StrCat("oci://127.0.0.1:", (*gate)->port(), "/team/tokens:v1");
+  std::string out;
+  std::string creds = "CUBIST_REGISTRY_USERNAME=bob CUBIST_REGISTRY_PASSWORD=gate-pw";
+  ASSERT_EQ(Cubist(absl::StrCat("push --manifest ", repo_, "/manifest.json ", ref), &out, creds), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("5 artifacts, 7 blobs uploaded"));
+  std::string cache = tmp_.Join("cache");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", ref, " --cache ", cache), &out, creds), 0) << out;
+  EXPECT_THAT(out, HasSubstr("5 downloaded"));
+  ExpectAllCached(cache);
+  std::map<std::string, int> ok = (*gate)->SuccessfulRequests();
+  EXPECT_GE(ok["/token"], 2);  // one login per command
+  // Without credentials the token endpoint refuses: PermissionDenied with the fix.
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", ref, " --cache ", tmp_.Join("c2")), &out,
+                   "HOME=" + tmp_.path()), 7) << out;
+  EXPECT_THAT(out, HasSubstr("requires a login for team/tokens (token endpoint answered HTTP 401)"));
+  EXPECT_THAT(out, Not(HasSubstr("gate-pw")));
+}
+
+TEST_F(OciRegistryTest, RegistryStoppedMidFetchAndRestartedResumes) {
+  if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
+  StartRegistry();
+  MakeRepo(1, 24 << 20, 24 << 20);
+  Push(Ref("cubist/big:v1"));
+  // nginx in front, slowed down and unbuffered, so that the transfer is under way
+  // when the registry stops.
+  NginxServer::Options o;
+  o.root = tmp_.path();
+  o.workdir = tmp_.Join("nginx");
+  o.limit_rate = "6m";
+  o.server_extra = absl::StrCat(
+      "    location /v2/ { proxy_pass http://", registry_->HostPort(),
+      "; proxy_buffering off; proxy_http_version 1.1; proxy_set_header Connection \"\"; }\n");
+  auto front = NginxServer::Start(o);
+  ASSERT_TRUE(front.ok()) << front.status();
+  std::string cache = tmp_.Join("cache");
+  std::string ref = absl::StrCat("oci://127.0.0.1:", (*front)->port(), "/cubist/big:v1");
+  pid_t pid = testing::SpawnCli({"fetch", "--manifest", ref, "--cache", cache, "--retries", "10"},
+                                tmp_.Join("fetch.log"));
+  std::string part = absl::StrCat(cache, "/tmp/", manifest_.artifacts[0].sha256, ".part");
+  bool started = false;
+  for (int i = 0; i < 1000 && !started; ++i) {  // up to 10 s
+    struct stat st;
+    started = ::stat(part.c_str(), &st) == 0 && st.st_size > (4 << 20);
+    if (!started) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(started) << testing::ReadFileOrDie(tmp_.Join("fetch.log"));
+  registry_->Stop();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CUBIST_ASSERT_OK(registry_->Restart());
+  EXPECT_EQ(testing::WaitChild(pid), 0) << testing::ReadFileOrDie(tmp_.Join("fetch.log"));
+  ExpectAllCached(cache);
+  // A later request asked for the rest only (regression: a 502 answer to the resumed
+  // request made the fetcher start over from byte 0).
+  bool resumed = false;
+  for (const std::string& line : (*front)->AccessLog()) {
+    if (absl::StrContains(line, "/blobs/sha256:") && absl::StrContains(line, " 206 ") &&
+        absl::StrContains(line, "\"bytes=")) {
+      resumed = true;
+    }
+  }
+  EXPECT_TRUE(resumed) << absl::StrJoin((*front)->AccessLog(), "\n");
+}
+
+TEST_F(OciRegistryTest, EightProcessesIntoOneCachePullEachBlobOnce) {
+  StartRegistry();
+  MakeRepo(40, 20000, 200000);
+  Push(Ref("cubist/shared:v1"));
+  std::string cache = tmp_.Join("cache");
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 8; ++i) {
+    pids.push_back(testing::SpawnCli({"fetch", "-q", "--manifest", Ref("cubist/shared:v1"), "--cache",
+                                      cache},
+                                     tmp_.Join(absl::StrCat("fetch", i, ".log"))));
+  }
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(testing::WaitChild(pids[i]), 0)
+        << testing::ReadFileOrDie(tmp_.Join(absl::StrCat("fetch", i, ".log")));
+  }
+  ExpectAllCached(cache);
+  std::map<std::string, int> gets = registry_->BlobGets();
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_EQ(gets["sha256:" + a.sha256], 1) << a.path;
+  }
+}
+
+TEST_F(OciRegistryTest, SixteenNodesBehindASiteCacheTakeEachBlobOnceFromTheRegistry) {
+  if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
+  StartRegistry();
+  MakeRepo(30, 10000, 300000);
+  Push(Ref("cubist/site:v1"));
+  // The recipe of README "Many nodes": blobs (immutable, named by digest) are cached
+  // and collapsed into one origin request; tags are passed through.
+  NginxServer::Options o;
+  o.root = tmp_.path();
+  o.workdir = tmp_.Join("nginx");
+  o.workers = 2;
+  o.http_extra = absl::StrCat("  proxy_cache_path ", tmp_.Join("nginx/cache"),
+                              " levels=1:2 keys_zone=cubist_blobs:10m max_size=1g inactive=7d "
+                              "use_temp_path=off;\n");
+  std::string upstream = absl::StrCat("http://", registry_->HostPort());
+  o.server_extra = absl::StrCat(
+      "    location ~ \"^/v2/.+/blobs/sha256:[0-9a-f]{64}$\" {\n"
+      "      proxy_pass ", upstream, ";\n"
+      "      proxy_cache cubist_blobs; proxy_cache_key $uri; proxy_cache_valid 200 7d;\n"
+      "      proxy_cache_lock on; proxy_cache_lock_timeout 10m; proxy_cache_lock_age 10m;\n"
+      "      proxy_http_version 1.1; proxy_set_header Connection \"\";\n"
+      "    }\n"
+      "    location /v2/ { proxy_pass ", upstream,
+      "; proxy_http_version 1.1; proxy_set_header Connection \"\"; }\n");
+  auto cache_server = NginxServer::Start(o);
+  ASSERT_TRUE(cache_server.ok()) << cache_server.status();
+  // Half the nodes name the site cache as the registry, half keep the registry's name
+  // and give the cache as a --mirror (asked first for the same /v2/ paths).
+  std::string ref = absl::StrCat("oci://127.0.0.1:", (*cache_server)->port(), "/cubist/site:v1");
+  std::string mirror = absl::StrCat("http://127.0.0.1:", (*cache_server)->port());
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 16; ++i) {
+    std::vector<std::string> args = {"fetch", "-q", "--cache", tmp_.Join(absl::StrCat("node", i)),
+                                      "--manifest"};
+    if (i % 2 == 0) {
+      args.push_back(ref);
+    } else {
+      args.insert(args.end(), {Ref("cubist/site:v1"), "--mirror", mirror});
+    }
+    pids.push_back(testing::SpawnCli(args, tmp_.Join(absl::StrCat("node", i, ".log"))));
+  }
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(testing::WaitChild(pids[i]), 0)
+        << testing::ReadFileOrDie(tmp_.Join(absl::StrCat("node", i, ".log")));
+  }
+  for (int i = 0; i < 16; ++i) ExpectAllCached(tmp_.Join(absl::StrCat("node", i)));
+  // The origin's log: every blob (artifacts and the cubist manifest) left it once.
+  std::map<std::string, int> gets = registry_->BlobGets();
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_EQ(gets["sha256:" + a.sha256], 1) << a.path;
+  }
+  // The cubist manifest blob: once through the cache, and by the 8 nodes that read the
+  // set's manifests from the registry itself (a mirror serves artifacts only).
+  std::string manifest_sha = Sha256Hex(testing::ReadFileOrDie(repo_ + "/manifest.json"));
+  EXPECT_EQ(gets["sha256:" + manifest_sha], 1 + 8);
+}
+
+}  // namespace
+}  // namespace cubist

@@ -1,0 +1,203 @@
+#include "tests/testlib/registry_server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "tests/test_util.h"
+
+namespace cubist::testing {
+namespace {
+
+int FreeLoopbackPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool Answers(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+std::string RegistryServer::BinaryPath() {
+  for (const char* p : {"/usr/bin/docker-registry", "/usr/local/bin/registry", "/usr/bin/registry"}) {
+    if (::access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
+std::string RegistryServer::HtpasswdPath() {
+  for (const char* p : {"/usr/bin/htpasswd", "/usr/local/bin/htpasswd"}) {
+    if (::access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
+absl::StatusOr<std::unique_ptr<RegistryServer>> RegistryServer::Start(const Options& options) {
+  if (BinaryPath().empty()) {
+    return absl::FailedPreconditionError(
+        "docker-registry is not installed (apt-get install docker-registry)");
+  }
+  std::unique_ptr<RegistryServer> s(new RegistryServer());
+  s->options_ = options;
+  std::filesystem::create_directories(options.workdir + "/storage");
+  if (!options.user.empty()) {
+    if (HtpasswdPath().empty()) {
+      return absl::FailedPreconditionError(
+          "htpasswd is not installed (apt-get install apache2-utils)");
+    }
+    std::string out;
+    int rc = RunCommand(absl::StrCat(HtpasswdPath(), " -Bbc '", options.workdir, "/htpasswd' '",
+                                     options.user, "' '", options.password, "'"),
+                        &out);
+    if (rc != 0) return absl::InternalError("htpasswd failed: " + out);
+  }
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    s->port_ = FreeLoopbackPort();
+    if (s->Launch().ok()) return s;
+  }
+  return absl::UnavailableError(
+      absl::StrCat("docker-registry did not start; see ", options.workdir, "/registry.log"));
+}
+
+absl::Status RegistryServer::Launch() {
+  const std::string& w = options_.workdir;
+  std::ostringstream c;
+  c << "version: 0.1\n"
+    << "log:\n  level: warn\n  formatter: text\n"
+    << "storage:\n  filesystem:\n    rootdirectory: " << w << "/storage\n"
+    << "  delete:\n    enabled: true\n"
+    << "  maintenance:\n    uploadpurging:\n      enabled: false\n"
+    << "http:\n  addr: 127.0.0.1:" << port_ << "\n  secret: cubist-test-secret\n";
+  if (!options_.user.empty()) {
+    c << "auth:\n  htpasswd:\n    realm: cubist-test\n    path: " << w << "/htpasswd\n";
+  }
+  std::string config = w + "/config.yml";
+  {
+    std::ofstream f(config);
+    f << c.str();
+  }
+  std::string log = w + "/registry.log";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    std::string bin = BinaryPath();
+    ::execl(bin.c_str(), bin.c_str(), "serve", config.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  pid_ = pid;
+  for (int i = 0; i < 1000; ++i) {
+    if (Answers(port_)) return absl::OkStatus();
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::UnavailableError("docker-registry exited at start");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  Stop();
+  return absl::UnavailableError("docker-registry did not accept connections");
+}
+
+absl::Status RegistryServer::Restart() {
+  if (pid_ > 0) return absl::OkStatus();
+  for (int i = 0; i < 100; ++i) {
+    if (Launch().ok()) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::UnavailableError("docker-registry did not restart");
+}
+
+RegistryServer::~RegistryServer() { Stop(); }
+
+void RegistryServer::Stop() {
+  if (pid_ <= 0) return;
+  ::kill(-pid_, SIGTERM);
+  for (int i = 0; i < 500; ++i) {
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(-pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+std::string RegistryServer::HostPort() const { return absl::StrCat("127.0.0.1:", port_); }
+
+std::string RegistryServer::StorageRoot() const { return options_.workdir + "/storage"; }
+
+std::string RegistryServer::BlobDataPath(const std::string& digest) const {
+  std::string hex = absl::StartsWith(digest, "sha256:") ? digest.substr(7) : digest;
+  return absl::StrCat(StorageRoot(), "/docker/registry/v2/blobs/sha256/", hex.substr(0, 2), "/",
+                      hex, "/data");
+}
+
+std::vector<std::string> RegistryServer::AccessLog() const {
+  // Combined log format: 127.0.0.1 - - [date] "GET /v2/... HTTP/1.1" 200 123 "" "ua"
+  std::ifstream f(options_.workdir + "/registry.log");
+  std::vector<std::string> out;
+  for (std::string line; std::getline(f, line);) {
+    size_t q = line.find('"');
+    if (q == std::string::npos) continue;
+    size_t q2 = line.find('"', q + 1);
+    if (q2 == std::string::npos) continue;
+    std::vector<std::string> req = absl::StrSplit(line.substr(q + 1, q2 - q - 1), ' ');
+    std::vector<std::string> after =
+        absl::StrSplit(line.substr(q2 + 1), ' ', absl::SkipEmpty());
+    if (req.size() < 2 || after.empty()) continue;
+    std::string path = req[1].substr(0, req[1].find('?'));
+    out.push_back(absl::StrCat(req[0], " ", path, " ", after[0]));
+  }
+  return out;
+}
+
+std::map<std::string, int> RegistryServer::BlobGets() const {
+  std::map<std::string, int> out;
+  for (const std::string& line : AccessLog()) {
+    std::vector<std::string> p = absl::StrSplit(line, ' ');
+    if (p.size() != 3 || p[0] != "GET" || (p[2] != "200" && p[2] != "206")) continue;
+    size_t b = p[1].find("/blobs/sha256:");
+    if (b == std::string::npos) continue;
+    out[p[1].substr(b + 7)]++;
+  }
+  return out;
+}
+
+}  // namespace cubist::testing
