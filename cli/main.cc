@@ -23,7 +23,8 @@ constexpr CommandEntry kCommands[] = {
     {"inspect", RegisterInspect},   {"doctor", RegisterDoctor},
     {"select", RegisterSelect},     {"run", RegisterRun},
     {"tune", RegisterTune},         {"keygen", RegisterKeygen},
-    {"sign", RegisterSign},
+    {"sign", RegisterSign},         {"export", RegisterExport},
+    {"bundle", RegisterBundle},
 };
 
 size_t EditDistance(std::string_view a, std::string_view b) {
