@@ -319,9 +319,6 @@ absl::StatusOr<BundleReport> ImportBundleFrom(const Store& store, ByteSource sou
           name, ": member ", m.name, " hashes to ", actual,
           "; the bundle was altered or damaged: nothing was imported; copy it again"));
     }
-    if (::fdatasync(out.get()) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("bundle import: flush ", path));
-    }
     report.bytes += m.size;
     CUBIST_RETURN_IF_ERROR(tar.Next(&m, &more));
   }
@@ -337,6 +334,16 @@ absl::StatusOr<BundleReport> ImportBundleFrom(const Store& store, ByteSource sou
       }
     }
   }
+  // Data before names: one syncfs for every staged object (an fdatasync each made the
+  // import of FlashInfer's 2,127-file GEMM pin take 13.9 s), then the renames, then each
+  // shard directory once.
+  {
+    UniqueFd dir(::open(staging.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!dir.valid() || ::syncfs(dir.get()) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("bundle import: flush ", staging));
+    }
+  }
+  std::set<std::string> published;
   for (const std::string& sha : staged) {
     CUBIST_ASSIGN_OR_RETURN(FileLock lock, store.LockObject(sha));
     if (store.Probe(sha, std::nullopt) == ObjectState::kPresent) {
@@ -344,8 +351,14 @@ absl::StatusOr<BundleReport> ImportBundleFrom(const Store& store, ByteSource sou
       continue;
     }
     CUBIST_RETURN_IF_ERROR(store.Publish(absl::StrCat(staging, "/", sha), sha));
-    CUBIST_RETURN_IF_ERROR(store.SyncObjectDir(sha));
+    published.insert(sha);
     ++report.objects;
+  }
+  // A crash before these syncs can lose a rename, never expose partial data: the
+  // object is then simply missing and a second import adds it.
+  std::set<std::string> synced;
+  for (const std::string& sha : published) {
+    if (synced.insert(sha.substr(0, 2)).second) CUBIST_RETURN_IF_ERROR(store.SyncObjectDir(sha));
   }
   for (const PendingManifest& p : manifests) {
     report.manifests.push_back(p.member);

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,7 +27,9 @@
 #include "base/status_macros.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
+#include "artifacts/cache_dir.h"
 #include "artifacts/manifest_source.h"
+#include "artifacts/store.h"
 #include "artifacts/sources.h"
 #include "dispatch/registry.h"
 #include "manifest/checksums.h"
@@ -57,6 +60,7 @@ struct ImportFlags {
   std::string name;
   int64_t version = 1;
   std::vector<std::string> base_urls;
+  std::string cache;
 };
 
 struct CheckFlags {
@@ -186,14 +190,34 @@ int RunImport(const ImportFlags& f) {
   for (Artifact& a : m->artifacts) {
     if (a.path == kFlashinferChecksumsPath) a.size = sums->size();
   }
-  if (!IsUrl(dir)) {
-    // Local pins give sizes for free; fetch then caps each download exactly and the
-    // progress bar knows the total.
-    for (Artifact& a : m->artifacts) {
+  // A JSON manifest states every size. A local pin has them on disk; for a URL pin they
+  // come from the cache, where `cubist fetch` of its checksums.txt put the files.
+  std::optional<Store> store;
+  if (auto root = ResolveCacheDir(f.cache); root.ok()) {
+    if (auto s = Store::Open(*root, /*create=*/false); s.ok()) store.emplace(*std::move(s));
+  }
+  size_t unsized = 0;
+  const Artifact* first_unsized = nullptr;
+  for (Artifact& a : m->artifacts) {
+    if (a.size.has_value()) continue;
+    if (!IsUrl(dir)) {
       std::error_code ec;
       const uintmax_t size = fs::file_size(fs::path(dir) / a.path, ec);
       if (!ec) a.size = size;
     }
+    uint64_t cached = 0;
+    if (!a.size.has_value() && store.has_value() &&
+        store->Probe(a.sha256, std::nullopt, &cached) == ObjectState::kPresent) {
+      a.size = cached;
+    }
+    if (!a.size.has_value() && ++unsized == 1) first_unsized = &a;
+  }
+  if (unsized > 0) {
+    return PrintError(absl::FailedPreconditionError(absl::StrCat(
+        "manifest import: ", unsized, " of ", m->artifacts.size(), " artifacts have no known size (first: ",
+        first_unsized->path, "); a manifest states every size, and they come from the pin's "
+        "directory or the cache: run `cubist fetch --manifest ", checksums_location,
+        "` first, then import again")));
   }
   // What select will do with it: refuse here rather than there.
   absl::StatusOr<Registry> registry = Registry::Create(*m);
@@ -280,6 +304,10 @@ void RegisterManifest(CLI::App& app, Globals& g) {
   i->add_option("--base-url", imp->base_urls,
                 "Where the artifacts are served (repeatable; default: the pin's location "
                 "when it is a URL or when -o is given)");
+  i->add_option("--cache", imp->cache,
+                "Cache to read sizes from for a URL pin (after `cubist fetch` of its "
+                "checksums.txt)")
+      ->type_name("DIR");
   i->callback([imp, &g] { g.exit_code = RunImport(*imp); });
 
   auto check = std::make_shared<CheckFlags>();

@@ -131,9 +131,16 @@ TEST_F(FlashinferCliTest, ExportRefusesASymlinkInTheWayAndMissingObjects) {
   std::string out;
   ASSERT_EQ(Import(&out), 0) << out;
   const std::string root = dir_.Join("fi");
-  // Nothing fetched yet.
+  // Nothing fetched yet: no cache at all, then a cache without one object.
   EXPECT_EQ(Cubist(absl::StrCat("export --manifest ", manifest_, " ", root), &out), 5) << out;
-  EXPECT_THAT(out, HasSubstr("export: 5 of 5 artifacts of "));
+  EXPECT_THAT(out, HasSubstr("does not exist; run 'cubist fetch' first"));
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", manifest_, " -q"), &out), 0) << out;
+  const std::string object = dir_.Join(absl::StrCat("cache/objects/sha256/", hashes_[1].substr(0, 2),
+                                                    "/", hashes_[1]));
+  ASSERT_EQ(::unlink(object.c_str()), 0);
+  EXPECT_EQ(Cubist(absl::StrCat("export --manifest ", manifest_, " ", root), &out), 5) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("export: 1 of 5 artifacts of ", manifest_,
+                                          " are not in the cache at ")));
   EXPECT_THAT(out, HasSubstr("run `cubist fetch` with the same manifest and cache first"));
   EXPECT_FALSE(FileExists(root + "/d2c5915bf45ae64308a947824c14966c2718a292"));
 
