@@ -30,6 +30,14 @@ const std::string& Scratch() {
     std::filesystem::create_directories(t + "/outside");
     return t;
   }();
+  static const bool cleanup_registered = [] {
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(Scratch(), ec);
+    });
+    return true;
+  }();
+  (void)cleanup_registered;
   return dir;
 }
 
