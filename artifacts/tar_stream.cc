@@ -95,8 +95,9 @@ absl::Status TarWriter::BeginMember(std::string_view name, uint64_t size) {
     return absl::InvalidArgumentError(absl::StrCat("tar: member ", Sv(name), " is ", size,
                                                    " bytes; ustar holds at most ", kMaxSize));
   }
-  std::memcpy(h.data() + kName, base.data(), base.size());
-  std::memcpy(h.data() + kPrefix, prefix.data(), prefix.size());
+  // An empty view may hold a null pointer, which memcpy must not get even for 0 bytes.
+  if (!base.empty()) std::memcpy(h.data() + kName, base.data(), base.size());
+  if (!prefix.empty()) std::memcpy(h.data() + kPrefix, prefix.data(), prefix.size());
   PutOctal(h.data() + kMode, 8, 0644);
   PutOctal(h.data() + kUid, 8, 0);
   PutOctal(h.data() + kGid, 8, 0);
