@@ -744,8 +744,15 @@ FetchReport FetchArtifacts(const Store& store, const std::vector<FetchItem>& ite
     }
   }
   if (progress != nullptr) {
+    uint64_t bytes = 0;
+    uint64_t unsized = 0;
+    for (size_t i : todo) {
+      bytes += items[i].artifact.size.value_or(0);
+      unsized += !items[i].artifact.size.has_value();
+    }
+    progress->bytes_total = bytes;
+    progress->files_unsized = unsized;
     progress->files_total = todo.size();
-    for (size_t i : todo) progress->bytes_total += items[i].artifact.size.value_or(0);
   }
   if (!todo.empty()) {
     EnsureCurlInitialized();

@@ -70,8 +70,10 @@ struct FetchProgress {
   std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> files_done{0};
   std::atomic<uint64_t> files_failed{0};
-  uint64_t files_total = 0;
-  uint64_t bytes_total = 0;  // declared sizes of the artifacts to download
+  // Set once before the downloads start; atomic because the reader may already run.
+  std::atomic<uint64_t> files_total{0};
+  std::atomic<uint64_t> bytes_total{0};     // declared sizes of the artifacts to download
+  std::atomic<uint64_t> files_unsized{0};   // of those, how many declare no size
 };
 
 // One artifact to fetch and where it may come from, in order.

@@ -37,6 +37,8 @@ void RegisterVerify(CLI::App& app, Globals& g);
 void RegisterList(CLI::App& app, Globals& g);
 void RegisterPath(CLI::App& app, Globals& g);
 void RegisterGc(CLI::App& app, Globals& g);
+void RegisterExport(CLI::App& app, Globals& g);
+void RegisterBundle(CLI::App& app, Globals& g);
 void RegisterManifest(CLI::App& app, Globals& g);
 void RegisterInspect(CLI::App& app, Globals& g);   // loader
 void RegisterDoctor(CLI::App& app, Globals& g);    // loader

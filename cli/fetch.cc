@@ -14,6 +14,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/exit_codes.h"
+#include "cli/progress_line.h"
 
 namespace cubist::cli {
 namespace {
@@ -48,18 +49,14 @@ class ProgressBar {
     while (!stop_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      uint64_t bytes = p_.bytes_received.load();
-      uint64_t files = p_.files_done.load() + p_.files_failed.load();
-      int width = 24;
-      double frac = p_.bytes_total > 0 ? std::min(1.0, double(bytes) / p_.bytes_total)
-                    : p_.files_total > 0 ? double(files) / p_.files_total : 0;
-      int fill = static_cast<int>(frac * width);
-      std::fprintf(stderr, "\r\033[K[%s%s] %llu/%llu files  %s/%s  %s/s",
-                   std::string(fill, '#').c_str(), std::string(width - fill, ' ').c_str(),
-                   static_cast<unsigned long long>(files),
-                   static_cast<unsigned long long>(p_.files_total), HumanBytes(bytes).c_str(),
-                   HumanBytes(p_.bytes_total).c_str(),
-                   HumanBytes(secs > 0 ? static_cast<uint64_t>(bytes / secs) : 0).c_str());
+      ProgressCounts c;
+      c.bytes = p_.bytes_received.load();
+      c.files_done = p_.files_done.load() + p_.files_failed.load();
+      c.files_total = p_.files_total.load();
+      c.bytes_total = p_.bytes_total.load();
+      c.files_unsized = p_.files_unsized.load();
+      c.seconds = secs;
+      std::fprintf(stderr, "\r\033[K%s", FormatProgressLine(c).c_str());
       std::fflush(stderr);
     }
   }

@@ -24,6 +24,7 @@ constexpr CommandEntry kCommands[] = {
     {"select", RegisterSelect},     {"run", RegisterRun},
     {"tune", RegisterTune},         {"keygen", RegisterKeygen},
     {"sign", RegisterSign},         {"push", RegisterPush},
+    {"export", RegisterExport},     {"bundle", RegisterBundle},
 };
 
 size_t EditDistance(std::string_view a, std::string_view b) {

@@ -2,12 +2,18 @@
 //   cubist manifest build DIR [-o FILE] [--name N] [--version V] [--kernels FILE]
 //       lists, hashes and sizes every file under DIR (manifest/manifest_builder.h) and
 //       writes the manifest to FILE atomically, or to stdout. FILE under DIR is left out.
+//   cubist manifest import flashinfer DIR|URL [-o FILE] [--name N] [--version V]
+//       reads a FlashInfer trtllm-gen pin (checksums.txt + include/flashinferMetaInfo.h)
+//       and writes a manifest whose kernels carry the header's metadata (op trtllm_bmm),
+//       the header's hashes checked against checksums.txt (manifest/flashinfer_import.h).
 //   cubist manifest check FILE
 //       parses and validates a manifest or checksums.txt and prints a one-line summary;
 //       exit 8 (invalid input) with the error when it is not valid.
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,9 +24,16 @@
 #include "absl/strings/str_format.h"
 #include "base/file_util.h"
 #include "base/sha256.h"
+#include "base/status_macros.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
+#include "artifacts/cache_dir.h"
+#include "artifacts/manifest_source.h"
+#include "artifacts/store.h"
+#include "artifacts/sources.h"
+#include "dispatch/registry.h"
 #include "manifest/checksums.h"
+#include "manifest/flashinfer_import.h"
 #include "manifest/manifest_builder.h"
 #include "manifest/manifest_parser.h"
 #include "manifest/manifest_writer.h"
@@ -38,6 +51,16 @@ struct BuildFlags {
   std::string kernels;
   std::vector<std::string> exclude;
   int threads = 0;
+};
+
+struct ImportFlags {
+  std::string kind;
+  std::string location;
+  std::string output;
+  std::string name;
+  int64_t version = 1;
+  std::vector<std::string> base_urls;
+  std::string cache;
 };
 
 struct CheckFlags {
@@ -115,6 +138,110 @@ int RunBuild(const BuildFlags& f) {
   return kExitOk;
 }
 
+// The pin directory of an import location: the location itself, or its directory when
+// it names the checksums.txt.
+std::string PinDirectory(std::string location) {
+  while (location.size() > 1 && location.back() == '/') location.pop_back();
+  const size_t slash = location.rfind('/');
+  const std::string_view last =
+      slash == std::string::npos ? std::string_view(location)
+                                 : std::string_view(location).substr(slash + 1);
+  if (last == "checksums.txt") return slash == std::string::npos ? "." : location.substr(0, slash);
+  return location;
+}
+
+int RunImport(const ImportFlags& f) {
+  if (f.kind != "flashinfer") {
+    return PrintError(absl::InvalidArgumentError(absl::StrCat(
+        "manifest import: unknown kind '", f.kind, "'; the only kind is flashinfer")));
+  }
+  const std::string dir = PinDirectory(f.location);
+  const std::string checksums_location = dir + "/checksums.txt";
+  const std::string header_location = absl::StrCat(dir, "/", kFlashinferMetaInfoPath);
+  ManifestParseOptions parse;
+  constexpr uint64_t kMaxHeaderBytes = uint64_t{128} << 20;
+  const absl::Duration timeout = absl::Seconds(60);
+  absl::StatusOr<std::string> sums =
+      ReadLocation(checksums_location, parse.max_bytes, timeout, /*attempts=*/4);
+  if (!sums.ok()) return PrintError(Annotate(sums.status(), "manifest import"));
+  absl::StatusOr<std::string> header =
+      ReadLocation(header_location, kMaxHeaderBytes, timeout, /*attempts=*/4);
+  if (!header.ok()) {
+    return PrintError(Annotate(header.status(),
+                               "manifest import: the pin's kernel list (only trtllm-gen "
+                               "pins such as batched_gemm-* have one)"));
+  }
+  const std::string pin = FlashinferPinFromLocation(checksums_location);
+  // A pin directory's own name ("batched_gemm-91e0ba0-896b90b") is the default name.
+  parse.checksums_name = f.name;
+  absl::StatusOr<Manifest> checksums = ParseChecksums(*sums, checksums_location, parse);
+  if (!checksums.ok()) return PrintError(checksums.status());
+
+  FlashinferImportOptions options;
+  options.version = f.version;
+  options.pin = pin;
+  options.base_urls = f.base_urls;
+  if (options.base_urls.empty() && (IsUrl(dir) || !f.output.empty())) {
+    // The manifest may be written anywhere; its artifacts stay where the pin is.
+    options.base_urls.push_back(NormalizeBase(dir));
+  }
+  absl::StatusOr<Manifest> m = ImportFlashinferPin(*checksums, *header, header_location, options);
+  if (!m.ok()) return PrintError(m.status());
+  for (Artifact& a : m->artifacts) {
+    if (a.path == kFlashinferChecksumsPath) a.size = sums->size();
+  }
+  // A JSON manifest states every size. A local pin has them on disk; for a URL pin they
+  // come from the cache, where `cubist fetch` of its checksums.txt put the files.
+  std::optional<Store> store;
+  if (auto root = ResolveCacheDir(f.cache); root.ok()) {
+    if (auto s = Store::Open(*root, /*create=*/false); s.ok()) store.emplace(*std::move(s));
+  }
+  size_t unsized = 0;
+  const Artifact* first_unsized = nullptr;
+  for (Artifact& a : m->artifacts) {
+    if (a.size.has_value()) continue;
+    if (!IsUrl(dir)) {
+      std::error_code ec;
+      const uintmax_t size = fs::file_size(fs::path(dir) / a.path, ec);
+      if (!ec) a.size = size;
+    }
+    uint64_t cached = 0;
+    if (!a.size.has_value() && store.has_value() &&
+        store->Probe(a.sha256, std::nullopt, &cached) == ObjectState::kPresent) {
+      a.size = cached;
+    }
+    if (!a.size.has_value() && ++unsized == 1) first_unsized = &a;
+  }
+  if (unsized > 0) {
+    return PrintError(absl::FailedPreconditionError(absl::StrCat(
+        "manifest import: ", unsized, " of ", m->artifacts.size(), " artifacts have no known size (first: ",
+        first_unsized->path, "); a manifest states every size, and they come from the pin's "
+        "directory or the cache: run `cubist fetch --manifest ", checksums_location,
+        "` first, then import again")));
+  }
+  // What select will do with it: refuse here rather than there.
+  absl::StatusOr<Registry> registry = Registry::Create(*m);
+  if (!registry.ok()) return PrintError(registry.status());
+  const std::string text = WriteManifest(*m);
+  std::map<std::string, int> archs;
+  for (const KernelSpec& k : m->kernels) ++archs[k.arch];
+  std::string arch_text;
+  for (const auto& [arch, n] : archs) {
+    absl::StrAppend(&arch_text, arch_text.empty() ? "" : ", ", arch, " ", n);
+  }
+  if (f.output.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    if (std::fflush(stdout) != 0) {
+      return PrintError(absl::InternalError("manifest import: cannot write to stdout"));
+    }
+    return kExitOk;
+  }
+  if (absl::Status s = WriteFileAtomically(f.output, text, 0644); !s.ok()) return PrintError(s);
+  std::printf("wrote %s: %s (%s: %s)\n", f.output.c_str(), Summary(*m, Sha256Hex(text)).c_str(),
+              kTrtllmBmmOp, arch_text.c_str());
+  return kExitOk;
+}
+
 int RunCheck(const CheckFlags& f) {
   ManifestParseOptions options;
   absl::StatusOr<std::string> bytes = ReadFileToString(f.file, options.max_bytes);
@@ -161,6 +288,27 @@ void RegisterManifest(CLI::App& app, Globals& g) {
                 "Path under DIR to leave out (repeatable; a directory leaves out its files)");
   b->add_option("--threads", build->threads, "Hashing threads (default: one per core)");
   b->callback([build, &g] { g.exit_code = RunBuild(*build); });
+
+  auto imp = std::make_shared<ImportFlags>();
+  CLI::App* i = sub->add_subcommand(
+      "import", "Write a manifest with kernel metadata for another project's artifact set");
+  i->add_option("KIND", imp->kind, "Kind of set: flashinfer (a trtllm-gen cubin pin)")
+      ->required();
+  i->add_option("LOCATION", imp->location,
+                "The pin: a directory or URL holding checksums.txt and "
+                "include/flashinferMetaInfo.h (or the checksums.txt itself)")
+      ->required();
+  i->add_option("-o,--output", imp->output, "Write the manifest here (atomically) instead of stdout");
+  i->add_option("--name", imp->name, "Manifest name (default: the pin directory's name)");
+  i->add_option("--version", imp->version, "Manifest version, an integer >= 1 (default 1)");
+  i->add_option("--base-url", imp->base_urls,
+                "Where the artifacts are served (repeatable; default: the pin's location "
+                "when it is a URL or when -o is given)");
+  i->add_option("--cache", imp->cache,
+                "Cache to read sizes from for a URL pin (after `cubist fetch` of its "
+                "checksums.txt)")
+      ->type_name("DIR");
+  i->callback([imp, &g] { g.exit_code = RunImport(*imp); });
 
   auto check = std::make_shared<CheckFlags>();
   CLI::App* c = sub->add_subcommand(

@@ -20,6 +20,8 @@
 namespace cubist::cli {
 
 struct ProblemFlags {
+  std::string op = "moe_gemm";  // --op, offered by select only (run and tune launch moe_gemm)
+  std::string output_format;    // --output-format, select only; empty: any
   std::string weights;
   std::string activations;
   std::string activation = "identity";
@@ -37,12 +39,20 @@ struct ProblemFlags {
     auto flag_error = [](const char* flag, const absl::Status& s) {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": ", s.message()));
     };
+    auto o = ParseOp(op);
+    if (!o.ok()) return flag_error("--op", o.status());
+    p.op = *o;
     auto w = ParseDataFormat(weights);
     if (!w.ok()) return flag_error("--weights", w.status());
     auto a = ParseDataFormat(activations);
     if (!a.ok()) return flag_error("--activations", a.status());
     auto act = ParseActivation(activation);
     if (!act.ok()) return flag_error("--activation", act.status());
+    if (!output_format.empty()) {
+      auto out = ParseDataFormat(output_format);
+      if (!out.ok()) return flag_error("--output-format", out.status());
+      p.output_format = *out;
+    }
     p.weight_format = *w;
     p.activation_format = *a;
     p.activation = *act;

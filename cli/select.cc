@@ -141,10 +141,18 @@ void RegisterSelect(CLI::App& app, Globals& g) {
   CLI::App* cmd = app.add_subcommand(
       "select",
       "Show which kernel of a manifest runs a MoE GEMM problem (no GPU needed)");
+  // --op trtllm_bmm: the same problem (experts, tokens, N, K, formats, activation) over
+  // FlashInfer's trtllm-gen kernels imported with `cubist manifest import flashinfer`.
   cmd->add_option("--manifest", f->manifest, "Manifest URL or path")
       ->required()
       ->type_name("URL|PATH");
   AddProblemFlags(cmd, &f->problem, /*sm_required=*/true);
+  cmd->add_option("--op", f->problem.op,
+                  "Operation: moe_gemm (default) or trtllm_bmm (an imported FlashInfer set)")
+      ->type_name("OP");
+  cmd->add_option("--output-format", f->problem.output_format,
+                  "Only kernels that write this format (trtllm_bmm: bf16, fp8, nvfp4, ...)")
+      ->type_name("FMT");
   cmd->add_option("--kernel", f->pin, "Consider only this kernel (debugging)")
       ->type_name("NAME");
   cmd->add_flag("--json", f->json, "Print the choice as JSON");

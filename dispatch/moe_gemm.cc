@@ -118,6 +118,8 @@ moe::MoeFormat ToAbi(DataFormat f) {
     case DataFormat::kMxfp4: return moe::kMxfp4;
     case DataFormat::kMxfp8: return moe::kMxfp8;
     case DataFormat::kNvfp4: return moe::kNvfp4;
+    case DataFormat::kFp16:
+    case DataFormat::kMxint4: break;  // not in the moe_gemm ABI (OpSupports refuses them)
   }
   return moe::kBf16;
 }
@@ -129,6 +131,8 @@ moe::MoeActivation ToAbi(Activation a) {
     case Activation::kSwiglu: return moe::kSwiglu;
     case Activation::kGeglu: return moe::kGeglu;
     case Activation::kSitu: return moe::kSitu;
+    case Activation::kGelu:
+    case Activation::kSilu: break;  // not in the moe_gemm ABI (OpSupports refuses them)
   }
   return moe::kIdentity;
 }

@@ -109,6 +109,10 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
   if (!a.ok()) return bad("activation_format", a.status().message());
   auto act = ParseActivation(spec.activation);
   if (!act.ok()) return bad("activation", act.status().message());
+  if (!OpSupports(Op::kMoeGemm, *w) || !OpSupports(Op::kMoeGemm, *a)) {
+    return bad("weight_format", "not a moe_gemm format");
+  }
+  if (!OpSupports(Op::kMoeGemm, *act)) return bad("activation", "not a moe_gemm activation");
   k.weight_format = ToAbi(*w);
   k.activation_format = ToAbi(*a);
   k.activation = ToAbi(*act);

@@ -15,8 +15,13 @@
 namespace cubist {
 
 // Operations the dispatcher knows. A manifest kernel with any other `op` is kept in
-// the registry (listed, explainable) but never selected.
-enum class Op : uint8_t { kMoeGemm };
+// the registry (listed, explainable) but never selected, so the list stays open: a new
+// op is a name here plus, when it should run, a launcher.
+//   moe_gemm    cubist's own MoE batched GEMM family (kernels/), selected and launched
+//   trtllm_bmm  FlashInfer's trtllm-gen batched GEMMs (manifest/flashinfer_import.h):
+//               selected (cubist select), not launched: they need Blackwell and
+//               trtllm-gen's KernelParams, which no launcher here fills yet
+enum class Op : uint8_t { kMoeGemm, kTrtllmBmm };
 
 // Element formats of the weight (B) and activation (A) operands.
 enum class DataFormat : uint8_t {
@@ -26,11 +31,15 @@ enum class DataFormat : uint8_t {
   kMxfp4,     // "mxfp4": e2m1, 32-element ue8m0 blocks along K
   kMxfp8,     // "mxfp8": e4m3, 32-element ue8m0 blocks along K
   kNvfp4,     // "nvfp4": e2m1, 16-element e4m3 blocks along K, fp32 global scale
+  // Only in imported trtllm-gen sets (OpSupports: not moe_gemm):
+  kFp16,      // "fp16"
+  kMxint4,    // "mxint4": int4, 32-element ue8m0 blocks along K
 };
 
 // Epilogue activations. Gated ones (swiglu, geglu, situ) read the two halves of N
 // and write N/2 columns.
-enum class Activation : uint8_t { kIdentity, kRelu2, kSwiglu, kGeglu, kSitu };
+// gelu and silu (element-wise) occur only in imported trtllm-gen sets.
+enum class Activation : uint8_t { kIdentity, kRelu2, kSwiglu, kGeglu, kSitu, kGelu, kSilu };
 
 [[nodiscard]] absl::StatusOr<Op> ParseOp(std::string_view name);
 [[nodiscard]] absl::StatusOr<DataFormat> ParseDataFormat(std::string_view name);
@@ -46,6 +55,11 @@ std::string_view AllDataFormatNames();
 std::string_view AllActivationNames();
 
 bool IsGated(Activation activation);
+
+// Whether kernels of `op` may take this format / apply this activation: moe_gemm only
+// those its parameter ABI encodes; other ops everything in the vocabulary.
+bool OpSupports(Op op, DataFormat format);
+bool OpSupports(Op op, Activation activation);
 
 // The granularity along K that a format's scales impose: K must be a multiple of it
 // (1 for formats without block scales).

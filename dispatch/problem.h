@@ -9,6 +9,7 @@
 #define CUBIST_DISPATCH_PROBLEM_H_
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -35,6 +36,10 @@ struct MoeProblem {
   int64_t n = 0;        // B's rows per expert (both halves for gated activations)
   int64_t k = 0;        // reduction length
   DeviceSm sm{9, 0};    // the device it runs on
+  // The output's format when the caller needs a particular one (trtllm_bmm kernels
+  // write bf16, fp8 or FP4 outputs); nullopt: whatever the kernel writes (moe_gemm
+  // kernels write bf16).
+  std::optional<DataFormat> output_format;
   int sm_count = 0;     // its multiprocessors (0: the default for `sm`)
 
   // Average rows per expert, rounded up (0 when there are no tokens).
@@ -54,7 +59,7 @@ struct MoeProblem {
   friend H AbslHashValue(H h, const MoeProblem& p) {
     return H::combine(std::move(h), p.op, p.weight_format, p.activation_format,
                       p.activation, p.experts, p.tokens, p.n, p.k, p.sm.major, p.sm.minor,
-                      p.sm_count);
+                      p.sm_count, p.output_format);
   }
 };
 

@@ -75,6 +75,18 @@ absl::Status ValidateKnownOp(KernelEntry& e, const EntryErrors& err) {
     if (!a.ok()) return err.Error("activation", Sv(a.status().message()));
     e.activation = *a;
   }
+  const Op op = *e.op;
+  for (auto [field, format] : {std::pair{"weight_format", e.weight_format},
+                               std::pair{"activation_format", e.activation_format}}) {
+    if (!OpSupports(op, format)) {
+      return err.Error(field, absl::StrCat("op ", Sv(OpName(op)), " has no ",
+                                           Sv(DataFormatName(format)), " kernels"));
+    }
+  }
+  if (!OpSupports(op, e.activation)) {
+    return err.Error("activation", absl::StrCat("op ", Sv(OpName(op)), " has no ",
+                                                Sv(ActivationName(e.activation)), " epilogue"));
+  }
   if (s.tile_m < 1) return err.Error("tile_m", absl::StrCat("must be positive, got ", s.tile_m));
   if (s.tile_n < 1) return err.Error("tile_n", absl::StrCat("must be positive, got ", s.tile_n));
   if (s.tile_k < 1) return err.Error("tile_k", absl::StrCat("must be positive, got ", s.tile_k));

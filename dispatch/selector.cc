@@ -1,6 +1,7 @@
 #include "dispatch/selector.h"
 
 #include <algorithm>
+#include <map>
 #include <tuple>
 
 #include "absl/status/status.h"
@@ -19,6 +20,7 @@ int Distance(RejectReason reason) {
   switch (reason) {
     case RejectReason::kShape: return 1;
     case RejectReason::kActivation: return 2;
+    case RejectReason::kOutputFormat: return 2;
     case RejectReason::kAbi: return 2;
     case RejectReason::kActivationFormat: return 3;
     case RejectReason::kWeightFormat: return 3;
@@ -118,6 +120,23 @@ absl::Status NotFoundFor(const Registry& registry, const MoeProblem& problem,
   } else {
     absl::StrAppend(&msg, ": nearest: ", absl::StrJoin(shown, ", "));
   }
+  // When the op's kernels are all for other GPUs, say which: the fix is another GPU or
+  // another artifact set, not another problem.
+  std::map<std::string, int> archs;
+  bool any_runs = false;
+  for (const KernelEntry& k : registry.kernels()) {
+    if (!k.op.has_value() || *k.op != problem.op) continue;
+    ++archs[k.arch.ToString()];
+    any_runs = any_runs || SassRunsOn(k.arch, problem.sm);
+  }
+  if (!archs.empty() && !any_runs) {
+    std::vector<std::string> names;
+    for (const auto& [arch, count] : archs) names.push_back(absl::StrCat(arch, " (", count, ")"));
+    absl::StrAppend(&msg, "; its ", Sv(OpName(problem.op)), " kernels are for ",
+                    absl::StrJoin(names, ", "), " and none runs on SM ", problem.sm.number(),
+                    ": run on one of those GPUs or use a set built for this one");
+    return absl::NotFoundError(msg);
+  }
   absl::StrAppend(&msg,
                   "; use a manifest with a kernel for this problem, or see --explain for "
                   "every kernel's verdict");
@@ -133,6 +152,7 @@ std::string_view RejectReasonName(RejectReason reason) {
     case RejectReason::kWeightFormat: return "weight format";
     case RejectReason::kActivationFormat: return "activation format";
     case RejectReason::kActivation: return "activation";
+    case RejectReason::kOutputFormat: return "output format";
     case RejectReason::kArch: return "arch";
     case RejectReason::kShape: return "shape";
   }
@@ -167,6 +187,20 @@ std::vector<Rejection> CheckKernel(const KernelEntry& kernel, const MoeProblem& 
       out.push_back({RejectReason::kActivation,
                      absl::StrCat("kernel applies ", Sv(ActivationName(kernel.activation)),
                                   ", problem wants ", Sv(ActivationName(p.activation)))});
+    }
+  }
+  if (p.output_format.has_value()) {
+    // The kernel's output format: the manifest's "output_format" extra (a JSON string),
+    // else bf16, what every moe_gemm kernel writes.
+    std::string_view writes = "bf16";
+    if (auto it = kernel.spec.extras.find("output_format"); it != kernel.spec.extras.end()) {
+      writes = it->second;
+      if (writes.size() >= 2 && writes.front() == '"') writes = writes.substr(1, writes.size() - 2);
+    }
+    if (writes != DataFormatName(*p.output_format)) {
+      out.push_back({RejectReason::kOutputFormat,
+                     absl::StrCat("kernel writes ", Sv(writes), ", problem wants ",
+                                  Sv(DataFormatName(*p.output_format)))});
     }
   }
   if (!SassRunsOn(kernel.arch, p.sm)) {

@@ -30,6 +30,7 @@ enum class RejectReason {
   kWeightFormat,
   kActivationFormat,
   kActivation,
+  kOutputFormat,
   kArch,
   kShape,
 };

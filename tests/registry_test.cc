@@ -66,11 +66,12 @@ TEST(RegistryTest, DuplicateNameIsRejectedNamingBothIndices) {
 
 TEST(RegistryTest, UnknownFormatIsRejected) {
   auto kernels = SelectionKernels();
-  kernels[2].weight_format = "fp16";
+  kernels[2].weight_format = "fp6";
   EXPECT_THAT(RegistryOf(kernels),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("kernels[2].weight_format: unknown format 'fp16'; expected "
-                                 "one of bf16, fp8, fp8-block, mxfp4, mxfp8, nvfp4")));
+                       HasSubstr("kernels[2].weight_format: unknown format 'fp6'; expected "
+                                 "one of bf16, fp8, fp8-block, mxfp4, mxfp8, nvfp4, fp16, "
+                                 "mxint4")));
   kernels = SelectionKernels();
   kernels[3].activation_format = "int8";
   EXPECT_THAT(RegistryOf(kernels), StatusIs(absl::StatusCode::kInvalidArgument,
@@ -80,11 +81,17 @@ TEST(RegistryTest, UnknownFormatIsRejected) {
 
 TEST(RegistryTest, UnknownActivationIsRejected) {
   auto kernels = SelectionKernels();
+  kernels[0].activation = "tanh";
+  EXPECT_THAT(RegistryOf(kernels),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("kernels[0].activation: unknown activation 'tanh'; "
+                                 "expected one of identity, relu2, swiglu, geglu, situ, "
+                                 "gelu, silu")));
+  // gelu is known (trtllm-gen kernels use it) but not a moe_gemm epilogue.
   kernels[0].activation = "gelu";
   EXPECT_THAT(RegistryOf(kernels),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("kernels[0].activation: unknown activation 'gelu'; "
-                                 "expected one of identity, relu2, swiglu, geglu, situ")));
+                       HasSubstr("kernels[0].activation: op moe_gemm has no gelu epilogue")));
 }
 
 TEST(RegistryTest, ImpossibleLaunchShapesAreRejected) {

@@ -120,17 +120,22 @@ TEST_F(SelectCliTest, MissIsExitFiveWithTheNearestKernels) {
 
 TEST_F(SelectCliTest, BadFlagValuesAreUsageErrors) {
   std::string out;
-  EXPECT_EQ(Select("--weights fp16 --activations bf16 --experts 8 --tokens-per-expert 4 "
+  EXPECT_EQ(Select("--weights fp6 --activations bf16 --experts 8 --tokens-per-expert 4 "
                    "--n 64 --k 64 --sm 90",
                    &out),
             2);
-  EXPECT_THAT(out, HasSubstr("cubist: error: --weights: unknown format 'fp16'; expected "
+  EXPECT_THAT(out, HasSubstr("cubist: error: --weights: unknown format 'fp6'; expected "
                              "one of bf16, fp8, fp8-block, mxfp4, mxfp8, nvfp4"));
-  EXPECT_EQ(Select("--weights bf16 --activations bf16 --activation gelu --experts 8 "
+  EXPECT_EQ(Select("--weights bf16 --activations bf16 --activation tanh --experts 8 "
                    "--tokens-per-expert 4 --n 64 --k 64 --sm 90",
                    &out),
             2);
-  EXPECT_THAT(out, HasSubstr("--activation: unknown activation 'gelu'"));
+  EXPECT_THAT(out, HasSubstr("--activation: unknown activation 'tanh'"));
+  EXPECT_EQ(Select("--op gemv --weights bf16 --activations bf16 --experts 8 "
+                   "--tokens-per-expert 4 --n 64 --k 64 --sm 90",
+                   &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("--op: unknown op 'gemv'; expected moe_gemm or trtllm_bmm"));
   EXPECT_EQ(Select("--weights bf16 --activations bf16 --experts 8 --tokens-per-expert 4 "
                    "--n 64 --k 64 --sm hopper",
                    &out),

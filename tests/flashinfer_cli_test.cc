@@ -1,0 +1,163 @@
+// FlashInfer users end to end: `cubist manifest import flashinfer`, `select --op
+// trtllm_bmm`, `fetch` and `export --layout flashinfer` (cli/manifest.cc, cli/export.cc).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "tests/test_util.h"
+#include "tests/testlib/flashinfer_pin.h"
+
+namespace cubist {
+namespace {
+
+using ::cubist::testing::CliPath;
+using ::cubist::testing::DefaultPinKernels;
+using ::cubist::testing::FileExists;
+using ::cubist::testing::ReadFileOrDie;
+using ::cubist::testing::RunCommand;
+using ::cubist::testing::TempDir;
+using ::cubist::testing::WritePin;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kPin[] = "d2c5915bf45ae64308a947824c14966c2718a292/batched_gemm-91e0ba0-896b90b";
+
+class FlashinferCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    pin_dir_ = dir_.Join(absl::StrCat("wheel/", kPin));
+    hashes_ = WritePin(pin_dir_, DefaultPinKernels());
+    manifest_ = dir_.Join("trtllm.json");
+  }
+  int Cubist(const std::string& args, std::string* out) {
+    return RunCommand(absl::StrCat("CUBIST_CACHE_DIR=", dir_.Join("cache"), " ", CliPath(), " ",
+                                   args, " 2>&1"),
+                      out);
+  }
+  int Import(std::string* out) {
+    return Cubist(absl::StrCat("manifest import flashinfer ", pin_dir_, " -o ", manifest_), out);
+  }
+  TempDir dir_;
+  std::string pin_dir_;
+  std::string manifest_;
+  std::vector<std::string> hashes_;
+};
+
+constexpr char kProblem[] =
+    "--op trtllm_bmm --weights mxfp4 --activations bf16 --activation swiglu --experts 8 "
+    "--tokens-per-expert 4 --n 4096 --k 2048";
+
+TEST_F(FlashinferCliTest, ImportThenSelect) {
+  std::string out;
+  ASSERT_EQ(Import(&out), 0) << out;
+  EXPECT_THAT(out, StartsWith(absl::StrCat("wrote ", manifest_,
+                                           ": batched_gemm-91e0ba0-896b90b version 1: 5 "
+                                           "artifacts, ")));
+  EXPECT_THAT(out, HasSubstr("3 kernels, digest "));
+  EXPECT_THAT(out, HasSubstr("(trtllm_bmm: sm_100f 2, sm_103a 1)"));
+
+  ASSERT_EQ(Cubist(absl::StrCat("select --manifest ", manifest_, " ", kProblem, " --sm 100f"),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, StartsWith("bmm_Bfloat16_MxE2m1Bfloat16_Fp32_t128x8x256_"));
+  EXPECT_THAT(out, HasSubstr("rank 1 of 2 candidates on SM 100"));
+
+  ASSERT_EQ(Cubist(absl::StrCat("select --manifest ", manifest_, " ", kProblem,
+                                " --sm 100f --explain"),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("rejected bmm_E4m3_E4m3E4m3_Fp32_t128x16x128_s3_et128x16_m128x16x32_"
+                             "c1x1x1_rM_TN_transOut_relu2_sm103a: weight format: kernel takes "
+                             "fp8, problem has mxfp4; activation format: kernel takes fp8, "
+                             "problem has bf16; activation: kernel applies relu2, problem "
+                             "wants swiglu; arch: sm_103a kernel does not run on SM 100: an "
+                             "'a' target runs only on SM 103"));
+
+  EXPECT_EQ(Cubist(absl::StrCat("select --manifest ", manifest_, " ", kProblem, " --sm 90"),
+                   &out),
+            5)
+      << out;
+  EXPECT_THAT(out, HasSubstr("its trtllm_bmm kernels are for sm_100f (2), sm_103a (1) and none "
+                             "runs on SM 90"));
+}
+
+TEST_F(FlashinferCliTest, ImportRefusesAPinWithoutKernelList) {
+  ASSERT_EQ(::unlink((pin_dir_ + "/include/flashinferMetaInfo.h").c_str()), 0);
+  std::string out;
+  EXPECT_EQ(Import(&out), 5) << out;
+  EXPECT_THAT(out, HasSubstr("manifest import: the pin's kernel list"));
+}
+
+TEST_F(FlashinferCliTest, FetchThenExportMaterializesThePinByHardLink) {
+  std::string out;
+  ASSERT_EQ(Import(&out), 0) << out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", manifest_, " -q"), &out), 0) << out;
+  const std::string root = dir_.Join("fi");
+  ASSERT_EQ(Cubist(absl::StrCat("export --layout flashinfer --manifest ", manifest_, " ", root),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, StartsWith(absl::StrCat("exported 5 files (5 hard links, 0 copies, ")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("for FlashInfer: export FLASHINFER_CUBIN_DIR=", root)));
+  for (const char* rel : {"checksums.txt", "include/flashinferMetaInfo.h"}) {
+    const std::string path = absl::StrCat(root, "/", kPin, "/", rel);
+    EXPECT_EQ(ReadFileOrDie(path), ReadFileOrDie(absl::StrCat(pin_dir_, "/", rel)));
+  }
+  const std::string cubin =
+      absl::StrCat(root, "/", kPin, "/Bmm_Bfloat16_MxE2m1Bfloat16_Fp32_t128x8x256_s4_et128x8_",
+                   "m128x8x32_c1x1x1_rM_TN_transOut_swiGlu_sm100f.cubin");
+  struct stat st;
+  ASSERT_EQ(::stat(cubin.c_str(), &st), 0);
+  EXPECT_EQ(st.st_nlink, 2u);  // the cache object and the export
+  EXPECT_EQ(ReadFileOrDie(cubin).size(), 1000u);
+
+  // Again, copying: the earlier tree is swapped out whole, nothing is left beside it.
+  ASSERT_EQ(Cubist(absl::StrCat("export --copy --manifest ", manifest_, " ", root), &out), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("(0 hard links, 5 copies, "));
+  EXPECT_THAT(out, HasSubstr("(replacing the previous tree)"));
+  ASSERT_EQ(::stat(cubin.c_str(), &st), 0);
+  EXPECT_EQ(st.st_nlink, 1u);
+  std::string listing;
+  RunCommand(absl::StrCat("ls -A ", root, "/d2c5915bf45ae64308a947824c14966c2718a292"), &listing);
+  EXPECT_EQ(listing, "batched_gemm-91e0ba0-896b90b\n");
+}
+
+TEST_F(FlashinferCliTest, ExportRefusesASymlinkInTheWayAndMissingObjects) {
+  std::string out;
+  ASSERT_EQ(Import(&out), 0) << out;
+  const std::string root = dir_.Join("fi");
+  // Nothing fetched yet: no cache at all, then a cache without one object.
+  EXPECT_EQ(Cubist(absl::StrCat("export --manifest ", manifest_, " ", root), &out), 5) << out;
+  EXPECT_THAT(out, HasSubstr("does not exist; run 'cubist fetch' first"));
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", manifest_, " -q"), &out), 0) << out;
+  const std::string object = dir_.Join(absl::StrCat("cache/objects/sha256/", hashes_[1].substr(0, 2),
+                                                    "/", hashes_[1]));
+  ASSERT_EQ(::unlink(object.c_str()), 0);
+  EXPECT_EQ(Cubist(absl::StrCat("export --manifest ", manifest_, " ", root), &out), 5) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("export: 1 of 5 artifacts of ", manifest_,
+                                          " are not in the cache at ")));
+  EXPECT_THAT(out, HasSubstr("run `cubist fetch` with the same manifest and cache first"));
+  EXPECT_FALSE(FileExists(root + "/d2c5915bf45ae64308a947824c14966c2718a292"));
+
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", manifest_, " -q"), &out), 0) << out;
+  ASSERT_EQ(::mkdir(root.c_str(), 0755), 0);
+  const std::string elsewhere = dir_.Join("elsewhere");
+  ASSERT_EQ(::mkdir(elsewhere.c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(elsewhere.c_str(),
+                      (root + "/d2c5915bf45ae64308a947824c14966c2718a292").c_str()),
+            0);
+  EXPECT_EQ(Cubist(absl::StrCat("export --manifest ", manifest_, " ", root), &out), 6) << out;
+  EXPECT_THAT(out, HasSubstr("/fi/d2c5915bf45ae64308a947824c14966c2718a292 is a symlink; "
+                             "refusing to write through it"));
+  std::string listing;
+  RunCommand("ls -A " + elsewhere, &listing);
+  EXPECT_EQ(listing, "");
+}
+
+}  // namespace
+}  // namespace cubist

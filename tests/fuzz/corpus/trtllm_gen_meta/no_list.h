@@ -1,0 +1,2 @@
+#pragma once
+static constexpr int x = 1;
