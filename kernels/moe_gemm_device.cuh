@@ -93,7 +93,10 @@ __device__ __forceinline__ uint32_t Bits(__nv_bfloat162 v) {
 // sign-replicating mode: the high nibble's sign is its byte's msb, the low nibble's is
 // the msb of the same byte of w << 4; one lop3 puts them at bits 15 and 31. About 2.5
 // instructions per element, the scale multiply included.
-__device__ __forceinline__ uint4 DecodeE2m1x8(uint32_t w, __nv_bfloat162 s) {
+// s_lo scales elements 0-3, s_hi elements 4-7 (nvfp4's 16-element blocks meet there
+// when the word is gathered from four words of a 32-element block).
+__device__ __forceinline__ uint4 DecodeE2m1x8(uint32_t w, __nv_bfloat162 s_lo,
+                                              __nv_bfloat162 s_hi) {
   constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u;  // 0, .5, 1, 1.5 | 2, 3, 4, 6
   constexpr uint32_t kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;
   const uint32_t idx = w & 0x77777777u;
@@ -107,7 +110,30 @@ __device__ __forceinline__ uint4 DecodeE2m1x8(uint32_t w, __nv_bfloat162 s) {
     // byte 1 = sign of element 2j (low nibble of byte j), byte 3 = sign of element 2j+1.
     const uint32_t sel = ((8u | (4u + j)) << 4) | ((8u | j) << 12);
     o[j] |= Prmt(w, w4, sel) & 0x80008000u;
-    o[j] = Bits(__hmul2(Bits2(o[j]), s));
+    o[j] = Bits(__hmul2(Bits2(o[j]), j < 2 ? s_lo : s_hi));
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+__device__ __forceinline__ uint4 DecodeE2m1x8(uint32_t w, __nv_bfloat162 s) {
+  return DecodeE2m1x8(w, s, s);
+}
+// 8 e2m1 (one word, low nibble first) times a scale -> 4 bf16 pairs (element i, element
+// i + 4), i = 0..3: the order of the "permuted" fp4 kernels (kernels/moe_gemm_fp4.cu),
+// whose activations are laid out to match. Each pair is built in integer registers: the
+// two nibbles' magnitude bits land on bf16 bits 6-8 (exponent lsbs and mantissa msb),
+// their signs on bit 15, by one multiply that makes two copies of the pair (x 2^6 + 2^12)
+// and one mask. That bit pattern is the e2m1 value times 2^-126 (e2m1's subnormal 0.5
+// becomes a bf16 subnormal), so one multiply by 2^126 restores it exactly and one by the
+// scale applies the scale (two multiplies, so that no scale overflows the bias). About
+// 1.2 ALU instructions per element; the multiplies run on the FMA pipe.
+__device__ __forceinline__ uint4 DecodeE2m1Pairs(uint32_t w, __nv_bfloat162 s) {
+  const uint32_t w8 = w >> 8;
+  uint32_t o[4] = {(w & 0x000F000Fu) * 0x1040u, (w & 0x00F000F0u) * 0x0104u,
+                   (w8 & 0x000F000Fu) * 0x1040u, (w8 & 0x00F000F0u) * 0x0104u};
+  const __nv_bfloat162 bias = Bits2(0x7E807E80u);  // 2^126 in both halves
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    o[i] = Bits(__hmul2(__hmul2(Bits2(o[i] & 0x81C081C0u), bias), s));
   }
   return make_uint4(o[0], o[1], o[2], o[3]);
 }

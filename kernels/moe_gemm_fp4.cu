@@ -1,8 +1,8 @@
-// The mxfp4 x bf16 moe_gemm kernels of ABI version 2 for sm_90a: packed weights decoded
-// straight into wgmma's A registers. One kernel per cubin, built by scripts/build-artifacts
-// with
-//   -DMOE_ACT=kSwiglu -DMOE_TM=8 -DMOE_TN=128 -DMOE_STAGES=6
-//   -DMOE_NAME=moe_gemm_tma_mxfp4_bf16_swiglu_m8n128k256
+// The fp4-weight moe_gemm kernels of ABI version 2 for sm_90a (mxfp4 x bf16, mxfp4 x mxfp8,
+// nvfp4 x nvfp4): packed weights decoded straight into wgmma's A registers. One kernel per
+// cubin, built by scripts/build-artifacts with
+//   -DMOE_WFMT=kMxfp4 -DMOE_AFMT=kBf16 -DMOE_ACT=kSwiglu -DMOE_TM=8 -DMOE_TN=128
+//   -DMOE_STAGES=6 -DMOE_NAME=moe_gemm_tma_mxfp4_bf16_swiglu_m8n128k256
 // and -gencode=arch=compute_90a,code=sm_90a. Contract: kernels/moe_gemm_abi.h (version 2);
 // shared memory: MakeFp4Layout in kernels/moe_gemm_layout.h; docs/kernels.md explains it.
 //
@@ -11,15 +11,22 @@
 // decode step with 8 tokens per expert a full-width MMA instead of 1/8 of one, and it lets
 // each consumer thread decode exactly the weight elements its A fragment holds:
 //   - the producer (one thread) copies each k-tile's packed weights (128 bytes of K per row)
-//     and the tile's activations (four 64-element panels) with TMA, 128-byte swizzled;
-//   - a consumer thread reads, per 32-element scale block, the 16 bytes of its two rows
-//     (one shared-memory load each, shared by the four threads of a quad), gathers its
-//     byte of each word (prmt), decodes 8 e2m1 times the ue8m0 scale into four bf16 pairs
-//     (exact), and issues two wgmma m64nTTk16 with those registers as A and the activation
-//     panel in shared memory as B;
-//   - the ue8m0 scale bytes of its two rows come from global memory, one k-tile ahead;
+//     and the tile's activations (bf16: four 64-element panels; mxfp8 / nvfp4: their raw
+//     bytes, two or one 128-byte boxes per row) with TMA, 128-byte swizzled;
+//   - raw activations (mxfp8, nvfp4, and bf16 in 8-token tiles) are decoded (element x
+//     block scale, exact in bf16) by converter warps (the producer warpgroup's other
+//     three, plus a warpgroup of their own in large tiles) into bf16 panels in a permuted
+//     k order, off the consumers' path; they signal a third barrier per stage;
+//   - a consumer thread decodes, per 32-element k block, the 8 e2m1 of each of its two
+//     rows that its A fragment holds, times the block scale (ue8m0 per 32, or e4m3 per
+//     16), into four bf16 pairs (exact), and issues two wgmma m64nTTk16 with those
+//     registers as A and the activation panel in shared memory as B. With permuted
+//     activations the 8 elements are one word of the row (DecodeE2m1Pairs: about 1.2 ALU
+//     instructions per element); with TMA-copied bf16 they are byte lane % 4 of each of
+//     the block's four words (a 16-byte load, three prmt, DecodeE2m1x8: about 3);
+//   - the scale bytes of its two rows come from global memory, one k-tile ahead;
 //   - the epilogue goes through shared memory to put x0 next to x1 (gated) and to store
-//     16 bytes of a token's row at a time.
+//     16 bytes of a token's row at a time; nvfp4's global scales are applied there.
 // Scheduling is generation 2's persistent one (kernels/moe_gemm_tma_common.cuh) over
 // (token tile, weight-row tile).
 #include <cuda_bf16.h>
@@ -31,9 +38,9 @@
 #include "kernels/moe_gemm_tma_common.cuh"
 #include "kernels/wgmma_ops.cuh"
 
-#if !defined(MOE_ACT) || !defined(MOE_TM) || !defined(MOE_TN) || !defined(MOE_STAGES) || \
-    !defined(MOE_NAME)
-#error "define MOE_ACT MOE_TM MOE_TN MOE_STAGES MOE_NAME"
+#if !defined(MOE_WFMT) || !defined(MOE_AFMT) || !defined(MOE_ACT) || !defined(MOE_TM) || \
+    !defined(MOE_TN) || !defined(MOE_STAGES) || !defined(MOE_NAME)
+#error "define MOE_WFMT MOE_AFMT MOE_ACT MOE_TM MOE_TN MOE_STAGES MOE_NAME"
 #endif
 
 namespace cubist::moe {
@@ -55,15 +62,40 @@ __device__ __forceinline__ void PinRegs(uint32_t (&a)[4], uint32_t (&b)[4], uint
   asm volatile("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3]), "+r"(b[0]), "+r"(b[1]),
                     "+r"(b[2]), "+r"(b[3]), "+l"(d0), "+l"(d1)::"memory");
 }
+__device__ __forceinline__ uint32_t LdShared32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void StShared128(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+// The 16 scale bytes row[first .. first + 15] as four words, read as five aligned words
+// (scale rows need no alignment). Words that start at or past the row's end (kb bytes) are
+// not read: a read never goes more than 3 bytes past the row.
+__device__ __forceinline__ uint4 LoadScales16(const uint8_t* row, int first, int kb) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(row + first);
+  const uint32_t* wp = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
+  const int lead = static_cast<int>(addr & 3);
+  const int avail = kb - first + lead;  // bytes of the row from wp on
+  uint32_t w[5];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) w[i] = 4 * i < avail ? __ldg(wp + i) : 0u;
+  const uint32_t sh = 8u * lead;
+  return make_uint4(__funnelshift_r(w[0], w[1], sh), __funnelshift_r(w[1], w[2], sh),
+                    __funnelshift_r(w[2], w[3], sh), __funnelshift_r(w[3], w[4], sh));
+}
 // Synchronises the consumer warpgroups (not the producer): named barrier 1.
 template <int kThreads>
 __device__ __forceinline__ void ConsumerSync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
 }
 
-template <MoeActivation ACT, int TT, int W, int ST>
+template <MoeFormat WF, MoeFormat AF, MoeActivation ACT, int TT, int W, int ST>
 struct MoeGemmFp4 {
-  static constexpr MoeGemmFp4Layout L = MakeFp4Layout(kMxfp4, kBf16, TT, W, ST);
+  static constexpr MoeGemmFp4Layout L = MakeFp4Layout(WF, AF, TT, W, ST);
   static_assert(L.error == nullptr, "invalid moe_gemm_fp4 configuration (moe_gemm_layout.h)");
   static constexpr int kThreads = L.threads;
   static constexpr int kConsumers = L.consumers;
@@ -73,6 +105,18 @@ struct MoeGemmFp4 {
   using Mma = WgmmaRs<TT>;
   static constexpr int kEpTokens = L.epilogue_tokens;
   static constexpr int kRegs = Mma::kRegs;
+  static constexpr bool kNv = WF == kNvfp4;
+  // Raw activations (mxfp8, nvfp4): boxes per row and k-tile, 16-byte chunks per row, and
+  // the converter's threads (warps 1-3 of the producer warpgroup).
+  static constexpr int kRawBoxes = Fp4RawBoxes(AF, TT);
+  static constexpr int kConverters = L.converters;
+  // One converter item is a (token row, 32-element k block): 8 per row and k-tile.
+  static constexpr int kConvItems = (TT * 8 + kConverters - 1) / kConverters;
+  // Converted activations are written in the permuted k order of DecodeE2m1Pairs: the
+  // consumer thread with lane % 4 == c then decodes one whole word (elements 8c..8c+7) of
+  // each row's block instead of gathering a byte from each of four words. bf16
+  // activations of larger tiles arrive by TMA in natural order and keep the gather.
+  static constexpr bool kPermuted = kRawBoxes > 0;
 
   __device__ static void Run(const MoeGemmParamsV2& pv) {
     const MoeGemmParams& p = pv.g;
@@ -82,11 +126,18 @@ struct MoeGemmFp4 {
     const uint32_t smem_base = SmemAddr(smem);
     const uint32_t full_bar = smem_base + L.barrier_offset;
     const uint32_t empty_bar = full_bar + 8 * ST;
+    const uint32_t conv_bar = empty_bar + 8 * ST;  // raw activations only
     int* off = reinterpret_cast<int*>(smem + L.sched_offset);
     int* pre = off + kMoeGemmTmaMaxExperts + 1;
     const int E = p.num_experts;
     if (E < 1 || E > kMoeGemmTmaMaxExperts) return;
 
+    if constexpr (kRawBoxes > 0) {
+      // Initialised before the prologue's fence and barrier, by the same thread.
+      if (threadIdx.x == 0) {
+        for (int s = 0; s < ST; ++s) MbarInit(conv_bar + 8 * s, kConverters);
+      }
+    }
     const int64_t m_tiles =
         PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers, TT, off, pre);
     const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, W);
@@ -94,7 +145,14 @@ struct MoeGemmFp4 {
     const int num_kt = (p.k + kMoeGemmFp4KTile - 1) / kMoeGemmFp4KTile;
     const int wg = threadIdx.x / 128;
 
-    if (wg == 0) {
+    if (wg == 0 || wg > kConsumers) {
+      if (threadIdx.x >= 32) {
+        // Converters: warps 1-3 of warpgroup 0, then the extra warpgroup if any.
+        const int ct = wg == 0 ? threadIdx.x - 32 : threadIdx.x - 128 * kConsumers - 32;
+        if constexpr (kRawBoxes > 0) Convert(p, tiles, m_tiles, n_tiles, num_kt, off, pre,
+                                             smem_base, full_bar, conv_bar, ct);
+        return;
+      }
       if (threadIdx.x != 0) return;
       StageRing<ST> ring;
       for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -105,20 +163,41 @@ struct MoeGemmFp4 {
           const uint32_t full = full_bar + 8 * ring.s;
           const uint32_t w_dst = smem_base + ring.s * L.stage_bytes;
           const uint32_t a_dst = w_dst + L.w_stage_bytes;
-          // Activation panels wholly past K are not copied (the consumers skip them).
-          const int panels = min(4, (p.k - kt * kMoeGemmFp4KTile + 63) / 64);
-          MbarArriveExpectTx(full, L.w_stage_bytes + panels * TT * kMoeGemmTmaBoxBytes);
+          const int k_rem = p.k - kt * kMoeGemmFp4KTile;
+          // Activation boxes wholly past K are not copied (the consumers skip them).
+          int boxes;
+          if constexpr (kRawBoxes == 0) {
+            boxes = min(4, (k_rem + 63) / 64);
+          } else {
+            // Raw boxes of 128 bytes: 64 (bf16), 128 (mxfp8) or 256 (nvfp4) elements.
+            constexpr int kElems = kMoeGemmFp4KTile / kRawBoxes;
+            boxes = min(kRawBoxes, (k_rem + kElems - 1) / kElems);
+          }
+          MbarArriveExpectTx(full, L.w_stage_bytes + boxes * TT * kMoeGemmTmaBoxBytes);
           // Weights: 128 bytes (256 elements) of K per row; the gate half N/2 rows down.
           TmaLoad2d(w_dst, &pv.b_map, kt * kMoeGemmTmaBoxBytes, w_row, full);
           if constexpr (kGated) {
             TmaLoad2d(w_dst + kWRows * kMoeGemmTmaBoxBytes, &pv.b_map,
                       kt * kMoeGemmTmaBoxBytes, w_row + p.n / 2, full);
           }
+          if constexpr (kRawBoxes == 0) {
 #pragma unroll
-          for (int panel = 0; panel < 4; ++panel) {
-            if (panel >= panels) break;
-            TmaLoad2d(a_dst + panel * TT * kMoeGemmTmaBoxBytes, &pv.a_map,
-                      kt * kMoeGemmFp4KTile + panel * 64, t.row_begin, full);
+            for (int panel = 0; panel < 4; ++panel) {
+              if (panel >= boxes) break;
+              TmaLoad2d(a_dst + panel * TT * kMoeGemmTmaBoxBytes, &pv.a_map,
+                        kt * kMoeGemmFp4KTile + panel * 64, t.row_begin, full);
+            }
+          } else {
+            // Raw rows of the k-tile: 512 bytes (bf16), 256 (mxfp8) or 128 (nvfp4), in
+            // 128-byte boxes (the bf16 map counts elements, the others bytes).
+            const uint32_t raw_dst = a_dst + L.a_stage_bytes;
+            constexpr int kBoxElems = AF == kBf16 ? 64 : kMoeGemmTmaBoxBytes;
+#pragma unroll
+            for (int box = 0; box < kRawBoxes; ++box) {
+              if (box >= boxes) break;
+              TmaLoad2d(raw_dst + box * TT * kMoeGemmTmaBoxBytes, &pv.a_map,
+                        (kt * kRawBoxes + box) * kBoxElems, t.row_begin, full);
+            }
           }
           ring.Advance();
         }
@@ -133,7 +212,11 @@ struct MoeGemmFp4 {
     const int r_a = ci * 64 + warp * 16 + lane / 4;
     const int r_b = r_a + 8;
     const uint32_t sel = (lane % 4) | ((4 + lane % 4) << 4);
-    const int kb = p.k / 32;  // scale bytes per weight row
+    const int quad = lane % 4;
+    // nvfp4, permuted: this thread's word of a block lies in 16-element block quad / 2.
+    const int nv_shift = 8 * (quad / 2);
+    const int kb = p.k / 32;  // 32-element k blocks (mxfp4: scale bytes) per weight row
+    const int kb16 = p.k / 16;  // nvfp4: scale bytes per weight row
     float* ep = reinterpret_cast<float*>(smem + L.epilogue_offset);
     const uint8_t* b_scale = static_cast<const uint8_t*>(p.b_scale);
     const int64_t weight_rows = static_cast<int64_t>(p.num_experts) * p.n;
@@ -141,23 +224,30 @@ struct MoeGemmFp4 {
     float acc[kRegs];
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const MoeTile t = TileAt(tile, m_tiles, n_tiles, E, TT, off, pre);
-      // This thread's two weight rows in B and their ue8m0 scale rows (rows past the
-      // last expert are clamped: their outputs are never stored).
+      // This thread's two weight rows in B and their scale rows (rows past the last
+      // expert are clamped: their outputs are never stored).
       auto scale_row = [&](int r) {
         const int half = kGated && r >= kWRows ? 1 : 0;
         int64_t g = static_cast<int64_t>(t.e) * p.n + t.n_tile * kWRows + (r - half * kWRows) +
                     (half ? p.n / 2 : 0);
         g = g < weight_rows ? g : weight_rows - 1;
-        return b_scale + g * kb;
+        return b_scale + g * (kNv ? kb16 : kb);
       };
       const uint8_t* sc_a = scale_row(r_a);
       const uint8_t* sc_b = scale_row(r_b);
-      // The scale bytes of k-tile 0, then each k-tile loads the next one's.
+      // The scale bytes of k-tile 0, then each k-tile loads the next one's: mxfp4 one
+      // ue8m0 byte per 32-element block, nvfp4 two e4m3 bytes (16 per k-tile, as words).
       uint32_t sa[8], sb[8];
+      uint4 sa4, sb4;
+      if constexpr (kNv) {
+        sa4 = LoadScales16(sc_a, 0, kb16);
+        sb4 = LoadScales16(sc_b, 0, kb16);
+      } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        sa[j] = j < kb ? __ldg(sc_a + j) : 0u;
-        sb[j] = j < kb ? __ldg(sc_b + j) : 0u;
+        for (int j = 0; j < 8; ++j) {
+          sa[j] = j < kb ? __ldg(sc_a + j) : 0u;
+          sb[j] = j < kb ? __ldg(sc_b + j) : 0u;
+        }
       }
 
 #pragma unroll
@@ -165,25 +255,75 @@ struct MoeGemmFp4 {
       int prev = -1;
       for (int kt = 0; kt < num_kt; ++kt) {
         uint32_t na[8], nb[8];
+        uint4 na4, nb4;
+        if constexpr (kNv) {
+          const bool more = kt + 1 < num_kt;
+          na4 = more ? LoadScales16(sc_a, (kt + 1) * 16, kb16) : make_uint4(0, 0, 0, 0);
+          nb4 = more ? LoadScales16(sc_b, (kt + 1) * 16, kb16) : make_uint4(0, 0, 0, 0);
+        } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int blk = (kt + 1) * 8 + j;
-          na[j] = blk < kb ? __ldg(sc_a + blk) : 0u;
-          nb[j] = blk < kb ? __ldg(sc_b + blk) : 0u;
+          for (int j = 0; j < 8; ++j) {
+            const int blk = (kt + 1) * 8 + j;
+            na[j] = blk < kb ? __ldg(sc_a + blk) : 0u;
+            nb[j] = blk < kb ? __ldg(sc_b + blk) : 0u;
+          }
         }
         MbarWait(full_bar + 8 * ring.s, ring.phase);
+        if constexpr (kRawBoxes > 0) MbarWait(conv_bar + 8 * ring.s, ring.phase);
         const uint32_t w_base = smem_base + ring.s * L.stage_bytes;
         const uint32_t a_base = w_base + L.w_stage_bytes;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {  // 32-element scale blocks
+        for (int j = 0; j < 8; ++j) {  // 32-element k blocks
           // Blocks past K are skipped whole (the producer copied no activations there).
           if (kt * 8 + j >= kb) break;
-          const __nv_bfloat162 s_a = Ue8m0ToBf16x2(sa[j]);
-          const __nv_bfloat162 s_b = Ue8m0ToBf16x2(sb[j]);
+          if constexpr (kPermuted) {
+            __nv_bfloat162 s_a, s_b;
+            if constexpr (kNv) {
+              // Byte 2j + quad / 2 of the k-tile's 16.
+              const int sh = nv_shift + 16 * (j % 2);
+              s_a = E4m3ToBf16x2(((&sa4.x)[j / 2] >> sh) & 0xFFu);
+              s_b = E4m3ToBf16x2(((&sb4.x)[j / 2] >> sh) & 0xFFu);
+            } else {
+              s_a = Ue8m0ToBf16x2(sa[j]);
+              s_b = Ue8m0ToBf16x2(sb[j]);
+            }
+            const uint32_t wa = LdShared32(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4) + 4 * quad);
+            const uint32_t wb = LdShared32(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4) + 4 * quad);
+            const uint4 d_a = DecodeE2m1Pairs(wa, s_a);
+            const uint4 d_b = DecodeE2m1Pairs(wb, s_b);
+            uint32_t f0[4] = {d_a.x, d_b.x, d_a.y, d_b.y};
+            uint32_t f1[4] = {d_a.z, d_b.z, d_a.w, d_b.w};
+            const uint32_t b_addr = a_base + (j / 2) * TT * kMoeGemmTmaBoxBytes + (j % 2) * 64;
+            uint64_t desc0 = Desc(b_addr), desc1 = Desc(b_addr + 32);
+            PinRegs(f0, f1, desc0, desc1);
+            WgmmaFence();
+            Mma::Mma(acc, f0, desc0, 1);
+            Mma::Mma(acc, f1, desc1, 1);
+            WgmmaCommit();
+            WgmmaWait<1>();
+            if (j == 0 && prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
+            continue;
+          }
+          __nv_bfloat162 s_a0, s_a1, s_b0, s_b1;
+          if constexpr (kNv) {
+            // Bytes 2j and 2j+1: the blocks of elements 0-15 and 16-31.
+            const uint32_t wa = (&sa4.x)[j / 2] >> (16 * (j % 2));
+            const uint32_t wb = (&sb4.x)[j / 2] >> (16 * (j % 2));
+            const __nv_bfloat162 va = E4m3x2ToBf16x2(wa), vb = E4m3x2ToBf16x2(wb);
+            s_a0 = __low2bfloat162(va);
+            s_a1 = __high2bfloat162(va);
+            s_b0 = __low2bfloat162(vb);
+            s_b1 = __high2bfloat162(vb);
+          } else {
+            s_a0 = s_a1 = Ue8m0ToBf16x2(sa[j]);
+            s_b0 = s_b1 = Ue8m0ToBf16x2(sb[j]);
+          }
           const uint4 q_a = LdShared128(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4));
           const uint4 q_b = LdShared128(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4));
-          const uint4 d_a = DecodeE2m1x8(GatherByte(q_a, sel), s_a);
-          const uint4 d_b = DecodeE2m1x8(GatherByte(q_b, sel), s_b);
+          // The gathered word holds elements 2c, 2c+1 of words 0-3: words 0-1 are the
+          // block's elements 0-15, words 2-3 its elements 16-31.
+          const uint4 d_a = DecodeE2m1x8(GatherByte(q_a, sel), s_a0, s_a1);
+          const uint4 d_b = DecodeE2m1x8(GatherByte(q_b, sel), s_b0, s_b1);
           // k16 steps 2j and 2j+1 of the k-tile: elements 2c.., 8+2c.. of each half.
           uint32_t f0[4] = {d_a.x, d_b.x, d_a.y, d_b.y};
           uint32_t f1[4] = {d_a.z, d_b.z, d_a.w, d_b.w};
@@ -201,10 +341,15 @@ struct MoeGemmFp4 {
         }
         prev = ring.s;
         ring.Advance();
+        if constexpr (kNv) {
+          sa4 = na4;
+          sb4 = nb4;
+        } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          sa[j] = na[j];
-          sb[j] = nb[j];
+          for (int j = 0; j < 8; ++j) {
+            sa[j] = na[j];
+            sb[j] = nb[j];
+          }
         }
       }
       WgmmaWait<0>();
@@ -233,6 +378,119 @@ struct MoeGemmFp4 {
     }
   }
 
+  // The converters (warps 1-3 of the producer warpgroup, plus a warpgroup of their own in
+  // large one-per-SM tiles; ct = 0 .. kConverters - 1): for every stage the producer
+  // fills, decode the raw activations (mxfp8: e4m3 x ue8m0 per 32; nvfp4: e2m1 x e4m3 per 16) into the bf16
+  // panels the consumers' wgmma reads, in the permuted k order (kPermuted): within each
+  // 32-element block, 8-element chunk m (m = 0..3) holds the pairs (element 8c + m,
+  // element 8c + m + 4) for c = 0..3. Each thread owns fixed (row, block) items of the
+  // tile; the scale bytes are loaded before waiting for the stage. Rows past T read the
+  // last row's scales (their outputs are never stored); blocks past K are not decoded
+  // (the consumers skip them).
+  __device__ static void Convert(const MoeGemmParams& p, int64_t tiles, int64_t m_tiles,
+                                 int64_t n_tiles, int num_kt, const int* off, const int* pre,
+                                 uint32_t smem_base, uint32_t full_bar, uint32_t conv_bar,
+                                 int ct) {
+    constexpr int kScaleBlock = AF == kMxfp8 ? 32 : 16;
+    const int sk = p.k / kScaleBlock;  // scale bytes per token row
+    const uint8_t* a_scale = static_cast<const uint8_t*>(p.a_scale);
+    StageRing<ST> ring;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const MoeTile t = TileAt(tile, m_tiles, n_tiles, p.num_experts, TT, off, pre);
+      for (int kt = 0; kt < num_kt; ++kt) {
+        const int k_rem = p.k - kt * kMoeGemmFp4KTile;
+        uint32_t sc[kConvItems];
+#pragma unroll
+        for (int q = 0; q < kConvItems; ++q) {
+          const int item = ct + q * kConverters;
+          const int r = item / 8, jb = item % 8;
+          sc[q] = 0;
+          if (AF != kBf16 && item < TT * 8 && jb * 32 < k_rem) {
+            const int row = min(t.row_begin + r, p.num_tokens - 1);
+            const uint8_t* srow = a_scale + static_cast<int64_t>(row) * sk +
+                                  (kt * kMoeGemmFp4KTile + jb * 32) / kScaleBlock;
+            sc[q] = kRawBoxes == 2 ? __ldg(srow) : __ldg(srow) | (__ldg(srow + 1) << 8);
+          }
+        }
+        MbarWait(full_bar + 8 * ring.s, ring.phase);
+        const uint32_t a_base = smem_base + ring.s * L.stage_bytes + L.w_stage_bytes;
+        const uint32_t raw_base = a_base + L.a_stage_bytes;
+#pragma unroll
+        for (int q = 0; q < kConvItems; ++q) {
+          const int item = ct + q * kConverters;
+          const int r = item / 8, jb = item % 8;
+          if (item >= TT * 8 || jb * 32 >= k_rem) continue;
+          uint32_t out[4][4];  // [chunk m][pair c]
+          if constexpr (AF == kBf16) {
+            // 32 bf16 = four 16-byte chunks of box jb / 2: words w = elements 2w, 2w+1.
+            const uint32_t box = raw_base + (jb / 2) * TT * kMoeGemmTmaBoxBytes + r * 128;
+            uint32_t w[16];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const uint4 v = LdShared128(box + (((4 * (jb % 2) + i) ^ (r & 7)) << 4));
+              w[4 * i] = v.x;
+              w[4 * i + 1] = v.y;
+              w[4 * i + 2] = v.z;
+              w[4 * i + 3] = v.w;
+            }
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                // Element 8c + m: word 4c + m / 2; element 8c + m + 4: two words on.
+                out[m][c] = Prmt(w[4 * c + m / 2], w[4 * c + 2 + m / 2],
+                                 m % 2 ? 0x7632u : 0x5410u);
+              }
+            }
+          } else if constexpr (kRawBoxes == 2) {
+            // 32 e4m3 = two 16-byte chunks of box jb / 4: words w = elements 4w..4w+3.
+            const uint32_t box = raw_base + (jb / 4) * TT * kMoeGemmTmaBoxBytes + r * 128;
+            const int c0 = 2 * (jb % 4);
+            const uint4 lo = LdShared128(box + ((c0 ^ (r & 7)) << 4));
+            const uint4 hi = LdShared128(box + (((c0 + 1) ^ (r & 7)) << 4));
+            const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            const __nv_bfloat162 s = Ue8m0ToBf16x2(sc[q]);
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                // Byte m of words 2c and 2c + 1: elements 8c + m and 8c + m + 4.
+                const uint32_t two = Prmt(w[2 * c], w[2 * c + 1], m | ((4 + m) << 4));
+                out[m][c] = Bits(__hmul2(E4m3x2ToBf16x2(two), s));
+              }
+            }
+          } else {
+            // 32 e2m1 = one 16-byte chunk; words 0-1 take the first 16-element block's
+            // scale, words 2-3 the second's.
+            const uint4 raw = LdShared128(raw_base + r * 128 + ((jb ^ (r & 7)) << 4));
+            const __nv_bfloat162 v = E4m3x2ToBf16x2(sc[q]);
+            const __nv_bfloat162 s0 = __low2bfloat162(v), s1 = __high2bfloat162(v);
+            const uint4 d[4] = {DecodeE2m1Pairs(raw.x, s0), DecodeE2m1Pairs(raw.y, s0),
+                                DecodeE2m1Pairs(raw.z, s1), DecodeE2m1Pairs(raw.w, s1)};
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              out[0][c] = d[c].x;
+              out[1][c] = d[c].y;
+              out[2][c] = d[c].z;
+              out[3][c] = d[c].w;
+            }
+          }
+          // Block jb is 64 bytes of bf16 panel jb / 2, from chunk 4 * (jb % 2).
+          const uint32_t dst = a_base + (jb / 2) * TT * kMoeGemmTmaBoxBytes + r * 128;
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            StShared128(dst + (((4 * (jb % 2) + m) ^ (r & 7)) << 4),
+                        make_uint4(out[m][0], out[m][1], out[m][2], out[m][3]));
+          }
+        }
+        // The panels are read next by wgmma (the async proxy).
+        FenceProxyAsync();
+        MbarArrive(conv_bar + 8 * ring.s);
+        ring.Advance();
+      }
+    }
+  }
+
   // Tokens first_tok .. first_tok + kEpTokens - 1 of the tile, staged in ep.
   __device__ static void StoreFromShared(const MoeGemmParams& p, const MoeTile& t,
                                          const float* ep, int first_tok) {
@@ -241,6 +499,12 @@ struct MoeGemmFp4 {
       if (p.alpha != nullptr) q.alpha = __ldg(p.alpha + t.e);
       if (p.beta != nullptr) q.beta = __ldg(p.beta + t.e);
       if (p.limit != nullptr) q.limit = __ldg(p.limit + t.e);
+    }
+    // nvfp4's global scales (null = 1); mxfp4 has none.
+    float gs = 1.0f;
+    if constexpr (kNv) {
+      if (p.a_global_scale != nullptr) gs *= __ldg(p.a_global_scale);
+      if (p.b_global_scale != nullptr) gs *= __ldg(p.b_global_scale + t.e);
     }
     constexpr int kOutCols = kGated ? W / 2 : W;
     constexpr int kGroups = kOutCols / 8;
@@ -257,11 +521,11 @@ struct MoeGemmFp4 {
       for (int i = 0; i < 4; ++i) {
         float v0, v1;
         if constexpr (kGated) {
-          v0 = Act<ACT>(x0[2 * i], x0[kOutCols + 2 * i], q);
-          v1 = Act<ACT>(x0[2 * i + 1], x0[kOutCols + 2 * i + 1], q);
+          v0 = Act<ACT>(x0[2 * i] * gs, x0[kOutCols + 2 * i] * gs, q);
+          v1 = Act<ACT>(x0[2 * i + 1] * gs, x0[kOutCols + 2 * i + 1] * gs, q);
         } else {
-          v0 = Act<ACT>(x0[2 * i], 0.0f, q);
-          v1 = Act<ACT>(x0[2 * i + 1], 0.0f, q);
+          v0 = Act<ACT>(x0[2 * i] * gs, 0.0f, q);
+          v1 = Act<ACT>(x0[2 * i + 1] * gs, 0.0f, q);
         }
         packed[i] = Bits(__floats2bfloat162_rn(v0, v1));
       }
@@ -274,7 +538,8 @@ struct MoeGemmFp4 {
 }  // namespace
 }  // namespace cubist::moe
 
-using MoeFp4Kernel = cubist::moe::MoeGemmFp4<cubist::moe::MOE_ACT, MOE_TM, MOE_TN, MOE_STAGES>;
+using MoeFp4Kernel = cubist::moe::MoeGemmFp4<cubist::moe::MOE_WFMT, cubist::moe::MOE_AFMT,
+                                             cubist::moe::MOE_ACT, MOE_TM, MOE_TN, MOE_STAGES>;
 
 extern "C" __global__ void __launch_bounds__(MoeFp4Kernel::kThreads,
                                              MoeFp4Kernel::L.ctas_per_sm)

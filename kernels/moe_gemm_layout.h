@@ -180,22 +180,40 @@ CUBIST_HD constexpr MoeGemmTmaLayout MakeTmaLayout(MoeFormat w, MoeFormat a, int
 }
 
 // ---------------------------------------------------------------------------------
-// Version-2 fp4-weight kernels: kernels/moe_gemm_fp4.cu (mxfp4 x bf16). The weights stay
-// packed in shared memory and each consumer decodes its 64 rows straight into wgmma's A
-// registers; the tokens are the MMA's N (tile_m of the problem, 8 to 128), the weight rows
-// its M (tile_n of the problem, 64 per consumer). A k-tile is 256 elements: 128 bytes of
-// packed weights per row (one TMA box row) and four 64-element panels of activations.
-//   [stages x (weights W x 128 B, activations 4 x TT x 128 B)] [mbarriers]
-//   [offsets, tile prefix] [epilogue min(TT, 64) x W fp32]
-// (The weights' ue8m0 scales are read from global memory, one k-tile ahead.)
+// Version-2 fp4-weight kernels: kernels/moe_gemm_fp4.cu (mxfp4 x bf16, mxfp4 x mxfp8,
+// nvfp4 x nvfp4). The weights stay packed in shared memory and each consumer decodes its
+// 64 rows straight into wgmma's A registers; the tokens are the MMA's N (tile_m of the
+// problem, 8 to 128), the weight rows its M (tile_n of the problem, 64 per consumer). A
+// k-tile is 256 elements: 128 bytes of packed weights per row (one TMA box row) and four
+// 64-element bf16 panels of activations. Activations in mxfp8 or nvfp4 arrive raw (two or
+// one 128-byte boxes per row) and the producer warpgroup's three idle warps convert them
+// into the bf16 panels, signalling a third barrier per stage.
+//   [stages x (weights W x 128 B, bf16 activations 4 x TT x 128 B, raw activations)]
+//   [mbarriers: full, empty, converted (raw activations only)] [offsets, tile prefix] [epilogue min(TT, 64) x W fp32]
+// (The weights' block scales are read from global memory, one k-tile ahead.)
 inline constexpr int kMoeGemmFp4KTile = 256;
+
+// bf16 activations of tiles with at most this many tokens also go through the converter,
+// which then only permutes them into the order of the cheaper weight decode. Measured on
+// the H200 (docs/benchmarks.md): 8 tokens gain 15-17%, 16 tokens lose 15%, 32 tie.
+inline constexpr int kFp4PermutedBf16MaxTokens = 8;
+
+// Raw 128-byte boxes per row and k-tile of activations the converter decodes or permutes
+// (0: bf16 copied by TMA straight into the panels).
+CUBIST_HD constexpr int Fp4RawBoxes(MoeFormat a, int tile_m) {
+  return a == kMxfp8 ? 2
+         : a == kNvfp4 ? 1
+         : a == kBf16 && tile_m <= kFp4PermutedBf16MaxTokens ? 4
+                                                              : 0;
+}
 
 struct MoeGemmFp4Layout {
   int tile_m = 0, tile_n = 0, stages = 0;
   int consumers = 0, threads = 0, ctas_per_sm = 1;
-  int w_stage_bytes = 0, a_stage_bytes = 0, stage_bytes = 0;
+  int converters = 0;  // threads that decode raw activations (0: none)
+  int w_stage_bytes = 0, a_stage_bytes = 0, raw_stage_bytes = 0, stage_bytes = 0;
   int barrier_offset = 0, sched_offset = 0, epilogue_offset = 0;
-  int epilogue_tokens = 0;  // tokens the epilogue stages at a time (at most 64)
+  int epilogue_tokens = 0;  // tokens the epilogue stages at a time (at most 64, or 32)
   int smem_bytes = 0;
   const char* error = nullptr;
 };
@@ -210,15 +228,28 @@ CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int
   l.threads = 128 * (l.consumers + 1);
   l.w_stage_bytes = tile_n * kMoeGemmTmaBoxBytes;
   l.a_stage_bytes = 4 * tile_m * kMoeGemmTmaBoxBytes;
-  l.stage_bytes = l.w_stage_bytes + l.a_stage_bytes;
+  l.raw_stage_bytes = Fp4RawBoxes(a, tile_m) * tile_m * kMoeGemmTmaBoxBytes;
+  l.stage_bytes = l.w_stage_bytes + l.a_stage_bytes + l.raw_stage_bytes;
   l.barrier_offset = stages * l.stage_bytes;
-  l.sched_offset = l.barrier_offset + RoundUp(2 * stages * 8, 128);
+  // bf16 activations need no converted barrier.
+  l.sched_offset = l.barrier_offset + RoundUp((l.raw_stage_bytes > 0 ? 3 : 2) * stages * 8, 128);
   l.epilogue_offset = l.sched_offset + kMoeGemmTmaSchedBytes;
-  l.epilogue_tokens = tile_m < 64 ? tile_m : 64;
+  // At most 64 tokens at a time; 32 where raw activations take stage space (a third
+  // pipeline stage for 64 tokens of mxfp8).
+  const int ep_max = l.raw_stage_bytes > 0 ? 32 : 64;
+  l.epilogue_tokens = tile_m < ep_max ? tile_m : ep_max;
   l.smem_bytes = kSmemAlign + l.epilogue_offset + l.epilogue_tokens * tile_n * 4;
   l.ctas_per_sm = 2 * (l.smem_bytes + 1024) <= 233472 ? 2 : 1;
-  if (!(w == kMxfp4 && a == kBf16)) {
-    l.error = "fp4 TMA kernels take mxfp4 x bf16";
+  // Raw activations are converted by the producer warpgroup's three idle warps; a CTA
+  // alone on its SM with 32 or more tokens (whose activation tile is as large as a
+  // quarter of the weights') adds a warpgroup of converters.
+  if (l.raw_stage_bytes > 0) {
+    const bool extra = l.ctas_per_sm == 1 && tile_m >= 32;
+    l.converters = extra ? 96 + 128 : 96;
+    l.threads += extra ? 128 : 0;
+  }
+  if (!((w == kMxfp4 && (a == kBf16 || a == kMxfp8)) || (w == kNvfp4 && a == kNvfp4))) {
+    l.error = "fp4 TMA kernels take mxfp4 x bf16, mxfp4 x mxfp8 or nvfp4 x nvfp4";
   } else if (tile_m != 8 && tile_m != 16 && tile_m != 32 && tile_m != 64 && tile_m != 128) {
     l.error = "tile_m (tokens) must be 8, 16, 32, 64 or 128";
   } else if (tile_n != 64 && tile_n != 128) {

@@ -92,13 +92,13 @@ void PrintFp4(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int 
   }
   if (l.error != nullptr) return PrintError(l.error);
   PrintOk(wf, af, ac,
-          {l.stages, l.threads, l.smem_bytes, "wgmma.bf16 (A in registers)", false, true,
+          {l.stages, l.threads, l.smem_bytes, "wgmma.bf16 (A in registers)", af != kBf16, true,
            l.ctas_per_sm, ",\"fp4\":true"});
 }
 
 void PrintTma(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int tk,
               int stages) {
-  if (wf == kMxfp4) {
+  if (wf == kMxfp4 || wf == kNvfp4) {
     PrintFp4(wf, af, ac, tm, tn, tk, stages);
     return;
   }

@@ -81,8 +81,8 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->name, "moe-gemm-sm90a");
   EXPECT_EQ(m->version, 3);
-  ASSERT_EQ(m->kernels.size(), 5u);  // the --small preset
-  ASSERT_EQ(m->artifacts.size(), 5u);
+  ASSERT_EQ(m->kernels.size(), 6u);  // the --small preset
+  ASSERT_EQ(m->artifacts.size(), 6u);
   std::set<std::string> formats;
   for (const KernelSpec& k : m->kernels) {
     SCOPED_TRACE(k.name);
@@ -95,9 +95,14 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
     EXPECT_EQ(k.artifact, "cubins/sm_90a/" + k.name + ".cubin");
     EXPECT_EQ(k.cluster, (std::array<int, 3>{1, 1, 1}));
     // 128 per 64 rows; kernels that decode fp4 in registers have at least 256; TMA
-    // kernels add a producer warpgroup.
+    // kernels add a producer warpgroup, and fp4 TMA kernels swap the operands (64 weight
+    // rows, tile_n, per consumer).
     const bool decoded = k.weight_format == "mxfp4" || k.weight_format == "nvfp4";
-    EXPECT_EQ(k.threads, tma ? (k.tile_m / 64 + 1) * 128 : decoded ? 256 : k.tile_m / 64 * 128);
+    const bool fp4_tma = tma && decoded;
+    EXPECT_EQ(k.threads, fp4_tma ? (k.tile_n / 64 + 1) * 128
+                         : tma   ? (k.tile_m / 64 + 1) * 128
+                         : decoded ? 256
+                                   : k.tile_m / 64 * 128);
     EXPECT_GT(k.shared_mem_bytes, 48 * 1024);
     EXPECT_LE(k.shared_mem_bytes, moe::kMaxDynamicSmem);
     EXPECT_GE(k.stages, 3);
@@ -109,7 +114,13 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
     EXPECT_EQ(k.extras.at("n_multiple"), gated ? "16" : "8");
     EXPECT_THAT(k.extras.at("k_multiple"), ::testing::AnyOf("8", "16", "32"));
     EXPECT_THAT(k.extras.at("grid"), HasSubstr("MoeGemmMaxMTiles"));
-    if (tma) {
+    if (fp4_tma) {
+      // nvfp4 x nvfp4, 8 tokens: 22 KiB stages, two CTAs per SM.
+      EXPECT_THAT(k.extras.at("grid"), HasSubstr("MoeGemmPersistentGridFor"));
+      EXPECT_EQ(k.extras.at("ctas_per_sm"), "2");
+      EXPECT_EQ(k.stages, 4);
+      EXPECT_THAT(k.extras.at("decode"), HasSubstr("activations"));
+    } else if (tma) {
       EXPECT_THAT(k.extras.at("grid"), HasSubstr("MoeGemmPersistentGridFor"));
       EXPECT_EQ(k.extras.at("max_experts"), "1024");
       EXPECT_EQ(k.extras.at("ctas_per_sm"), "1");  // 128-row tiles: one per SM
@@ -117,7 +128,8 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
     }
     EXPECT_THAT(k.extras.at("mma"), HasSubstr("wgmma"));
   }
-  EXPECT_EQ(formats, (std::set<std::string>{"bf16xbf16", "mxfp4xbf16", "fp8xfp8"}));
+  EXPECT_EQ(formats,
+            (std::set<std::string>{"bf16xbf16", "mxfp4xbf16", "fp8xfp8", "nvfp4xnvfp4"}));
 }
 
 TEST_F(MoeArtifactsTest, ArtifactsMatchTheirHashesAndSizes) {
@@ -178,10 +190,12 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_mxfp4_bf16_geglu_m64n128k128\n"
             "moe_gemm_tma_mxfp4_bf16_geglu_m64n128k256\n"
             "moe_gemm_mxfp4_mxfp8_swiglu_m64n128k128\n"
-            "moe_gemm_mxfp4_mxfp8_geglu_m64n128k128\n");
+            "moe_gemm_tma_mxfp4_mxfp8_swiglu_m64n128k256\n"
+            "moe_gemm_mxfp4_mxfp8_geglu_m64n128k128\n"
+            "moe_gemm_tma_mxfp4_mxfp8_geglu_m64n128k256\n");
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
-  // The whole family: 95 generation-1 kernels, 65 generation-2 (TMA) ones.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 160);
+  // The whole family: 95 generation-1 kernels, 110 generation-2 (TMA) ones.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 205);
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --generation 2 "
                        "--formats fp8 --activations relu2 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
