@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Plots bench/moe_bench.py's CSV: per shape, our tuned best and our untuned choice as a
 ratio of the baseline's time (above 1 = ours faster), one panel per format pair and
-activation that has a baseline.
+activation that has a baseline. With --fp4: per decode shape, each FP4 pair's time as a
+multiple of the measured bytes floor (a copy of its weight and scale bytes), one panel per
+activation, with the 1.5x target.
 
-  python3 bench/plot_moe.py compare.csv moe_bench.png
+  python3 bench/plot_moe.py [--fp4] compare.csv out.png
 """
 import csv
 import sys
@@ -14,7 +16,40 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def plot_fp4(path, out):
+    rows = [r for r in csv.DictReader(open(path))
+            if r["floor_us"] not in ("", "None") and "decode" in r["shape"]]
+    acts = sorted({r["act"] for r in rows})
+    pairs = sorted({r["pair"] for r in rows})
+    if not rows:
+        print("plot_moe: no FP4 decode row with a floor", file=sys.stderr)
+        return 1
+    fig, axes = plt.subplots(1, len(acts), figsize=(5.5 * len(acts), 4), squeeze=False)
+    for ax, act in zip(axes[0], acts):
+        shapes = sorted({r["shape"] for r in rows if r["act"] == act})
+        width = 0.8 / len(pairs)
+        for j, pair in enumerate(pairs):
+            by_shape = {r["shape"]: r for r in rows if r["act"] == act and r["pair"] == pair}
+            xs = [i + (j - (len(pairs) - 1) / 2) * width for i in range(len(shapes))]
+            ys = [float(by_shape[s]["best_us"]) / float(by_shape[s]["floor_us"])
+                  if s in by_shape else 0 for s in shapes]
+            ax.bar(xs, ys, width=width, label=pair)
+        ax.axhline(1.5, color="red", linewidth=0.8, linestyle="--", label="target 1.5x")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(list(range(len(shapes))))
+        ax.set_xticklabels(shapes)
+        ax.set_title(f"FP4 decode, {act}", fontsize=9)
+        ax.set_ylabel("time / copy of the weight + scale bytes")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("FP4 moe_gemm decode on the H200 (median, L2 flushed; floor in the same run)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    return 0
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--fp4":
+        return plot_fp4(sys.argv[2], sys.argv[3])
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2

@@ -118,6 +118,14 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
   k.activation = ToAbi(*act);
   k.tile_m = spec.tile_m;
   k.tile_n = spec.tile_n;
+  if (spec.cluster[1] != 1 || spec.cluster[2] != 1 || spec.cluster[0] < 1 ||
+      spec.cluster[0] > 2 || (spec.abi == moe::kMoeGemmAbiV1 && spec.cluster[0] != 1)) {
+    return bad("cluster", absl::StrCat("[", spec.cluster[0], ", ", spec.cluster[1], ", ",
+                                       spec.cluster[2],
+                                       "]; moe_gemm kernels take [1, 1, 1] or (version 2) "
+                                       "[2, 1, 1]"));
+  }
+  k.cluster = spec.cluster[0];
   if (auto it = spec.extras.find("ctas_per_sm"); it != spec.extras.end()) {
     int v = 0;
     if (!absl::SimpleAtoi(it->second, &v) || v < 1 || v > 32) {
@@ -149,11 +157,14 @@ absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
   const MapKey b_key{reinterpret_cast<uint64_t>(p.b),
                      static_cast<uint64_t>(p.num_experts) * static_cast<uint64_t>(p.n),
                      row_bytes(k.weight_format), elem_bytes(k.weight_format),
-                     static_cast<uint32_t>(moe::MoeGemmTmaBRows(k.tile_n, k.activation))};
+                     static_cast<uint32_t>(moe::MoeGemmTmaBRows(k.tile_n, k.activation) /
+                                           k.cluster)};
   CUBIST_RETURN_IF_ERROR(EncodeMap(driver, a_key, "a", &out->params.a_map));
   CUBIST_RETURN_IF_ERROR(EncodeMap(driver, b_key, "b", &out->params.b_map));
   out->grid = moe::MoeGemmPersistentGridFor(p, k.activation, k.tile_m, k.tile_n, sm_count,
                                             k.ctas_per_sm);
+  // A whole number of clusters (the kernel walks tile pairs with stride gridDim.x / 2).
+  out->grid.x = (out->grid.x + k.cluster - 1) / k.cluster * k.cluster;
   return absl::OkStatus();
 }
 

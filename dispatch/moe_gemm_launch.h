@@ -36,6 +36,9 @@ struct MoeGemmKernelInfo {
   int32_t tile_m = 0;
   int32_t tile_n = 0;
   int32_t ctas_per_sm = 1;  // version 2: extras "ctas_per_sm" (default 1)
+  // CTAs per cluster along x (version 2: 1, or 2 for kernels that multicast B to two
+  // adjacent M tiles; each CTA's B box is then tile_n / cluster rows).
+  int32_t cluster = 1;
 };
 
 // InvalidArgument naming the field when the entry is not a moe_gemm kernel this build can

@@ -33,14 +33,18 @@
     !defined(MOE_STAGES) || !defined(MOE_NAME)
 #error "define MOE_FMT MOE_ACT MOE_TM MOE_TN MOE_STAGES MOE_NAME"
 #endif
+#ifndef MOE_CLUSTER
+#define MOE_CLUSTER 1  // CTAs per cluster along M (1 or 2)
+#endif
 
 namespace cubist::moe {
 namespace {
 
 // ---------------------------------------------------------------------------------
 
-template <MoeFormat F, MoeActivation ACT, int TM, int TN, int ST>
+template <MoeFormat F, MoeActivation ACT, int TM, int TN, int ST, int CL>
 struct MoeGemmTma {
+  static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 CTAs along M");
   static constexpr MoeGemmTmaLayout L = MakeTmaLayout(F, F, TM, TN, ST);
   static_assert(L.error == nullptr, "invalid moe_gemm_tma configuration (moe_gemm_layout.h)");
   static constexpr int kThreads = L.threads;
@@ -55,6 +59,10 @@ struct MoeGemmTma {
   // Two consumers (384 threads, at most 168 registers each at entry) move registers from
   // the producer to the consumers; one consumer fits its accumulators without that.
   static constexpr bool kSetMaxNreg = kConsumers == 2;
+  // Clusters of two CTAs (CL = 2) take adjacent M tiles of one expert and the same N tile:
+  // each loads its own A and half of B, multicast to both, so B crosses from L2 once per
+  // pair. A stage is then free only when the consumers of both CTAs have released it.
+  static constexpr int kBShare = kBRows / CL;  // B rows this CTA loads per box
 
   using Tile = MoeTile;
 
@@ -72,8 +80,12 @@ struct MoeGemmTma {
     // The host refuses larger E (MoeGemmCheck); a kernel launched anyway writes nothing.
     if (E < 1 || E > kMoeGemmTmaMaxExperts) return;
 
+    // Clusters schedule pairs of M tiles (TM * CL rows); the CTA of rank r takes the r-th.
     const int64_t m_tiles =
-        PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers, TM, off, pre);
+        PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers * CL, TM * CL, off, pre);
+    const uint32_t rank = CL > 1 ? ClusterRank() : 0;
+    // The peer's barriers are initialised before any multicast or remote arrival.
+    if constexpr (CL > 1) ClusterSync();
     const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, TN);
     const int64_t tiles = m_tiles * n_tiles;
     const int num_kt = (p.k + kBoxElems - 1) / kBoxElems;
@@ -81,10 +93,15 @@ struct MoeGemmTma {
 
     if (wg == 0) {
       if constexpr (kSetMaxNreg) SetMaxRegsDec<L.producer_regs>();
-      if (threadIdx.x != 0) return;
+      if (threadIdx.x != 0) {
+        // No CTA leaves while its peer may still multicast into it or arrive on it.
+        if constexpr (CL > 1) ClusterSync();
+        return;
+      }
       StageRing<ST> ring;
-      for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const Tile t = TileAt(tile, m_tiles, n_tiles, E, TM, off, pre);
+      for (int64_t tile = blockIdx.x / CL; tile < tiles; tile += gridDim.x / CL) {
+        Tile t = TileAt(tile, m_tiles, n_tiles, E, TM * CL, off, pre);
+        t.row_begin += rank * TM;
         const int b_row = t.e * p.n + t.n_tile * kBRows;
         for (int kt = 0; kt < num_kt; ++kt) {
           // A fresh barrier's preceding phase counts as complete: the first pass is free.
@@ -94,15 +111,26 @@ struct MoeGemmTma {
           const uint32_t b_dst = a_dst + L.a_stage_bytes;
           MbarArriveExpectTx(full, kStageTx);
           TmaLoad2d(a_dst, &pv.a_map, kt * kBoxElems, t.row_begin, full);
-          TmaLoad2d(b_dst, &pv.b_map, kt * kBoxElems, b_row, full);
-          if constexpr (kGated) {
-            // The gate half: rows N/2 further down the expert's B.
-            TmaLoad2d(b_dst + kBRows * kMoeGemmTmaBoxBytes, &pv.b_map, kt * kBoxElems,
-                      b_row + p.n / 2, full);
+          if constexpr (CL == 1) {
+            TmaLoad2d(b_dst, &pv.b_map, kt * kBoxElems, b_row, full);
+            if constexpr (kGated) {
+              // The gate half: rows N/2 further down the expert's B.
+              TmaLoad2d(b_dst + kBRows * kMoeGemmTmaBoxBytes, &pv.b_map, kt * kBoxElems,
+                        b_row + p.n / 2, full);
+            }
+          } else {
+            const uint32_t share = rank * kBShare;
+            TmaLoad2dMulticast(b_dst + share * kMoeGemmTmaBoxBytes, &pv.b_map, kt * kBoxElems,
+                               b_row + share, full, 0x3);
+            if constexpr (kGated) {
+              TmaLoad2dMulticast(b_dst + (kBRows + share) * kMoeGemmTmaBoxBytes, &pv.b_map,
+                                 kt * kBoxElems, b_row + p.n / 2 + share, full, 0x3);
+            }
           }
           ring.Advance();
         }
       }
+      if constexpr (CL > 1) ClusterSync();
       return;
     }
 
@@ -112,8 +140,15 @@ struct MoeGemmTma {
     const uint32_t a_off = ci * 64 * kMoeGemmTmaBoxBytes;
     StageRing<ST> pipe;  // persists across tiles
     float acc[kRegs];
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const Tile t = TileAt(tile, m_tiles, n_tiles, E, TM, off, pre);
+    // A stage is released to this CTA's producer and, in a cluster, to the peer's, whose
+    // multicast also writes it.
+    auto release = [=](int stage) {
+      MbarArrive(empty_bar + 8 * stage);
+      if constexpr (CL > 1) MbarArriveCluster(empty_bar + 8 * stage, rank ^ 1);
+    };
+    for (int64_t tile = blockIdx.x / CL; tile < tiles; tile += gridDim.x / CL) {
+      Tile t = TileAt(tile, m_tiles, n_tiles, E, TM * CL, off, pre);
+      t.row_begin += rank * TM;  // rows past the expert's end are computed, never stored
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
       if constexpr (!kFp8) {
@@ -125,13 +160,13 @@ struct MoeGemmTma {
           Issue(smem_base + pipe.s * L.stage_bytes, a_off, acc, true);
           WgmmaWait<1>();
           FenceRegs(acc);
-          if (prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
+          if (prev >= 0 && signals) release(prev);
           prev = pipe.s;
           pipe.Advance();
         }
         WgmmaWait<0>();
         FenceRegs(acc);
-        if (prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
+        if (prev >= 0 && signals) release(prev);
       } else if constexpr (F == kFp8Block) {
         // fp8-block: each 128-deep k-tile is summed by the tensor cores into a fresh
         // partial and promoted into fp32 with DeepSeek's block scales, loaded one k-tile
@@ -146,7 +181,7 @@ struct MoeGemmTma {
           const Scales next = LoadScales(p, t, ci, kt + 1 < num_kt ? kt + 1 : kt);
           WgmmaWait<0>();
           FenceRegs(part);
-          if (signals) MbarArrive(empty_bar + 8 * pipe.s);
+          if (signals) release(pipe.s);
           Promote(hi_mask, sc, acc, part);
           sc = next;
           pipe.Advance();
@@ -171,7 +206,7 @@ struct MoeGemmTma {
             WgmmaWait<0>();
           }
           FenceRegs(part0);
-          if (signals) MbarArrive(empty_bar + 8 * s0);
+          if (signals) release(s0);
 #pragma unroll
           for (int i = 0; i < kRegs; ++i) acc[i] += part0[i];
           if (kt + 1 >= num_kt) break;
@@ -185,13 +220,14 @@ struct MoeGemmTma {
             WgmmaWait<0>();
           }
           FenceRegs(part1);
-          if (signals) MbarArrive(empty_bar + 8 * s1);
+          if (signals) release(s1);
 #pragma unroll
           for (int i = 0; i < kRegs; ++i) acc[i] += part1[i];
         }
       }
       StoreTile<F, ACT, TN>(p, t.e, t.row_begin + ci * 64, t.row_end, t.n_tile, acc);
     }
+    if constexpr (CL > 1) ClusterSync();
   }
 
   // Issues the wgmma of one stage (at `stage`; this consumer's A rows at a_off) into d,
@@ -274,13 +310,20 @@ struct MoeGemmTma {
 
 using MoeTmaKernel =
     cubist::moe::MoeGemmTma<cubist::moe::MOE_FMT, cubist::moe::MOE_ACT, MOE_TM, MOE_TN,
-                            MOE_STAGES>;
+                            MOE_STAGES, MOE_CLUSTER>;
 
 // One CTA per SM caps two-consumer kernels at 168 registers at entry, below the setmaxnreg
 // targets as setmaxnreg requires; one-consumer kernels ask for the CTAs per SM their
 // shared memory allows.
-extern "C" __global__ void __launch_bounds__(MoeTmaKernel::kThreads,
-                                             MoeTmaKernel::L.ctas_per_sm)
+// Cluster kernels carry their cluster shape, so that a launch without it fails instead of
+// running without a peer.
+#if MOE_CLUSTER > 1
+#define MOE_CLUSTER_DIMS __cluster_dims__(MOE_CLUSTER, 1, 1)
+#else
+#define MOE_CLUSTER_DIMS
+#endif
+extern "C" __global__ void MOE_CLUSTER_DIMS __launch_bounds__(MoeTmaKernel::kThreads,
+                                                              MoeTmaKernel::L.ctas_per_sm)
     MOE_NAME(const __grid_constant__ cubist::moe::MoeGemmParamsV2 p) {
   MoeTmaKernel::Run(p);
 }

@@ -54,6 +54,34 @@ __device__ __forceinline__ void TmaPrefetchMap(const MoeTensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map))
                : "memory");
 }
+// 2-D tile copy multicast to the CTAs of the cluster in cta_mask: each receives the box
+// at the same shared-memory offset and its own mbarrier (same offset) gets the bytes.
+__device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const MoeTensorMap* map,
+                                                   int32_t c0, int32_t c1, uint32_t bar,
+                                                   uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every CTA of the cluster; not .aligned, so that threads of one warp may
+// reach it from different places (the producer warp's idle lanes leave early).
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Arrives on the mbarrier at the same shared-memory offset in cluster CTA `rank`.
+__device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
+               : "memory");
+}
 template <int kRegs>
 __device__ __forceinline__ void SetMaxRegsInc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
