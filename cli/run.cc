@@ -1,6 +1,6 @@
 // cubist run: runs one MoE GEMM problem on the GPU through the engine API (Runtime +
 // MoeGemm) on random operands, checks a sample of output rows against the CPU reference
-// (tests/testlib/moe_reference.h decoders, double accumulation) and prints the median
+// (dispatch/reference.h decoders, double accumulation) and prints the median
 // time and TFLOP/s.
 #include <algorithm>
 #include <cstdio>
@@ -17,9 +17,9 @@
 #include "cli/moe_problem_flags.h"
 #include "dispatch/moe_gemm.h"
 #include "dispatch/operand_fill.h"
+#include "dispatch/reference.h"
 #include "dispatch/runtime.h"
 #include "loader/device_memory.h"
-#include "tests/testlib/moe_reference.h"
 
 namespace cubist::cli {
 namespace {
@@ -61,7 +61,7 @@ struct HostView {
   // block-scale row `scale_row` (fp8-block B: 128x128 blocks) and global scale index.
   double Value(int64_t row, int64_t col, int64_t k, int64_t scale_row, int64_t global_index,
                int64_t block_rows_k) const {
-    using namespace ::cubist::testing;
+    using namespace ::cubist::reference;
     const int64_t idx = row * k + col;
     switch (format) {
       case DataFormat::kBf16:
@@ -213,15 +213,15 @@ absl::StatusOr<CheckResult> RunAndCheck(const RunFlags& f, Runtime& rt, MoeGemm&
     for (int64_t j = 0; j < cols; ++j) {
       const double x0 = c[j];
       const double x1 = IsGated(p.activation) ? c[cols + j] : 0.0;
-      ref.push_back(::cubist::testing::ActivationValue(
+      ref.push_back(::cubist::reference::ActivationValue(
           ToAbi(p.activation), x0, x1, 1.0, beta, std::numeric_limits<double>::infinity()));
     }
     std::vector<uint16_t> row(cols);
     CUBIST_RETURN_IF_ERROR(out.CopyToHost(row.data(), cols * 2, static_cast<size_t>(t * cols * 2)));
     got.insert(got.end(), row.begin(), row.end());
   }
-  ::cubist::testing::Comparison cmp = ::cubist::testing::CompareBf16(
-      got, ref, ::cubist::testing::ToleranceFor(ToAbi(p.weight_format), ToAbi(p.activation_format)));
+  ::cubist::reference::Comparison cmp = ::cubist::reference::CompareBf16(
+      got, ref, ::cubist::reference::ToleranceFor(ToAbi(p.weight_format), ToAbi(p.activation_format)));
   result.ok = cmp.ok;
   result.rows = static_cast<int>(rows.size());
   result.summary = cmp.summary;

@@ -1,4 +1,4 @@
-#include "tests/testlib/moe_reference.h"
+#include "dispatch/reference.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/moe_gemm_layout.h"
 
-namespace cubist::testing {
+namespace cubist::reference {
 namespace {
 
 using moe::kBf16;
@@ -486,4 +486,4 @@ Comparison CompareBf16(const std::vector<uint16_t>& out, const std::vector<doubl
   return r;
 }
 
-}  // namespace cubist::testing
+}  // namespace cubist::reference
