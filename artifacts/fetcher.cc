@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "artifacts/curl_handles.h"
+#include "artifacts/curl_options.h"
 #include "artifacts/group_commit.h"
 #include "artifacts/oci_manifest_source.h"
 #include "artifacts/sources.h"
@@ -138,22 +139,16 @@ struct Shared {
   int per_worker;
 };
 
-std::string CaBundleFromEnv() {
-  for (const char* v : {"CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
-    const char* s = std::getenv(v);
-    if (s != nullptr && *s != '\0') return s;
-  }
-  return "";
-}
-
 class Worker {
  public:
   explicit Worker(Shared& shared)
       : s_(shared), multi_(curl_multi_init()), rng_(std::random_device{}()) {
     curl_multi_setopt(multi_.get(), CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
-    ca_bundle_ = CaBundleFromEnv();
-    const char* ca_dir = std::getenv("SSL_CERT_DIR");
-    if (ca_dir != nullptr) ca_dir_ = ca_dir;
+    curl_options_.max_redirects = s_.options.max_redirects;
+    curl_options_.connect_timeout = s_.options.connect_timeout;
+    curl_options_.low_speed_bytes = s_.options.low_speed_bytes;
+    curl_options_.low_speed_time = s_.options.low_speed_time;
+    curl_options_.ca = CaSettings::FromEnvironment();
   }
 
   void Run() {
@@ -504,21 +499,8 @@ class Worker {
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &Worker::OnHeader);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get());
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(e, CURLOPT_MAXREDIRS, static_cast<long>(s_.options.max_redirects));
-    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https,file");
-    curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
-                     static_cast<long>(absl::ToInt64Milliseconds(s_.options.connect_timeout)));
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, static_cast<long>(s_.options.low_speed_bytes));
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME,
-                     static_cast<long>(std::max<int64_t>(
-                         1, absl::ToInt64Seconds(s_.options.low_speed_time))));
-    curl_easy_setopt(e, CURLOPT_USERAGENT, "cubist/0.1");
+    ApplyCurlOptions(e, curl_options_);
     curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 256L * 1024L);
-    if (!ca_bundle_.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ca_bundle_.c_str());
-    if (!ca_dir_.empty()) curl_easy_setopt(e, CURLOPT_CAPATH, ca_dir_.c_str());
     if (s_.options.authorization) {
       std::string header = s_.options.authorization(t->url);
       if (!header.empty()) {
@@ -715,8 +697,7 @@ class Worker {
   std::mt19937_64 rng_;
   std::deque<Job*> waiting_;
   int active_ = 0;
-  std::string ca_bundle_;
-  std::string ca_dir_;
+  CurlOptions curl_options_;
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "artifacts/curl_handles.h"
+#include "artifacts/curl_options.h"
 #include "artifacts/oci_manifest_source.h"
 #include "artifacts/sources.h"
 #include "artifacts/version_guard.h"
@@ -49,21 +50,10 @@ absl::StatusOr<std::string> ReadUrlOnce(const std::string& url, uint64_t max_byt
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &OnBody);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, &body);
   curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
-  curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https,file");
-  curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(absl::ToInt64Milliseconds(timeout)));
-  curl_easy_setopt(e, CURLOPT_USERAGENT, "cubist/0.1");
-  for (const char* v : {"CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
-    const char* s = std::getenv(v);
-    if (s != nullptr && *s != '\0') {
-      curl_easy_setopt(e, CURLOPT_CAINFO, s);
-      break;
-    }
-  }
+  CurlOptions options;
+  options.total_timeout = timeout;
+  options.ca = CaSettings::FromEnvironment();  // SSL_CERT_DIR too, as the README says
+  ApplyCurlOptions(e, options);
   CURLcode rc = curl_easy_perform(e);
   long code = 0;
   curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
