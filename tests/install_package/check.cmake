@@ -47,8 +47,16 @@ foreach(_f ${_exported})
 endforeach()
 
 # 4. examples/ as a separate project against the installed package.
+# The same compiler; a sanitizer build's library needs its runtime at link time (the
+# flags are the build's choice, not part of the package's interface).
+set(_flags)
+if(SANITIZE)
+  set(_flags -DCMAKE_CXX_FLAGS=-fsanitize=${SANITIZE}
+             -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=${SANITIZE})
+endif()
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples -B ${WORK_DIR}/examples -G ${GENERATOR}
-    -DCMAKE_PREFIX_PATH=${_prefix} -DCMAKE_BUILD_TYPE=Release)
+    -DCMAKE_PREFIX_PATH=${_prefix} -DCMAKE_BUILD_TYPE=Release
+    -DCMAKE_CXX_COMPILER=${CXX_COMPILER} ${_flags})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/examples)
 
 # 5. Run it. With a GPU it runs the layer; without one it must get as far as the
