@@ -31,6 +31,7 @@
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_check.h"
 #include "dispatch/moe_gemm_launch.h"
+#include "dispatch/moe_types.h"
 #include "dispatch/reference.h"
 #include "loader/context.h"
 #include "loader/device_memory.h"
@@ -47,16 +48,14 @@ using namespace cubist::moe;
 using namespace cubist::reference;
 
 std::optional<MoeFormat> ParseFormat(const std::string& s) {
-  for (MoeFormat f : {kBf16, kFp8, kFp8Block, kMxfp8, kMxfp4, kNvfp4}) {
-    if (s == FormatName(f)) return f;
-  }
-  return std::nullopt;
+  auto f = ::cubist::ParseDataFormat(s);
+  if (!f.ok() || !MoeGemmEncodes(*f)) return std::nullopt;
+  return *f;
 }
 std::optional<MoeActivation> ParseAct(const std::string& s) {
-  for (MoeActivation a : {kIdentity, kRelu2, kSwiglu, kGeglu, kSitu}) {
-    if (s == ActivationName(a)) return a;
-  }
-  return std::nullopt;
+  auto a = ::cubist::ParseActivation(s);
+  if (!a.ok() || !MoeGemmEncodes(*a)) return std::nullopt;
+  return *a;
 }
 
 std::string ArtifactDir() {
