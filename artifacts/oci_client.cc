@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <random>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "artifacts/curl_options.h"
+#include "artifacts/fetch_policy.h"
+#include "base/clock.h"
 #include "base/file_util.h"
 #include "base/strings.h"
 
@@ -469,8 +470,9 @@ absl::StatusOr<HttpResponse> RegistryClient::Send(std::string_view method, std::
     }
     ++attempt;
     if (!retry || attempt >= attempts) break;
-    std::uniform_int_distribution<int> jitter(100, 250);
-    std::this_thread::sleep_for(std::chrono::milliseconds(jitter(rng) << std::min(attempt, 5)));
+    // The same backoff as artifacts and manifests (fetch_policy.h).
+    std::uniform_real_distribution<double> jitter(0.0, 1.0);
+    Clock::Real().SleepFor(BackoffDelay(attempt, RetryPolicy(), std::nullopt, jitter(rng)));
   }
   return absl::Status(last.code(),
                       absl::StrCat(last.message(), " (", std::max(1, attempts), " attempts)"));
