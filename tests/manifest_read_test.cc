@@ -128,6 +128,7 @@ TEST_F(ManifestReadTest, RetriesResetsButNotFatalTransportErrors) {
 TEST_F(ManifestReadTest, TooLargeIsInvalidArgument) {
   TransportResponse big = ScriptedTransport::Status(200);
   big.too_large = true;
+  transport_.script = {big};
   EXPECT_THAT(Read(), StatusIs(absl::StatusCode::kInvalidArgument,
                                HasSubstr("larger than the limit of 1048576 bytes")));
   EXPECT_EQ(transport_.requests[0].max_bytes, 1u << 20);
