@@ -19,12 +19,12 @@
 #include <fstream>
 #include <map>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "base/file_util.h"
 #include "base/status_macros.h"
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_check.h"
@@ -176,10 +176,9 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "moe_gemm_bench: %s\n", std::string(s.message()).c_str());
     return 1;
   };
-  std::ifstream mf(dir + "/manifest.json");
-  std::stringstream ss;
-  ss << mf.rdbuf();
-  auto manifest = ParseManifest(ss.str(), dir + "/manifest.json");
+  auto manifest_bytes = ReadFileToString(dir + "/manifest.json");
+  if (!manifest_bytes.ok()) return fail(manifest_bytes.status());
+  auto manifest = ParseManifest(*manifest_bytes, dir + "/manifest.json");
   if (!manifest.ok()) return fail(manifest.status());
   auto driver = GetDriver();
   if (!driver.ok()) return fail(driver.status());
