@@ -124,14 +124,7 @@ absl::StatusOr<CheckResult> RunAndCheck(const RunFlags& f, Runtime& rt, MoeGemm&
                           DeviceBuffer::Allocate(d, static_cast<size_t>(bytes.out)));
   CUBIST_RETURN_IF_ERROR(out.Fill(0xFF));  // poison: NaN bf16 everywhere unwritten
 
-  MoeGemmArgs args;
-  args.weight_format = p.weight_format;
-  args.activation_format = p.activation_format;
-  args.activation = p.activation;
-  args.experts = p.experts;
-  args.tokens = p.tokens;
-  args.n = p.n;
-  args.k = p.k;
+  MoeGemmArgs args = MoeGemmArgsFor(p);
   args.a = a.get();
   args.b = b.get();
   args.a_scale = as.get();
@@ -239,15 +232,7 @@ int RunRun(const RunFlags& f) {
   p.sm = (*rt)->sm();
   p.sm_count = (*rt)->device_info().sm_count;
 
-  MoeGemmArgs probe;
-  probe.weight_format = p.weight_format;
-  probe.activation_format = p.activation_format;
-  probe.activation = p.activation;
-  probe.experts = p.experts;
-  probe.tokens = p.tokens;
-  probe.n = p.n;
-  probe.k = p.k;
-  auto decision = (*gemm)->KernelFor(probe);
+  auto decision = (*gemm)->KernelFor(MoeGemmArgsFor(p));
   if (!decision.ok()) return PrintError(decision.status());
   const KernelEntry& kernel = *(*decision)->kernel;
 

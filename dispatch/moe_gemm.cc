@@ -142,6 +142,18 @@ absl::StatusOr<std::unique_ptr<MoeGemm>> MoeGemm::Create(Runtime& runtime,
   return op;
 }
 
+MoeGemmArgs MoeGemmArgsFor(const MoeProblem& p) {
+  MoeGemmArgs a;
+  a.weight_format = p.weight_format;
+  a.activation_format = p.activation_format;
+  a.activation = p.activation;
+  a.experts = p.experts;
+  a.tokens = p.tokens;
+  a.n = p.n;
+  a.k = p.k;
+  return a;
+}
+
 MoeProblem MoeGemm::ProblemOf(const MoeGemmArgs& a) const {
   MoeProblem p;
   p.op = Op::kMoeGemm;

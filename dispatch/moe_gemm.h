@@ -157,6 +157,10 @@ class MoeGemm {
 // out; 4 for offsets, fp32 scales, alpha, beta and limit).
 [[nodiscard]] absl::Status ValidateMoeGemmArgs(const MoeGemmArgs& args);
 
+// The arguments of `problem`'s shape, formats and activation, with every pointer null:
+// enough for KernelFor; a caller fills the buffers in before Run.
+MoeGemmArgs MoeGemmArgsFor(const MoeProblem& problem);
+
 }  // namespace cubist
 
 #endif  // CUBIST_DISPATCH_MOE_GEMM_H_

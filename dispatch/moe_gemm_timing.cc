@@ -119,14 +119,7 @@ absl::StatusOr<double> MoeGemm::TimeKernel(const KernelEntry& kernel, const MoeP
   CUBIST_RETURN_IF_ERROR(PrepareTimingBuffers(problem, o));
   const TimingBuffers& t = *timing_;
   auto args_for = [&](size_t i) {
-    MoeGemmArgs a;
-    a.weight_format = problem.weight_format;
-    a.activation_format = problem.activation_format;
-    a.activation = problem.activation;
-    a.experts = problem.experts;
-    a.tokens = problem.tokens;
-    a.n = problem.n;
-    a.k = problem.k;
+    MoeGemmArgs a = MoeGemmArgsFor(problem);
     const TimingBuffers::Set& s = t.sets[i % t.sets.size()];
     a.a = s.a.get();
     a.b = s.b.get();
