@@ -6,7 +6,7 @@
 
 namespace cubist {
 
-// "MAJOR.MINOR.PATCH", e.g. "0.1.0".
+// "MAJOR.MINOR.PATCH", such as "1.2.3".
 const char* Version();
 
 }  // namespace cubist

@@ -14,28 +14,41 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/strings.h"
-
 #include "tests/test_util.h"
 
 namespace cubist::testing {
 
-pid_t SpawnCli(const std::vector<std::string>& args, const std::string& log) {
-  // Everything the child needs is built before fork(): only async-signal-safe calls
-  // may follow it in a multithreaded parent (the fault server runs threads).
-  std::vector<std::string> all = {CliPath()};
-  all.insert(all.end(), args.begin(), args.end());
+namespace {
+
+// fork + execv of `args`, stdout and stderr to `log` (opened with `log_flags`) when it
+// is not empty, in a process group of its own when `own_group`. Everything the child
+// needs is built before fork(): only async-signal-safe calls may follow it in a
+// multithreaded parent (the fault server runs threads).
+pid_t ForkExec(std::vector<std::string> args, const std::string& log, int log_flags,
+               bool own_group) {
   std::vector<char*> argv;
-  for (std::string& a : all) argv.push_back(a.data());
+  for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid != 0) return pid;
-  int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd >= 0) {
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
+  if (own_group) ::setpgid(0, 0);
+  if (!log.empty()) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | log_flags, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
   }
   ::execv(argv[0], argv.data());
   ::_exit(127);
+}
+
+}  // namespace
+
+pid_t SpawnCli(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<std::string> all = {CliPath()};
+  all.insert(all.end(), args.begin(), args.end());
+  return ForkExec(std::move(all), log, O_TRUNC, /*own_group=*/false);
 }
 
 int WaitChild(pid_t pid, rusage* usage) {
@@ -84,24 +97,7 @@ absl::Status ServerProcess::Start(const std::vector<std::string>& args,
                                   const std::string& log, const std::function<bool()>& ready,
                                   int polls, std::string_view name) {
   Stop();
-  std::vector<std::string> all = args;
-  std::vector<char*> argv;
-  for (std::string& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    if (!log.empty()) {
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-    }
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  pid_ = pid;
+  pid_ = ForkExec(args, log, O_APPEND, /*own_group=*/true);
   for (int i = 0; i < polls; ++i) {
     if (ready()) return absl::OkStatus();
     int status;
