@@ -21,6 +21,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "artifacts/curl_handles.h"
+#include "artifacts/curl_options.h"
+#include "artifacts/curl_transport.h"
+#include "artifacts/fetch_policy.h"
 #include "artifacts/group_commit.h"
 #include "artifacts/oci_manifest_source.h"
 #include "artifacts/sources.h"
@@ -138,27 +141,28 @@ struct Shared {
   int per_worker;
 };
 
-std::string CaBundleFromEnv() {
-  for (const char* v : {"CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
-    const char* s = std::getenv(v);
-    if (s != nullptr && *s != '\0') return s;
-  }
-  return "";
-}
-
 class Worker {
  public:
   explicit Worker(Shared& shared)
-      : s_(shared), multi_(curl_multi_init()), rng_(std::random_device{}()) {
+      : s_(shared),
+        clock_(shared.options.clock != nullptr ? *shared.options.clock : Clock::Real()),
+        multi_(curl_multi_init()),
+        rng_(std::random_device{}()) {
+    policy_.attempts_per_source = s_.options.attempts_per_source;
+    policy_.backoff_base = s_.options.backoff_base;
+    policy_.backoff_max = s_.options.backoff_max;
+    policy_.retry_after_max = s_.options.retry_after_max;
     curl_multi_setopt(multi_.get(), CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
-    ca_bundle_ = CaBundleFromEnv();
-    const char* ca_dir = std::getenv("SSL_CERT_DIR");
-    if (ca_dir != nullptr) ca_dir_ = ca_dir;
+    curl_options_.max_redirects = s_.options.max_redirects;
+    curl_options_.connect_timeout = s_.options.connect_timeout;
+    curl_options_.low_speed_bytes = s_.options.low_speed_bytes;
+    curl_options_.low_speed_time = s_.options.low_speed_time;
+    curl_options_.ca = CaSettings::FromEnvironment();
   }
 
   void Run() {
     for (;;) {
-      absl::Time now = absl::Now();
+      absl::Time now = clock_.Now();
       // Jobs waiting for a backoff or a lock whose time has come.
       for (size_t i = 0; i < waiting_.size() && active_ < s_.per_worker;) {
         if (waiting_[i]->ready_at <= now) {
@@ -194,7 +198,7 @@ class Worker {
         absl::Time soonest = absl::InfiniteFuture();
         for (Job* j : waiting_) soonest = std::min(soonest, j->ready_at);
         timeout_ms = static_cast<int>(std::clamp<int64_t>(
-            absl::ToInt64Milliseconds(soonest - absl::Now()), 0, 100));
+            absl::ToInt64Milliseconds(soonest - clock_.Now()), 0, 100));
       }
       if (active_ > 0) {
         curl_multi_poll(multi_.get(), nullptr, 0, timeout_ms, nullptr);
@@ -202,7 +206,7 @@ class Worker {
         // Nothing in flight and every remaining job is waiting (backoff or another
         // process's lock): sleep until the first is due. With nothing waiting either,
         // go straight back and take the next job.
-        std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+        clock_.SleepFor(absl::Milliseconds(timeout_ms));
       }
     }
   }
@@ -258,32 +262,36 @@ class Worker {
       FailAllSources(job);
       return;
     }
-    job->ready_at = absl::Now();
+    job->ready_at = clock_.Now();
     waiting_.push_back(job);
   }
 
-  void Retry(Job* job, absl::StatusCode code, const std::string& error,
-             std::optional<absl::Duration> retry_after) {
-    job->attempts_here++;
-    if (job->attempts_here >= s_.options.attempts_per_source) {
-      NextSource(job, code,
-                 absl::StrCat(error, " (", job->attempts_here, " attempts)"));
-      return;
+  // Carries out the policy's decision (fetch_policy.h) after a failed transfer whose
+  // error is `error`. The temp file's bytes were already dropped where it said so.
+  void Apply(Job* job, const FetchDecision& d, const std::string& error) {
+    switch (d.action) {
+      case FetchAction::kRetry:
+      case FetchAction::kRestartRetry:
+        job->attempts_here++;
+        job->ready_at = clock_.Now() + d.delay;
+        waiting_.push_back(job);
+        return;
+      case FetchAction::kRestartNow:
+        job->restarted = true;
+        job->ready_at = clock_.Now();
+        waiting_.push_back(job);
+        return;
+      case FetchAction::kNextSource:
+      case FetchAction::kDropNextSource:
+        NextSource(job, d.code,
+                   d.attempts_exhausted
+                       ? absl::StrCat(error, " (", job->attempts_here + 1, " attempts)")
+                       : error);
+        return;
+      case FetchAction::kVerify:
+      case FetchAction::kPublish:
+        return;  // not failures; OnDone handles them
     }
-    absl::Duration delay;
-    if (retry_after.has_value()) {
-      delay = std::min(*retry_after, s_.options.retry_after_max);
-    } else {
-      // Full jitter around an exponential schedule, so that many ranks that failed
-      // together do not retry together.
-      absl::Duration cap = std::min(
-          s_.options.backoff_base * (1 << std::min(job->attempts_here - 1, 16)),
-          s_.options.backoff_max);
-      std::uniform_real_distribution<double> u(0.5, 1.0);
-      delay = cap * u(rng_);
-    }
-    job->ready_at = absl::Now() + delay;
-    waiting_.push_back(job);
   }
 
   // Advances a job: cached check, lock, second look, temp file, transfer.
@@ -308,7 +316,7 @@ class Worker {
         return;
       }
       if (!lock->held()) {
-        absl::Time now = absl::Now();
+        absl::Time now = clock_.Now();
         if (!job->waited_for_lock) {
           job->waited_for_lock = true;
           job->lock_wait_started = now;
@@ -504,21 +512,8 @@ class Worker {
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &Worker::OnHeader);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get());
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(e, CURLOPT_MAXREDIRS, static_cast<long>(s_.options.max_redirects));
-    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https,file");
-    curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
-                     static_cast<long>(absl::ToInt64Milliseconds(s_.options.connect_timeout)));
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, static_cast<long>(s_.options.low_speed_bytes));
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME,
-                     static_cast<long>(std::max<int64_t>(
-                         1, absl::ToInt64Seconds(s_.options.low_speed_time))));
-    curl_easy_setopt(e, CURLOPT_USERAGENT, "cubist/0.1");
+    ApplyCurlOptions(e, curl_options_);
     curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 256L * 1024L);
-    if (!ca_bundle_.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ca_bundle_.c_str());
-    if (!ca_dir_.empty()) curl_easy_setopt(e, CURLOPT_CAPATH, ca_dir_.c_str());
     if (s_.options.authorization) {
       std::string header = s_.options.authorization(t->url);
       if (!header.empty()) {
@@ -538,141 +533,72 @@ class Worker {
     t.release();  // owned by the multi handle until CURLMSG_DONE
   }
 
-  static bool Transient(CURLcode rc) {
-    switch (rc) {
-      case CURLE_COULDNT_CONNECT:
-      case CURLE_COULDNT_RESOLVE_HOST:
-      case CURLE_COULDNT_RESOLVE_PROXY:
-      case CURLE_OPERATION_TIMEDOUT:
-      case CURLE_RECV_ERROR:
-      case CURLE_SEND_ERROR:
-      case CURLE_PARTIAL_FILE:
-      case CURLE_GOT_NOTHING:
-      case CURLE_HTTP2:
-      case CURLE_HTTP2_STREAM:
-      case CURLE_SSL_CONNECT_ERROR:
-      case CURLE_WEIRD_SERVER_REPLY:
-        return true;
-      default:
-        return false;
-    }
-  }
-
+  // A transfer ended: classify it, verify a complete body, ask the policy, act.
   void OnDone(Transfer& t, CURLcode rc) {
     Job* job = t.job;
     const Artifact& a = A(job);
     job->result->bytes_received += t.received;
     if (rc == CURLE_OK || t.received > 0) CheckStatus(&t);
-    long code = 0;
-    curl_easy_getinfo(t.easy.get(), CURLINFO_RESPONSE_CODE, &code);
-    std::string from = absl::StrCat("from ", t.url);
+    TransferFacts facts;
+    facts.result = TransportResultOf(rc);
+    facts.is_file = absl::StartsWithIgnoreCase(Sv(t.url), "file://");
+    curl_easy_getinfo(t.easy.get(), CURLINFO_RESPONSE_CODE, &facts.http_status);
+    facts.oversize = t.oversize;
+    facts.bad_range = t.bad_range;
+    const std::string from = absl::StrCat("from ", t.url);
 
-    if (t.write_errno != 0) {
+    if (t.write_errno != 0) {  // our disk, not the source: no other source helps
       Fail(job, ErrnoToStatus(t.write_errno,
                               absl::StrCat("fetch ", a.path, ": write ",
                                            s_.store.TempPath(a.sha256))));
       return;
     }
-    if (t.oversize) {
-      DropTemp(job);
-      job->fd = UniqueFd();
-      ReopenAfterDrop(job);
-      NextSource(job, absl::StatusCode::kDataLoss,
-                 absl::StrCat(from, ": the server sent more than the declared ", t.limit,
-                              " bytes; stopped there; the source serves a different file, "
-                              "try --mirror or report it"));
-      return;
+    if (!t.oversize && !t.bad_range) {
+      job->offset += t.received;
+      if (t.received > 0 && t.start_offset > 0) job->resumed = true;
     }
-    if (t.bad_range) {
-      Restart(job);
-      if (job->lock.held()) {
-        Retry(job, absl::StatusCode::kUnavailable,
-              absl::StrCat(from, ": answered a different byte range than requested"),
-              std::nullopt);
-      }
-      return;
-    }
-    job->offset += t.received;
-    if (t.received > 0 && t.start_offset > 0) job->resumed = true;
-
-    if (rc == CURLE_RANGE_ERROR && (code < 200 || code >= 300) &&
-        !absl::StartsWithIgnoreCase(Sv(t.url), "file://")) {
-      // libcurl calls any answer to a resumed request without Content-Range a range
-      // error, a 502 from a proxy whose origin is restarting included. That is the
-      // HTTP error, not a server without ranges: keep the partial file and retry.
-      t.discard = true;
-      rc = CURLE_OK;
-    }
-    if (rc != CURLE_OK) {
-      std::string why = t.errbuf[0] != '\0' ? t.errbuf : curl_easy_strerror(rc);
-      if (rc == CURLE_FILE_COULDNT_READ_FILE) {
-        NextSource(job, absl::StatusCode::kNotFound, absl::StrCat(from, ": ", why));
-      } else if (rc == CURLE_RANGE_ERROR || rc == CURLE_BAD_DOWNLOAD_RESUME) {
-        Restart(job);
-        if (job->lock.held()) {
-          Retry(job, absl::StatusCode::kUnavailable, absl::StrCat(from, ": ", why),
-                std::nullopt);
-        }
-      } else if (Transient(rc)) {
-        Retry(job, absl::StatusCode::kUnavailable, absl::StrCat(from, ": ", why),
-              std::nullopt);
-      } else {
-        NextSource(job, absl::StatusCode::kUnavailable, absl::StrCat(from, ": ", why));
-      }
-      return;
-    }
-    if (t.discard) {
-      std::string why = absl::StrCat(from, ": HTTP ", code);
-      if (code == 404 || code == 410) {
-        NextSource(job, absl::StatusCode::kNotFound, absl::StrCat(why, " (not found)"));
-      } else if (code == 408 || code == 429 || code >= 500) {
-        Retry(job, absl::StatusCode::kUnavailable, why, t.retry_after);
-      } else if (code == 416) {
-        Restart(job);
-        if (job->lock.held()) Retry(job, absl::StatusCode::kUnavailable, why, std::nullopt);
-      } else {
-        NextSource(job, absl::StatusCode::kUnavailable, why);
-      }
-      return;
-    }
+    FetchEvent event = ClassifyTransfer(facts);
+    std::string error;
     uint64_t total = job->offset;
-    if (a.size.has_value() && total != *a.size && job->resumed && !job->restarted) {
-      // The bytes before the resume point may be stale; one clean try first.
-      job->restarted = true;
-      Restart(job);
-      if (job->lock.held()) {
-        job->ready_at = absl::Now();
-        waiting_.push_back(job);
-      }
-      return;
-    }
-    if (a.size.has_value() && total != *a.size) {
-      DropTemp(job);
-      ReopenAfterDrop(job);
-      NextSource(job, absl::StatusCode::kDataLoss,
-                 absl::StrCat(from, ": size mismatch: expected ", *a.size, " bytes, got ",
-                              total, "; the source serves a different file, try --mirror "
-                              "or report it"));
-      return;
-    }
-    std::string got = ToHex(job->hasher.Finish());
-    if (got != a.sha256) {
-      if (job->resumed && !job->restarted) {
-        // The bytes before the resume point may be stale; one clean try first.
-        job->restarted = true;
-        Restart(job);
-        if (job->lock.held()) {
-          job->ready_at = absl::Now();
-          waiting_.push_back(job);
+    std::string got;
+    switch (event) {
+      case FetchEvent::kBodyComplete:
+        if (a.size.has_value() && total != *a.size) {
+          event = FetchEvent::kSizeMismatch;
+          error = absl::StrCat(from, ": size mismatch: expected ", *a.size, " bytes, got ",
+                               total, "; the source serves a different file, try --mirror "
+                               "or report it");
+          break;
         }
-        return;
-      }
-      DropTemp(job);
-      ReopenAfterDrop(job);
-      NextSource(job, absl::StatusCode::kDataLoss,
-                 absl::StrCat(from, ": sha256 mismatch: expected ", a.sha256, ", got ",
-                              got, " (", total, " bytes); the mirror serves a different "
-                              "file, try --mirror or report it"));
+        got = ToHex(job->hasher.Finish());
+        if (got != a.sha256) {
+          event = FetchEvent::kHashMismatch;
+          error = absl::StrCat(from, ": sha256 mismatch: expected ", a.sha256, ", got ", got,
+                               " (", total, " bytes); the mirror serves a different file, "
+                               "try --mirror or report it");
+          break;
+        }
+        event = FetchEvent::kVerified;
+        break;
+      case FetchEvent::kOversize:
+        error = absl::StrCat(from, ": the server sent more than the declared ", t.limit,
+                             " bytes; stopped there; the source serves a different file, "
+                             "try --mirror or report it");
+        break;
+      case FetchEvent::kRangeRefused:
+        error = t.bad_range
+                    ? absl::StrCat(from, ": answered a different byte range than requested")
+                    : HttpOrTransportError(facts, from, t, rc);
+        break;
+      default:
+        error = HttpOrTransportError(facts, from, t, rc);
+        break;
+    }
+    if (event != FetchEvent::kVerified) {
+      AttemptState state{job->attempts_here, job->resumed, job->restarted};
+      const FetchDecision d = Decide(event, state, policy_, t.retry_after, jitter_(rng_));
+      if (!DropBytes(job, event, d.action)) return;  // the job failed on our disk
+      Apply(job, d, error);
       return;
     }
     // Verified: hand over to the group committer, which publishes and unlocks. Start
@@ -704,19 +630,59 @@ class Worker {
     s_.committer.Submit(std::move(p));
   }
 
+  // "from URL: HTTP 503", "from URL: HTTP 404 (not found)", "from URL: <curl's words>".
+  static std::string HttpOrTransportError(const TransferFacts& f, const std::string& from,
+                                          const Transfer& t, CURLcode rc) {
+    if (f.result != TransportResult::kOk &&
+        !(f.result == TransportResult::kRangeError && !f.is_file &&
+          (f.http_status < 200 || f.http_status >= 300))) {
+      return absl::StrCat(from, ": ", t.errbuf[0] != '\0' ? t.errbuf
+                                                          : curl_easy_strerror(rc));
+    }
+    const bool not_found = f.http_status == 404 || f.http_status == 410;
+    return absl::StrCat(from, ": HTTP ", f.http_status, not_found ? " (not found)" : "");
+  }
+
+  // Drops the temp file's bytes where the decision says so: truncated in place after a
+  // range problem (the file stays open for the retry), removed and reopened empty after
+  // a mismatch or an oversized answer. False when that failed and the job with it.
+  bool DropBytes(Job* job, FetchEvent event, FetchAction action) {
+    const bool restart = action == FetchAction::kRestartRetry ||
+                         action == FetchAction::kRestartNow ||
+                         (action == FetchAction::kDropNextSource &&
+                          event == FetchEvent::kRangeRefused);
+    if (restart) {
+      Restart(job);
+      return job->lock.held();
+    }
+    if (action == FetchAction::kDropNextSource) {
+      DropTemp(job);
+      job->fd = UniqueFd();
+      return ReopenAfterDrop(job);
+    }
+    return true;
+  }
+
   // After a mismatch the temp file is gone; the next source starts a fresh one.
-  void ReopenAfterDrop(Job* job) {
+  // False (and the job failed) when the file cannot be opened again.
+  bool ReopenAfterDrop(Job* job) {
     absl::Status s = OpenTemp(job);
-    if (!s.ok()) Fail(job, Annotate(s, absl::StrCat("fetch ", A(job).path)));
+    if (!s.ok()) {
+      Fail(job, Annotate(s, absl::StrCat("fetch ", A(job).path)));
+      return false;
+    }
+    return true;
   }
 
   Shared& s_;
+  Clock& clock_;
+  RetryPolicy policy_;
   CurlMulti multi_;
   std::mt19937_64 rng_;
+  std::uniform_real_distribution<double> jitter_{0.0, 1.0};
   std::deque<Job*> waiting_;
   int active_ = 0;
-  std::string ca_bundle_;
-  std::string ca_dir_;
+  CurlOptions curl_options_;
 };
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "artifacts/store.h"
+#include "base/clock.h"
 #include "manifest/manifest.h"
 
 namespace cubist {
@@ -63,6 +64,8 @@ struct FetchOptions {
   // or "" for none. Called from the fetch threads; must be thread-safe. Registries set
   // it (MakeOciAuthorizer); plain HTTP sources leave it empty.
   std::function<std::string(std::string_view url)> authorization;
+  // Time and waiting (backoff, lock polls); null is the system clock. Tests pass a fake.
+  Clock* clock = nullptr;
 };
 
 // Live counters, readable from another thread (the CLI's progress bar).

@@ -2,14 +2,15 @@
 
 #include <algorithm>
 #include <random>
-#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "artifacts/curl_handles.h"
+#include "artifacts/curl_transport.h"
+#include "artifacts/fetch_policy.h"
 #include "artifacts/oci_manifest_source.h"
 #include "artifacts/sources.h"
 #include "artifacts/version_guard.h"
+#include "base/clock.h"
 #include "base/file_util.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
@@ -19,78 +20,6 @@
 namespace cubist {
 namespace {
 
-struct Body {
-  std::string data;
-  uint64_t max_bytes = 0;
-  bool too_large = false;
-};
-
-size_t OnBody(char* p, size_t size, size_t n, void* user) {
-  auto* body = static_cast<Body*>(user);
-  size_t len = size * n;
-  if (body->data.size() + len > body->max_bytes) {
-    body->too_large = true;
-    return 0;
-  }
-  body->data.append(p, len);
-  return len;
-}
-
-absl::StatusOr<std::string> ReadUrlOnce(const std::string& url, uint64_t max_bytes,
-                                        absl::Duration timeout, bool* retryable) {
-  *retryable = false;
-  EnsureCurlInitialized();
-  CurlEasy easy(curl_easy_init());
-  Body body;
-  body.max_bytes = max_bytes;
-  char errbuf[CURL_ERROR_SIZE] = {0};
-  CURL* e = easy.get();
-  curl_easy_setopt(e, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &OnBody);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, &body);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
-  curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https,file");
-  curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(absl::ToInt64Milliseconds(timeout)));
-  curl_easy_setopt(e, CURLOPT_USERAGENT, "cubist/0.1");
-  for (const char* v : {"CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
-    const char* s = std::getenv(v);
-    if (s != nullptr && *s != '\0') {
-      curl_easy_setopt(e, CURLOPT_CAINFO, s);
-      break;
-    }
-  }
-  CURLcode rc = curl_easy_perform(e);
-  long code = 0;
-  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
-  if (body.too_large) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        url, ": larger than the limit of ", max_bytes, " bytes; is this a manifest?"));
-  }
-  if (rc == CURLE_FILE_COULDNT_READ_FILE) {
-    return absl::NotFoundError(absl::StrCat(url, ": no such file"));
-  }
-  if (rc != CURLE_OK) {
-    *retryable = rc != CURLE_UNSUPPORTED_PROTOCOL && rc != CURLE_URL_MALFORMAT &&
-                 rc != CURLE_TOO_MANY_REDIRECTS;
-    return absl::UnavailableError(
-        absl::StrCat(url, ": ", errbuf[0] ? errbuf : curl_easy_strerror(rc)));
-  }
-  bool is_file = absl::StartsWithIgnoreCase(Sv(url), "file://");
-  if (!is_file && (code == 404 || code == 410)) {
-    return absl::NotFoundError(absl::StrCat(url, ": HTTP ", code, " (not found)"));
-  }
-  if (!is_file && (code < 200 || code >= 300)) {
-    *retryable = code == 408 || code == 429 || code >= 500;
-    return absl::UnavailableError(absl::StrCat(url, ": HTTP ", code));
-  }
-  return std::move(body.data);
-}
-
 std::string OfflineCopyPath(const Store& store, std::string_view url) {
   return absl::StrCat(store.ManifestsDir(), "/by-url/", Sha256Hex(url));
 }
@@ -99,21 +28,50 @@ std::string OfflineCopyPath(const Store& store, std::string_view url) {
 
 absl::StatusOr<std::string> ReadLocation(std::string_view location, uint64_t max_bytes,
                                          absl::Duration timeout, int attempts) {
+  ReadSeams seams;
+  return ReadLocation(location, max_bytes, timeout, attempts, seams);
+}
+
+absl::StatusOr<std::string> ReadLocation(std::string_view location, uint64_t max_bytes,
+                                         absl::Duration timeout, int attempts,
+                                         const ReadSeams& seams) {
   if (!IsUrl(location)) return ReadFileToString(std::string(location), max_bytes);
-  std::string url(location);
-  std::mt19937_64 rng(std::random_device{}());
-  absl::Status last;
-  for (int i = 0; i < std::max(1, attempts); ++i) {
-    if (i > 0) {
-      std::uniform_int_distribution<int> jitter(100, 250);
-      std::this_thread::sleep_for(std::chrono::milliseconds(jitter(rng) << std::min(i, 5)));
+  Transport& transport = seams.transport != nullptr ? *seams.transport : DefaultTransport();
+  Clock& clock = seams.clock != nullptr ? *seams.clock : Clock::Real();
+  RetryPolicy policy = seams.retry;
+  policy.attempts_per_source = std::max(1, attempts);
+  std::mt19937_64 rng(seams.seed != 0 ? seams.seed : std::random_device{}());
+  std::uniform_real_distribution<double> jitter(0.0, 1.0);
+  const std::string url(location);
+  AttemptState state;
+  for (;;) {
+    TransportResponse r = transport.Get({url, max_bytes, timeout});
+    if (r.too_large) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          url, ": larger than the limit of ", max_bytes, " bytes; is this a manifest?"));
     }
-    bool retryable = false;
-    auto body = ReadUrlOnce(url, max_bytes, timeout, &retryable);
-    if (body.ok() || !retryable) return body;
-    last = body.status();
+    const FetchEvent event = ClassifyTransfer(r.facts);
+    if (event == FetchEvent::kBodyComplete) return std::move(r.body);
+    std::string why = r.facts.result != TransportResult::kOk
+                          ? r.error
+                          : absl::StrCat("HTTP ", r.facts.http_status);
+    if (event == FetchEvent::kNotFound) {
+      return absl::NotFoundError(absl::StrCat(
+          url, ": ", r.facts.result == TransportResult::kFileMissing ? "no such file"
+                                                                    : why + " (not found)"));
+    }
+    const FetchDecision d = Decide(event, state, policy, r.retry_after, jitter(rng));
+    if (d.action == FetchAction::kRetry || d.action == FetchAction::kRestartRetry) {
+      ++state.failed_attempts;
+      clock.SleepFor(d.delay);
+      continue;
+    }
+    // One source: giving it up is the end.
+    return absl::UnavailableError(
+        d.attempts_exhausted ? absl::StrCat(url, ": ", why, " (", policy.attempts_per_source,
+                                            " attempts)")
+                             : absl::StrCat(url, ": ", why));
   }
-  return absl::Status(last.code(), absl::StrCat(last.message(), " (", attempts, " attempts)"));
 }
 
 absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,

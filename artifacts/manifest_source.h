@@ -13,7 +13,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "artifacts/fetch_policy.h"
 #include "artifacts/store.h"
+#include "artifacts/transport.h"
+#include "base/clock.h"
 #include "manifest/manifest.h"
 #include "manifest/trust.h"
 
@@ -58,6 +61,20 @@ struct OpenedManifest {
                                                        uint64_t max_bytes,
                                                        absl::Duration timeout,
                                                        int attempts);
+
+// What ReadLocation talks to, for tests: a fake transport and a clock that only
+// pretends to sleep run every retry and backoff case in microseconds. Null members
+// mean the real ones; `seed` 0 draws the backoff jitter from std::random_device.
+struct ReadSeams {
+  Transport* transport = nullptr;
+  Clock* clock = nullptr;
+  RetryPolicy retry;  // attempts_per_source is ReadLocation's `attempts`
+  uint64_t seed = 0;
+};
+[[nodiscard]] absl::StatusOr<std::string> ReadLocation(std::string_view location,
+                                                       uint64_t max_bytes,
+                                                       absl::Duration timeout, int attempts,
+                                                       const ReadSeams& seams);
 
 }  // namespace cubist
 

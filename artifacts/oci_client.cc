@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <random>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -14,6 +13,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "artifacts/curl_options.h"
+#include "artifacts/fetch_policy.h"
+#include "base/clock.h"
 #include "base/file_util.h"
 #include "base/strings.h"
 
@@ -120,22 +122,14 @@ size_t ReadBody(char* buf, size_t size, size_t n, void* user) {
   return static_cast<size_t>(got);
 }
 
+// Registries speak HTTP(S) only; redirects are enabled per request (SendOnce).
 void CommonOptions(CURL* e, absl::Duration timeout) {
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(absl::ToInt64Milliseconds(timeout)));
-  curl_easy_setopt(e, CURLOPT_USERAGENT, "cubist/0.1");
-  for (const char* v : {"CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
-    const char* s = std::getenv(v);
-    if (s != nullptr && *s != '\0') {
-      curl_easy_setopt(e, CURLOPT_CAINFO, s);
-      break;
-    }
-  }
-  if (const char* dir = std::getenv("SSL_CERT_DIR"); dir != nullptr) {
-    curl_easy_setopt(e, CURLOPT_CAPATH, dir);
-  }
+  CurlOptions options;
+  options.protocols = "http,https";
+  options.follow_redirects = false;
+  options.total_timeout = timeout;
+  options.ca = CaSettings::FromEnvironment();
+  ApplyCurlOptions(e, options);
 }
 
 std::string UrlEncode(std::string_view s) {
@@ -400,8 +394,6 @@ absl::StatusOr<HttpResponse> RegistryClient::SendOnce(std::string_view method,
   // Registries may redirect blob reads to storage (S3, a CDN); libcurl drops our
   // Authorization header when the host changes.
   curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, method == "GET" || method == "HEAD" ? 1L : 0L);
-  curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
-  curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
   CurlSlist list;
   *sent_auth = auth_->HeaderFor(url);
   auto add = [&](const std::string& h) {
@@ -478,8 +470,9 @@ absl::StatusOr<HttpResponse> RegistryClient::Send(std::string_view method, std::
     }
     ++attempt;
     if (!retry || attempt >= attempts) break;
-    std::uniform_int_distribution<int> jitter(100, 250);
-    std::this_thread::sleep_for(std::chrono::milliseconds(jitter(rng) << std::min(attempt, 5)));
+    // The same backoff as artifacts and manifests (fetch_policy.h).
+    std::uniform_real_distribution<double> jitter(0.0, 1.0);
+    Clock::Real().SleepFor(BackoffDelay(attempt, RetryPolicy(), std::nullopt, jitter(rng)));
   }
   return absl::Status(last.code(),
                       absl::StrCat(last.message(), " (", std::max(1, attempts), " attempts)"));

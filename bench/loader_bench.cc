@@ -19,14 +19,13 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/file_util.h"
 #include "base/sha256.h"
 #include "loader/context.h"
 #include "loader/driver_api.h"
@@ -45,11 +44,9 @@ struct Env {
 };
 Env* env = nullptr;
 
+// The file's bytes, or "" when it is missing (the benchmarks then skip).
 std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return ReadFileToString(path).value_or("");
 }
 
 const std::string& Bytes(int which) { return which == 0 ? env->small : env->large; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Baselines for the moe_gemm kernels on the five MoE shapes of moe-math.md.
+"""Baselines for the moe_gemm kernels on the five MoE shapes of docs/kernels.md.
 
 BF16 x BF16: torch._grouped_mm. Every other pair: dequantize A and B to bf16 with plain
 torch ops, then torch._grouped_mm, timed together (what an engine without these

@@ -2,8 +2,9 @@
 # One batched run of the moe_gemm family on a GPU machine (the device tool's `run`):
 # correctness through the loader, SASS check, our timings and the torch baselines, each
 # under a time limit, logs into $OUT. Expects, carried from the build machine:
-#   $BUNDLE (default .bundle-kernels/): bundle-libs of moe_gemm_gpu_test, moe_gemm_bench
-#           and libcubist_moe_shim.so
+#   $BUNDLE (default .bundle-kernels/): moe_gemm_gpu_test, moe_gemm_bench and
+#           libcubist_moe_shim.so, with their shared libraries and a `run` wrapper
+#           that finds them
 #   $ART (default .device-kernels/art/): scripts/build-artifacts output
 # Usage: bench/moe_device_run.sh [test|sass|bench|baselines|compare ...]
 #   (default: test sass compare). `compare` is bench/moe_bench.py: ours through the

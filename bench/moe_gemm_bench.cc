@@ -1,5 +1,5 @@
 // moe_gemm_bench: times every kernel of a moe_gemm artifact directory on the five MoE
-// shapes of moe-math.md, through the loader (ModuleCache, DeviceBuffer, Event), and
+// shapes of docs/kernels.md, through the loader (ModuleCache, DeviceBuffer, Event), and
 // prints, per shape and format pair, the fastest tile with its median time, TFLOP/s and
 // TB/s (the bytes each operand must move once: A, B, their scales and the output).
 //
@@ -19,16 +19,17 @@
 #include <fstream>
 #include <map>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "base/file_util.h"
 #include "base/status_macros.h"
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_check.h"
 #include "dispatch/moe_gemm_launch.h"
+#include "dispatch/moe_types.h"
 #include "loader/context.h"
 #include "loader/device_memory.h"
 #include "loader/driver_api.h"
@@ -53,31 +54,17 @@ constexpr Shape kShapes[] = {
     {"decode", "gpt-oss-120b decode", 128, 8, 5760, 2880},
 };
 
+// The kernels' formats and activations by manifest name (dispatch/moe_types.h parses;
+// names-only entries of the vocabulary have no moe_gemm kernels).
 std::optional<MoeFormat> ParseFormat(const std::string& s) {
-  for (MoeFormat f : {kBf16, kFp8, kFp8Block, kMxfp8, kMxfp4, kNvfp4}) {
-    if (s == FormatName(f)) return f;
-  }
-  return std::nullopt;
+  auto f = ParseDataFormat(s);
+  if (!f.ok() || !MoeGemmEncodes(*f)) return std::nullopt;
+  return *f;
 }
 std::optional<MoeActivation> ParseAct(const std::string& s) {
-  for (MoeActivation a : {kIdentity, kRelu2, kSwiglu, kGeglu, kSitu}) {
-    if (s == ActivationName(a)) return a;
-  }
-  return std::nullopt;
-}
-
-// Bytes of a [rows, k] tensor in `f`, and of its block scales.
-int64_t DataBytes(MoeFormat f, int64_t rows, int64_t k) { return rows * k * FormatBits(f) / 8; }
-int64_t ScaleBytes(MoeFormat f, int64_t rows, int64_t k, bool weights, int64_t experts) {
-  switch (f) {
-    case kMxfp4:
-    case kMxfp8: return rows * (k / 32);
-    case kNvfp4: return rows * (k / 16);
-    case kFp8Block:
-      return weights ? experts * ((rows / experts + 127) / 128) * ((k + 127) / 128) * 4
-                     : rows * ((k + 127) / 128) * 4;
-    default: return 0;
-  }
+  auto a = ParseActivation(s);
+  if (!a.ok() || !MoeGemmEncodes(*a)) return std::nullopt;
+  return *a;
 }
 
 enum class Fill { kBf16, kE4m3, kE2m1, kUe8m0, kE4m3Scale, kF32Scale };
@@ -134,13 +121,12 @@ absl::StatusOr<Inputs> MakeInputs(DriverApi& d, const Shape& s, MoeFormat w, Moe
                                   uint64_t seed) {
   Inputs in;
   const int64_t t = int64_t{s.experts} * s.tokens_per_expert;
-  const int64_t brows = int64_t{s.experts} * s.n;
-  CUBIST_ASSIGN_OR_RETURN(in.a, DeviceBuffer::Allocate(d, DataBytes(a, t, s.k)));
-  CUBIST_ASSIGN_OR_RETURN(in.b, DeviceBuffer::Allocate(d, DataBytes(w, brows, s.k)));
-  CUBIST_ASSIGN_OR_RETURN(in.a_scale,
-                          DeviceBuffer::Allocate(d, ScaleBytes(a, t, s.k, false, 1)));
-  CUBIST_ASSIGN_OR_RETURN(in.b_scale,
-                          DeviceBuffer::Allocate(d, ScaleBytes(w, brows, s.k, true, s.experts)));
+  // Activation only matters for the output's size, which is allocated elsewhere.
+  const MoeGemmBytes bytes = MoeGemmBytesFor(w, a, kIdentity, s.experts, t, s.n, s.k);
+  CUBIST_ASSIGN_OR_RETURN(in.a, DeviceBuffer::Allocate(d, bytes.a));
+  CUBIST_ASSIGN_OR_RETURN(in.b, DeviceBuffer::Allocate(d, bytes.b));
+  CUBIST_ASSIGN_OR_RETURN(in.a_scale, DeviceBuffer::Allocate(d, bytes.a_scale));
+  CUBIST_ASSIGN_OR_RETURN(in.b_scale, DeviceBuffer::Allocate(d, bytes.b_scale));
   CUBIST_RETURN_IF_ERROR(FillRandom(d, in.a, ElemFill(a), seed));
   CUBIST_RETURN_IF_ERROR(FillRandom(d, in.b, ElemFill(w), seed + 1));
   CUBIST_RETURN_IF_ERROR(FillRandom(d, in.a_scale, ScaleFill(a), seed + 2));
@@ -190,10 +176,9 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "moe_gemm_bench: %s\n", std::string(s.message()).c_str());
     return 1;
   };
-  std::ifstream mf(dir + "/manifest.json");
-  std::stringstream ss;
-  ss << mf.rdbuf();
-  auto manifest = ParseManifest(ss.str(), dir + "/manifest.json");
+  auto manifest_bytes = ReadFileToString(dir + "/manifest.json");
+  if (!manifest_bytes.ok()) return fail(manifest_bytes.status());
+  auto manifest = ParseManifest(*manifest_bytes, dir + "/manifest.json");
   if (!manifest.ok()) return fail(manifest.status());
   auto driver = GetDriver();
   if (!driver.ok()) return fail(driver.status());
@@ -292,12 +277,9 @@ int Main(int argc, char** argv) {
         }
         std::sort(ms.begin(), ms.end());
         const double us = 1000.0 * ms[ms.size() / 2];
-        const int64_t out_cols = MoeGemmOutCols(s.n, act);
-        const double bytes = DataBytes(pair.second, t, s.k) +
-                             DataBytes(pair.first, int64_t{s.experts} * s.n, s.k) +
-                             ScaleBytes(pair.second, t, s.k, false, 1) +
-                             ScaleBytes(pair.first, int64_t{s.experts} * s.n, s.k, true, s.experts) +
-                             2.0 * t * out_cols;
+        const MoeGemmBytes sizes =
+            MoeGemmBytesFor(pair.first, pair.second, act, s.experts, t, s.n, s.k);
+        const double bytes = static_cast<double>(sizes.inputs() + sizes.out);
         Result r{s.name, FormatName(pair.first) + std::string("x") + FormatName(pair.second),
                  k->activation, k->name, us, flops / us * 1e-6, bytes / us * 1e-6};
         all.push_back(r);

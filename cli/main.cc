@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "base/version.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
 
@@ -54,7 +55,7 @@ int Main(int argc, char** argv) {
       "cubist: fetch, verify, load and dispatch prebuilt GPU kernels (cubins)",
       "cubist"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "cubist 0.1.0");
+  app.set_version_flag("--version", absl::StrCat("cubist ", Version()));
   Globals globals;
   for (const CommandEntry& c : kCommands) c.reg(app, globals);
 

@@ -1,6 +1,6 @@
 // cubist run: runs one MoE GEMM problem on the GPU through the engine API (Runtime +
 // MoeGemm) on random operands, checks a sample of output rows against the CPU reference
-// (tests/testlib/moe_reference.h decoders, double accumulation) and prints the median
+// (dispatch/reference.h decoders, double accumulation) and prints the median
 // time and TFLOP/s.
 #include <algorithm>
 #include <cstdio>
@@ -17,9 +17,9 @@
 #include "cli/moe_problem_flags.h"
 #include "dispatch/moe_gemm.h"
 #include "dispatch/operand_fill.h"
+#include "dispatch/reference.h"
 #include "dispatch/runtime.h"
 #include "loader/device_memory.h"
-#include "tests/testlib/moe_reference.h"
 
 namespace cubist::cli {
 namespace {
@@ -61,7 +61,7 @@ struct HostView {
   // block-scale row `scale_row` (fp8-block B: 128x128 blocks) and global scale index.
   double Value(int64_t row, int64_t col, int64_t k, int64_t scale_row, int64_t global_index,
                int64_t block_rows_k) const {
-    using namespace ::cubist::testing;
+    using namespace ::cubist::reference;
     const int64_t idx = row * k + col;
     switch (format) {
       case DataFormat::kBf16:
@@ -90,23 +90,6 @@ struct HostView {
   }
 };
 
-size_t ElementBytes(DataFormat f, int64_t count) {
-  return static_cast<size_t>((count * moe::FormatBits(ToAbi(f)) + 7) / 8);
-}
-
-size_t ScaleBytes(DataFormat f, int64_t rows, int64_t k, int64_t fp8_block_rows) {
-  switch (f) {
-    case DataFormat::kMxfp4:
-    case DataFormat::kMxfp8: return static_cast<size_t>(rows * (k / 32));
-    case DataFormat::kNvfp4: return static_cast<size_t>(rows * (k / 16));
-    case DataFormat::kFp8Block:
-      return static_cast<size_t>(fp8_block_rows * ((k + 127) / 128) * 4);
-    default: return 0;
-  }
-}
-
-bool HasGlobal(DataFormat f) { return f == DataFormat::kFp8 || f == DataFormat::kNvfp4; }
-
 struct CheckResult {
   bool ok = false;
   int rows = 0;
@@ -119,33 +102,29 @@ absl::StatusOr<CheckResult> RunAndCheck(const RunFlags& f, Runtime& rt, MoeGemm&
   const HostView av(p.activation_format, f.seed * 4 + 100);
   const HostView bv(p.weight_format, f.seed * 4 + 200);
   const int64_t nb = (p.n + 127) / 128, kb = (p.k + 127) / 128;
-  auto alloc_fill = [&](size_t bytes, const OperandPattern& pat) -> absl::StatusOr<DeviceBuffer> {
-    CUBIST_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(d, bytes));
+  const moe::MoeGemmBytes bytes = moe::MoeGemmBytesFor(
+      p.weight_format, p.activation_format, p.activation, p.experts, p.tokens, p.n, p.k);
+  auto alloc_fill = [&](int64_t size, const OperandPattern& pat) -> absl::StatusOr<DeviceBuffer> {
+    CUBIST_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(d, static_cast<size_t>(size)));
     CUBIST_RETURN_IF_ERROR(pat.Fill(d, b));
     return b;
   };
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer a, alloc_fill(ElementBytes(p.activation_format, p.tokens * p.k), av.elements));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer b, alloc_fill(ElementBytes(p.weight_format, p.experts * p.n * p.k), bv.elements));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer as, alloc_fill(ScaleBytes(p.activation_format, p.tokens, p.k, p.tokens), av.scales));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer bs, alloc_fill(ScaleBytes(p.weight_format, p.experts * p.n, p.k, p.experts * nb), bv.scales));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer ag, alloc_fill(HasGlobal(p.activation_format) ? 4 : 0, av.global));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer bg, alloc_fill(HasGlobal(p.weight_format) ? 4 * p.experts : 0, bv.global));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer a, alloc_fill(bytes.a, av.elements));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer b, alloc_fill(bytes.b, bv.elements));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer as, alloc_fill(bytes.a_scale, av.scales));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer bs, alloc_fill(bytes.b_scale, bv.scales));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer ag, alloc_fill(bytes.a_global_scale, av.global));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer bg, alloc_fill(bytes.b_global_scale, bv.global));
   std::vector<int32_t> offsets(p.experts + 1);
   for (int64_t e = 0; e <= p.experts; ++e) offsets[e] = static_cast<int32_t>(e * p.tokens / p.experts);
   CUBIST_ASSIGN_OR_RETURN(DeviceBuffer off, DeviceBuffer::Allocate(d, offsets.size() * 4));
   CUBIST_RETURN_IF_ERROR(off.CopyFromHost(offsets.data(), offsets.size() * 4));
   const int64_t cols = p.output_n();
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Allocate(d, p.tokens * cols * 2));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer out,
+                          DeviceBuffer::Allocate(d, static_cast<size_t>(bytes.out)));
   CUBIST_RETURN_IF_ERROR(out.Fill(0xFF));  // poison: NaN bf16 everywhere unwritten
 
-  MoeGemmArgs args;
-  args.weight_format = p.weight_format;
-  args.activation_format = p.activation_format;
-  args.activation = p.activation;
-  args.experts = p.experts;
-  args.tokens = p.tokens;
-  args.n = p.n;
-  args.k = p.k;
+  MoeGemmArgs args = MoeGemmArgsFor(p);
   args.a = a.get();
   args.b = b.get();
   args.a_scale = as.get();
@@ -213,15 +192,15 @@ absl::StatusOr<CheckResult> RunAndCheck(const RunFlags& f, Runtime& rt, MoeGemm&
     for (int64_t j = 0; j < cols; ++j) {
       const double x0 = c[j];
       const double x1 = IsGated(p.activation) ? c[cols + j] : 0.0;
-      ref.push_back(::cubist::testing::ActivationValue(
-          ToAbi(p.activation), x0, x1, 1.0, beta, std::numeric_limits<double>::infinity()));
+      ref.push_back(::cubist::reference::ActivationValue(
+          p.activation, x0, x1, 1.0, beta, std::numeric_limits<double>::infinity()));
     }
     std::vector<uint16_t> row(cols);
     CUBIST_RETURN_IF_ERROR(out.CopyToHost(row.data(), cols * 2, static_cast<size_t>(t * cols * 2)));
     got.insert(got.end(), row.begin(), row.end());
   }
-  ::cubist::testing::Comparison cmp = ::cubist::testing::CompareBf16(
-      got, ref, ::cubist::testing::ToleranceFor(ToAbi(p.weight_format), ToAbi(p.activation_format)));
+  ::cubist::reference::Comparison cmp = ::cubist::reference::CompareBf16(
+      got, ref, ::cubist::reference::ToleranceFor(p.weight_format, p.activation_format));
   result.ok = cmp.ok;
   result.rows = static_cast<int>(rows.size());
   result.summary = cmp.summary;
@@ -253,15 +232,7 @@ int RunRun(const RunFlags& f) {
   p.sm = (*rt)->sm();
   p.sm_count = (*rt)->device_info().sm_count;
 
-  MoeGemmArgs probe;
-  probe.weight_format = p.weight_format;
-  probe.activation_format = p.activation_format;
-  probe.activation = p.activation;
-  probe.experts = p.experts;
-  probe.tokens = p.tokens;
-  probe.n = p.n;
-  probe.k = p.k;
-  auto decision = (*gemm)->KernelFor(probe);
+  auto decision = (*gemm)->KernelFor(MoeGemmArgsFor(p));
   if (!decision.ok()) return PrintError(decision.status());
   const KernelEntry& kernel = *(*decision)->kernel;
 
@@ -273,9 +244,10 @@ int RunRun(const RunFlags& f) {
   auto us = (*gemm)->TimeKernel(kernel, p, to);
   if (!us.ok()) return PrintError(us.status());
   const double tflops = *us > 0 ? p.flops() / (*us * 1e-6) / 1e12 : 0;
-  const double bytes =
-      ElementBytes(p.activation_format, p.tokens * p.k) +
-      ElementBytes(p.weight_format, p.experts * p.n * p.k) + p.tokens * p.output_n() * 2.0;
+  // Elements of A and B and the output: what must move at least once.
+  const moe::MoeGemmBytes sizes = moe::MoeGemmBytesFor(
+      p.weight_format, p.activation_format, p.activation, p.experts, p.tokens, p.n, p.k);
+  const double bytes = static_cast<double>(sizes.a + sizes.b + sizes.out);
   const double tbps = *us > 0 ? bytes / (*us * 1e-6) / 1e12 : 0;
   if (f.json) {
     nlohmann::json j = {{"device", (*rt)->device_name()},

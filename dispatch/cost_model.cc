@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "kernels/moe_gemm_layout.h"
 
 namespace cubist {
 namespace {
@@ -68,7 +69,7 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
   const int64_t slots = int64_t{device.sm_count} * c.ctas_per_sm;
   c.waves = c.ctas > 0 ? static_cast<double>(CeilDiv(c.ctas, slots)) : 0.0;
 
-  const bool fp8 = UsesFp8MathPath(kernel.weight_format, kernel.activation_format);
+  const bool fp8 = moe::UsesFp8Mma(kernel.weight_format, kernel.activation_format);
   const double peak_per_sm =
       (fp8 ? device.fp8_tflops : device.bf16_tflops) * 1e12 / device.sm_count;
   const double x = static_cast<double>(tm * tn) / static_cast<double>(tm + tn);

@@ -37,7 +37,8 @@ struct DeviceInfo {
   int sm_count = 132;
   int shared_mem_per_sm = 228 * 1024;  // bytes usable by resident blocks
   int max_threads_per_sm = 2048;
-  double bf16_tflops = 800;  // dense matrix rates measured on an H200 (moe-math.md)
+  // Dense matrix rates of an H200, round figures (docs/benchmarks.md measured 782 and 1440).
+  double bf16_tflops = 800;
   double fp8_tflops = 1270;
   double memory_tbps = 4.3;  // device copy bandwidth, bytes read + written
 

@@ -43,38 +43,6 @@ inline bool PointersLookValid(const MoeGemmArgs& a) {
          (!HasBlockScales(a.weight_format) || a.b_scale != 0);
 }
 
-struct ByteSizes {
-  size_t a = 0, b = 0, a_scale = 0, b_scale = 0, a_global = 0, b_global = 0, out = 0;
-  size_t inputs() const { return a + b + a_scale + b_scale; }
-};
-
-ByteSizes SizesOf(const MoeProblem& p) {
-  auto elems = [](DataFormat f, int64_t count) {
-    return static_cast<size_t>((count * moe::FormatBits(ToAbi(f)) + 7) / 8);
-  };
-  auto scales = [](DataFormat f, int64_t rows, int64_t k, int64_t n_blocks_rows) -> size_t {
-    switch (f) {
-      case DataFormat::kMxfp4:
-      case DataFormat::kMxfp8: return static_cast<size_t>(rows * (k / 32));
-      case DataFormat::kNvfp4: return static_cast<size_t>(rows * (k / 16));
-      case DataFormat::kFp8Block: return static_cast<size_t>(n_blocks_rows * ((k + 127) / 128) * 4);
-      default: return 0;
-    }
-  };
-  ByteSizes s;
-  s.a = elems(p.activation_format, p.tokens * p.k);
-  s.b = elems(p.weight_format, p.experts * p.n * p.k);
-  s.a_scale = scales(p.activation_format, p.tokens, p.k, p.tokens);
-  s.b_scale = scales(p.weight_format, p.experts * p.n, p.k, p.experts * ((p.n + 127) / 128));
-  auto global = [](DataFormat f) {
-    return f == DataFormat::kFp8 || f == DataFormat::kNvfp4;
-  };
-  s.a_global = global(p.activation_format) ? 4 : 0;
-  s.b_global = global(p.weight_format) ? static_cast<size_t>(4 * p.experts) : 0;
-  s.out = static_cast<size_t>(p.tokens * p.output_n() * 2);
-  return s;
-}
-
 // The kernel's parameter struct for these arguments (kernels/moe_gemm_abi.h).
 inline moe::MoeGemmParams ParamsOf(const MoeGemmArgs& args) {
   moe::MoeGemmParams p = moe::MoeGemmParamsInit();
@@ -96,46 +64,7 @@ inline moe::MoeGemmParams ParamsOf(const MoeGemmArgs& args) {
   return p;
 }
 
-class OpTimer : public CandidateTimer {
- public:
-  OpTimer(MoeGemm& op, const MoeGemmTuneOptions& o) : op_(op), o_(o) {}
-  absl::StatusOr<double> TimeUs(const KernelEntry& kernel, const MoeProblem& problem) override {
-    return op_.TimeKernel(kernel, problem, o_);
-  }
-
- private:
-  MoeGemm& op_;
-  const MoeGemmTuneOptions& o_;
-};
-
 }  // namespace
-
-moe::MoeFormat ToAbi(DataFormat f) {
-  switch (f) {
-    case DataFormat::kBf16: return moe::kBf16;
-    case DataFormat::kFp8: return moe::kFp8;
-    case DataFormat::kFp8Block: return moe::kFp8Block;
-    case DataFormat::kMxfp4: return moe::kMxfp4;
-    case DataFormat::kMxfp8: return moe::kMxfp8;
-    case DataFormat::kNvfp4: return moe::kNvfp4;
-    case DataFormat::kFp16:
-    case DataFormat::kMxint4: break;  // not in the moe_gemm ABI (OpSupports refuses them)
-  }
-  return moe::kBf16;
-}
-
-moe::MoeActivation ToAbi(Activation a) {
-  switch (a) {
-    case Activation::kIdentity: return moe::kIdentity;
-    case Activation::kRelu2: return moe::kRelu2;
-    case Activation::kSwiglu: return moe::kSwiglu;
-    case Activation::kGeglu: return moe::kGeglu;
-    case Activation::kSitu: return moe::kSitu;
-    case Activation::kGelu:
-    case Activation::kSilu: break;  // not in the moe_gemm ABI (OpSupports refuses them)
-  }
-  return moe::kIdentity;
-}
 
 absl::Status ValidateMoeGemmArgs(const MoeGemmArgs& a) {
   auto bad = [](std::string what) {
@@ -213,6 +142,18 @@ absl::StatusOr<std::unique_ptr<MoeGemm>> MoeGemm::Create(Runtime& runtime,
   return op;
 }
 
+MoeGemmArgs MoeGemmArgsFor(const MoeProblem& p) {
+  MoeGemmArgs a;
+  a.weight_format = p.weight_format;
+  a.activation_format = p.activation_format;
+  a.activation = p.activation;
+  a.experts = p.experts;
+  a.tokens = p.tokens;
+  a.n = p.n;
+  a.k = p.k;
+  return a;
+}
+
 MoeProblem MoeGemm::ProblemOf(const MoeGemmArgs& a) const {
   MoeProblem p;
   p.op = Op::kMoeGemm;
@@ -239,7 +180,7 @@ absl::StatusOr<MoeGemmDecision> MoeGemm::DecisionFor(const KernelEntry& kernel,
   for (int i = 0; i < 3; ++i) d.cluster[i] = static_cast<unsigned>(kernel.spec.cluster[i]);
   d.tile_m = kernel.spec.tile_m;
   d.tile_n = kernel.spec.tile_n;
-  d.activation = ToAbi(kernel.activation);
+  d.activation = kernel.activation;
   CUBIST_ASSIGN_OR_RETURN(d.info, MoeGemmKernelInfoOf(kernel.spec));
   d.from_tuning = from_tuning;
   return d;
@@ -293,8 +234,8 @@ absl::Status MoeGemm::CanImplement(const MoeGemmArgs& args) {
   // The kernel family's own host-side check of the exact launch (alignment, sizes, the
   // grid limit), in case a manifest entry under-states the kernel's requirements.
   moe::MoeGemmKernelDesc desc;
-  desc.weight_format = ToAbi(d->kernel->weight_format);
-  desc.activation_format = ToAbi(d->kernel->activation_format);
+  desc.weight_format = d->kernel->weight_format;
+  desc.activation_format = d->kernel->activation_format;
   desc.activation = d->activation;
   desc.tile_m = d->tile_m;
   desc.tile_n = d->tile_n;
@@ -364,166 +305,6 @@ absl::Status MoeGemm::Run(const MoeGemmArgs& args, CUstream stream) {
   }
   if (args.tokens == 0) return absl::OkStatus();  // nothing to write
   return Launch(*d, args, stream);
-}
-
-// Random operands for timing one problem, kept across the candidates of one Tune.
-struct MoeGemm::TimingBuffers {
-  struct Set {
-    DeviceBuffer a, b, a_scale, b_scale;
-  };
-  MoeProblem problem;
-  std::vector<Set> sets;
-  DeviceBuffer a_global, b_global, offsets, out;
-};
-
-absl::Status MoeGemm::PrepareTimingBuffers(const MoeProblem& problem,
-                                           const MoeGemmTuneOptions& o) {
-  if (timing_ != nullptr && timing_->problem == problem) return absl::OkStatus();
-  timing_.reset();  // free the previous problem's memory first
-  DriverApi& driver = runtime_->driver();
-  const ByteSizes sizes = SizesOf(problem);
-  size_t free_bytes = 0, total_bytes = 0;
-  CUBIST_RETURN_IF_ERROR(CuCheck(driver, driver.MemGetInfo(&free_bytes, &total_bytes),
-                                 "cuMemGetInfo"));
-  if (sizes.inputs() + sizes.out > free_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "time ", ToString(problem), ": needs ", sizes.inputs() + sizes.out,
-        " bytes of device memory, ", free_bytes, " are free; time a smaller problem"));
-  }
-  // Enough sets that one pass over them is several times the 50 MB L2, within a
-  // quarter of the free memory.
-  const size_t target = size_t{256} << 20;
-  const size_t one = std::max<size_t>(1, sizes.inputs());
-  size_t sets = std::clamp<size_t>((target + one - 1) / one, 1, std::max(1, o.max_rotating_sets));
-  while (sets > 1 && sets * one > free_bytes / 4) --sets;
-
-  auto t = std::make_unique<TimingBuffers>();
-  t->problem = problem;
-  t->sets.resize(sets);
-  for (size_t i = 0; i < sets; ++i) {
-    TimingBuffers::Set& s = t->sets[i];
-    CUBIST_ASSIGN_OR_RETURN(s.a, DeviceBuffer::Allocate(driver, sizes.a));
-    CUBIST_ASSIGN_OR_RETURN(s.b, DeviceBuffer::Allocate(driver, sizes.b));
-    CUBIST_ASSIGN_OR_RETURN(s.a_scale, DeviceBuffer::Allocate(driver, sizes.a_scale));
-    CUBIST_ASSIGN_OR_RETURN(s.b_scale, DeviceBuffer::Allocate(driver, sizes.b_scale));
-    const DataFormat af = problem.activation_format, wf = problem.weight_format;
-    CUBIST_RETURN_IF_ERROR(OperandPattern(af, OperandKind::kElements, 11 + i).Fill(driver, s.a));
-    CUBIST_RETURN_IF_ERROR(OperandPattern(wf, OperandKind::kElements, 23 + i).Fill(driver, s.b));
-    CUBIST_RETURN_IF_ERROR(
-        OperandPattern(af, OperandKind::kBlockScales, 37 + i).Fill(driver, s.a_scale));
-    CUBIST_RETURN_IF_ERROR(
-        OperandPattern(wf, OperandKind::kBlockScales, 41 + i).Fill(driver, s.b_scale));
-  }
-  CUBIST_ASSIGN_OR_RETURN(t->a_global, DeviceBuffer::Allocate(driver, sizes.a_global));
-  CUBIST_ASSIGN_OR_RETURN(t->b_global, DeviceBuffer::Allocate(driver, sizes.b_global));
-  CUBIST_RETURN_IF_ERROR(OperandPattern(problem.activation_format, OperandKind::kGlobalScale, 5)
-                             .Fill(driver, t->a_global));
-  CUBIST_RETURN_IF_ERROR(OperandPattern(problem.weight_format, OperandKind::kGlobalScale, 7)
-                             .Fill(driver, t->b_global));
-  CUBIST_ASSIGN_OR_RETURN(t->out, DeviceBuffer::Allocate(driver, sizes.out));
-  // Tokens spread evenly over the experts, as the cost model assumes.
-  std::vector<int32_t> offsets(problem.experts + 1);
-  for (int64_t e = 0; e <= problem.experts; ++e) {
-    offsets[e] = static_cast<int32_t>(e * problem.tokens / problem.experts);
-  }
-  CUBIST_ASSIGN_OR_RETURN(t->offsets,
-                          DeviceBuffer::Allocate(driver, offsets.size() * sizeof(int32_t)));
-  CUBIST_RETURN_IF_ERROR(
-      t->offsets.CopyFromHost(offsets.data(), offsets.size() * sizeof(int32_t)));
-  timing_ = std::move(t);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<double> MoeGemm::TimeKernel(const KernelEntry& kernel, const MoeProblem& problem,
-                                           const MoeGemmTuneOptions& o) {
-  DriverApi& driver = runtime_->driver();
-  CUBIST_ASSIGN_OR_RETURN(ScopedContext scope, ScopedContext::Enter(driver, runtime_->context()));
-  CUBIST_ASSIGN_OR_RETURN(MoeGemmDecision d, DecisionFor(kernel, false));
-  if (problem.tokens == 0) return 0.0;
-  absl::MutexLock lock(&timing_mu_);
-  CUBIST_RETURN_IF_ERROR(PrepareTimingBuffers(problem, o));
-  const TimingBuffers& t = *timing_;
-  auto args_for = [&](size_t i) {
-    MoeGemmArgs a;
-    a.weight_format = problem.weight_format;
-    a.activation_format = problem.activation_format;
-    a.activation = problem.activation;
-    a.experts = problem.experts;
-    a.tokens = problem.tokens;
-    a.n = problem.n;
-    a.k = problem.k;
-    const TimingBuffers::Set& s = t.sets[i % t.sets.size()];
-    a.a = s.a.get();
-    a.b = s.b.get();
-    a.a_scale = s.a_scale.get();
-    a.b_scale = s.b_scale.get();
-    a.a_global_scale = t.a_global.get();
-    a.b_global_scale = t.b_global.get();
-    a.offsets = t.offsets.get();
-    a.out = t.out.get();
-    return a;
-  };
-
-  CUBIST_ASSIGN_OR_RETURN(Stream stream, Stream::Create(driver));
-  const int warmup = std::max(1, o.warmup);
-  for (int i = 0; i < warmup; ++i) {
-    CUBIST_RETURN_IF_ERROR(Launch(d, args_for(i), stream.get()));
-  }
-  const int iters = std::max(1, o.iterations);
-  std::vector<Event> events;
-  for (int i = 0; i <= iters; ++i) {
-    CUBIST_ASSIGN_OR_RETURN(Event e, Event::Create(driver));
-    events.push_back(std::move(e));
-  }
-  // Back-to-back launches between consecutive events: each interval is one kernel.
-  CUBIST_RETURN_IF_ERROR(events[0].Record(stream.get()));
-  for (int i = 0; i < iters; ++i) {
-    CUBIST_RETURN_IF_ERROR(Launch(d, args_for(warmup + i), stream.get()));
-    CUBIST_RETURN_IF_ERROR(events[i + 1].Record(stream.get()));
-  }
-  CUBIST_RETURN_IF_ERROR(events[iters].Synchronize());
-  std::vector<double> us;
-  for (int i = 0; i < iters; ++i) {
-    CUBIST_ASSIGN_OR_RETURN(float ms, Event::ElapsedMs(events[i], events[i + 1]));
-    us.push_back(ms * 1000.0);
-  }
-  std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
-  return us[us.size() / 2];
-}
-
-absl::StatusOr<AutotuneResult> MoeGemm::Tune(const MoeProblem& problem_in,
-                                            const MoeGemmTuneOptions& options) {
-  MoeProblem problem = problem_in;
-  problem.sm = runtime_->sm();
-  problem.sm_count = runtime_->device_info().sm_count;
-  OpTimer timer(*this, options);
-  SelectOptions so;
-  so.abi = moe::kMoeGemmAbi;
-  CUBIST_ASSIGN_OR_RETURN(
-      AutotuneResult result,
-      Autotune(runtime_->registry(), problem, timer, options.autotune, so));
-  if (options.record && !runtime_->tuning_path().empty()) {
-    TuningRecord r;
-    r.context = runtime_->tuning_context();
-    r.op = std::string(OpName(problem.op));
-    r.bucket = BucketOf(problem).ToString();
-    r.kernel = result.winner->name();
-    r.time_us = result.winner_us;
-    r.candidates = static_cast<int>(result.timings.size());
-    CUBIST_RETURN_IF_ERROR(RecordTuning(runtime_->tuning_path(), r));
-    CUBIST_RETURN_IF_ERROR(runtime_->ReloadTuning());
-  }
-  {
-    // The operands can be gigabytes; an engine tunes at startup and keeps running.
-    absl::MutexLock lock(&timing_mu_);
-    auto scope = ScopedContext::Enter(runtime_->driver(), runtime_->context());
-    timing_.reset();
-  }
-  if (options_.pinned_kernel.empty()) {
-    CUBIST_ASSIGN_OR_RETURN(MoeGemmDecision d, DecisionFor(*result.winner, true));
-    cache_.Replace(problem, d);
-  }
-  return result;
 }
 
 }  // namespace cubist

@@ -135,7 +135,12 @@ class MoeGemm {
   absl::StatusOr<MoeGemmDecision> DecisionFor(const KernelEntry& kernel, bool from_tuning);
   absl::Status Launch(const MoeGemmDecision& d, const MoeGemmArgs& args, CUstream stream);
 
+  // The timing harness (moe_gemm_timing.cc) owns the definition; the deleter keeps the
+  // op's own file free of it.
   struct TimingBuffers;
+  struct TimingBuffersDeleter {
+    void operator()(TimingBuffers* t) const;
+  };
   absl::Status PrepareTimingBuffers(const MoeProblem& problem, const MoeGemmTuneOptions& o)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(timing_mu_);
 
@@ -144,7 +149,7 @@ class MoeGemm {
   DecisionCache<MoeProblem, MoeGemmDecision> cache_;
   // Operands of the problem last timed (Tune and TimeKernel only, never Run).
   absl::Mutex timing_mu_;
-  std::unique_ptr<TimingBuffers> timing_ ABSL_GUARDED_BY(timing_mu_);
+  std::unique_ptr<TimingBuffers, TimingBuffersDeleter> timing_ ABSL_GUARDED_BY(timing_mu_);
 };
 
 // The checks CanImplement makes on the arguments alone (no kernel lookup): sizes within
@@ -152,9 +157,9 @@ class MoeGemm {
 // out; 4 for offsets, fp32 scales, alpha, beta and limit).
 [[nodiscard]] absl::Status ValidateMoeGemmArgs(const MoeGemmArgs& args);
 
-// Conversions to the kernel ABI's enums.
-moe::MoeFormat ToAbi(DataFormat format);
-moe::MoeActivation ToAbi(Activation activation);
+// The arguments of `problem`'s shape, formats and activation, with every pointer null:
+// enough for KernelFor; a caller fills the buffers in before Run.
+MoeGemmArgs MoeGemmArgsFor(const MoeProblem& problem);
 
 }  // namespace cubist
 

@@ -113,9 +113,9 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
     return bad("weight_format", "not a moe_gemm format");
   }
   if (!OpSupports(Op::kMoeGemm, *act)) return bad("activation", "not a moe_gemm activation");
-  k.weight_format = ToAbi(*w);
-  k.activation_format = ToAbi(*a);
-  k.activation = ToAbi(*act);
+  k.weight_format = *w;
+  k.activation_format = *a;
+  k.activation = *act;
   k.tile_m = spec.tile_m;
   k.tile_n = spec.tile_n;
   if (spec.cluster[1] != 1 || spec.cluster[2] != 1 || spec.cluster[0] < 1 ||

@@ -9,39 +9,15 @@
 namespace cubist {
 namespace {
 
-struct FormatInfo {
-  DataFormat format;
-  std::string_view name;
-  int scale_block_k;
-  double bits;
-  bool moe_gemm;  // the moe_gemm kernels (kernels/moe_gemm_abi.h) have an encoding for it
+// The order in which names are listed ("expected one of ..."): the moe_gemm ABI's
+// formats and activations first, then the names-only ones.
+constexpr DataFormat kFormats[] = {
+    DataFormat::kBf16,  DataFormat::kFp8,   DataFormat::kFp8Block, DataFormat::kMxfp4,
+    DataFormat::kMxfp8, DataFormat::kNvfp4, DataFormat::kFp16,     DataFormat::kMxint4,
 };
-
-// fp8-block: one fp32 scale per 128 elements of A (1x128); B's 128x128 blocks cost
-// less, but the A figure is the one that matters for a bound on bytes moved.
-constexpr FormatInfo kFormats[] = {
-    {DataFormat::kBf16, "bf16", 1, 16.0, true},
-    {DataFormat::kFp8, "fp8", 1, 8.0, true},
-    {DataFormat::kFp8Block, "fp8-block", 128, 8.0 + 32.0 / 128, true},
-    {DataFormat::kMxfp4, "mxfp4", 32, 4.0 + 8.0 / 32, true},
-    {DataFormat::kMxfp8, "mxfp8", 32, 8.0 + 8.0 / 32, true},
-    {DataFormat::kNvfp4, "nvfp4", 16, 4.0 + 8.0 / 16, true},
-    {DataFormat::kFp16, "fp16", 1, 16.0, false},
-    {DataFormat::kMxint4, "mxint4", 32, 4.0 + 8.0 / 32, false},
-};
-
-struct ActivationInfo {
-  Activation activation;
-  std::string_view name;
-  bool gated;
-  bool moe_gemm;
-};
-
-constexpr ActivationInfo kActivations[] = {
-    {Activation::kIdentity, "identity", false, true}, {Activation::kRelu2, "relu2", false, true},
-    {Activation::kSwiglu, "swiglu", true, true},      {Activation::kGeglu, "geglu", true, true},
-    {Activation::kSitu, "situ", true, true},          {Activation::kGelu, "gelu", false, false},
-    {Activation::kSilu, "silu", false, false},
+constexpr Activation kActivations[] = {
+    Activation::kIdentity, Activation::kRelu2, Activation::kSwiglu, Activation::kGeglu,
+    Activation::kSitu,     Activation::kGelu,  Activation::kSilu,
 };
 
 }  // namespace
@@ -54,16 +30,16 @@ absl::StatusOr<Op> ParseOp(std::string_view name) {
 }
 
 absl::StatusOr<DataFormat> ParseDataFormat(std::string_view name) {
-  for (const FormatInfo& f : kFormats) {
-    if (f.name == name) return f.format;
+  for (DataFormat f : kFormats) {
+    if (DataFormatName(f) == name) return f;
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown format '", Sv(name), "'; expected one of ", Sv(AllDataFormatNames())));
 }
 
 absl::StatusOr<Activation> ParseActivation(std::string_view name) {
-  for (const ActivationInfo& a : kActivations) {
-    if (a.name == name) return a.activation;
+  for (Activation a : kActivations) {
+    if (ActivationName(a) == name) return a;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown activation '", Sv(name),
                                                  "'; expected one of ",
@@ -78,19 +54,7 @@ std::string_view OpName(Op op) {
   return "?";
 }
 
-std::string_view DataFormatName(DataFormat format) {
-  for (const FormatInfo& f : kFormats) {
-    if (f.format == format) return f.name;
-  }
-  return "?";
-}
-
-std::string_view ActivationName(Activation activation) {
-  for (const ActivationInfo& a : kActivations) {
-    if (a.activation == activation) return a.name;
-  }
-  return "?";
-}
+std::string_view DataFormatName(DataFormat format) { return moe::FormatName(format); }
 
 std::string_view AllDataFormatNames() {
   return "bf16, fp8, fp8-block, mxfp4, mxfp8, nvfp4, fp16, mxint4";
@@ -100,55 +64,30 @@ std::string_view AllActivationNames() {
 }
 
 bool OpSupports(Op op, DataFormat format) {
-  if (op != Op::kMoeGemm) return true;
-  for (const FormatInfo& f : kFormats) {
-    if (f.format == format) return f.moe_gemm;
-  }
-  return false;
+  return op != Op::kMoeGemm || moe::MoeGemmEncodes(format);
 }
 
 bool OpSupports(Op op, Activation activation) {
-  if (op != Op::kMoeGemm) return true;
-  for (const ActivationInfo& a : kActivations) {
-    if (a.activation == activation) return a.moe_gemm;
-  }
-  return false;
+  return op != Op::kMoeGemm || moe::MoeGemmEncodes(activation);
 }
 
-bool IsGated(Activation activation) {
-  for (const ActivationInfo& a : kActivations) {
-    if (a.activation == activation) return a.gated;
-  }
-  return false;
-}
-
-int ScaleBlockK(DataFormat format) {
-  for (const FormatInfo& f : kFormats) {
-    if (f.format == format) return f.scale_block_k;
-  }
-  return 1;
-}
-
+// fp8-block: one fp32 scale per 128 elements of A (1x128); B's 128x128 blocks cost
+// less, but the A figure is the one that matters for a bound on bytes moved.
 double BitsPerElement(DataFormat format) {
-  for (const FormatInfo& f : kFormats) {
-    if (f.format == format) return f.bits;
-  }
-  return 16.0;
-}
-
-bool UsesFp8MathPath(DataFormat weight_format, DataFormat activation_format) {
-  auto fp8 = [](DataFormat f) {
-    return f == DataFormat::kFp8 || f == DataFormat::kFp8Block;
-  };
-  return fp8(weight_format) && fp8(activation_format);
+  const int block = moe::FormatScaleBlock(format);
+  return moe::FormatBits(format) +
+         (block == 0 ? 0.0 : 8.0 * moe::FormatScaleBytes(format) / block);
 }
 
 std::ostream& operator<<(std::ostream& os, Op op) { return os << OpName(op); }
-std::ostream& operator<<(std::ostream& os, DataFormat format) {
-  return os << DataFormatName(format);
+
+namespace moe {
+std::ostream& operator<<(std::ostream& os, MoeFormat format) {
+  return os << FormatName(format);
 }
-std::ostream& operator<<(std::ostream& os, Activation activation) {
+std::ostream& operator<<(std::ostream& os, MoeActivation activation) {
   return os << ActivationName(activation);
 }
+}  // namespace moe
 
 }  // namespace cubist

@@ -2,7 +2,7 @@
 // device. MoeProblem is the selection key (style.md 10): it has operator==,
 // AbslHashValue and operator<<, so a miss can print exactly what was asked.
 //
-// Shapes follow moe-math.md: A is [tokens, K] sorted by expert, B is [experts, N, K],
+// Shapes follow docs/kernels.md: A is [tokens, K] sorted by expert, B is [experts, N, K],
 // the output is [tokens, N] (or [tokens, N/2] for gated activations). `tokens` is the
 // offsets' total (offsets[experts]); the host need not know how they split.
 #ifndef CUBIST_DISPATCH_PROBLEM_H_

@@ -8,13 +8,14 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/strings.h"
+#include "kernels/moe_gemm_layout.h"
 
 namespace cubist {
 namespace {
 
 // The largest dynamic shared memory any current GPU grants one block (sm_90, sm_100:
 // 227 KiB). A manifest asking for more describes a kernel that cannot launch anywhere.
-constexpr int kMaxSharedMemBytes = 227 * 1024;
+constexpr int kMaxSharedMemBytes = moe::kMaxDynamicSmem;
 constexpr int kMaxClusterCtas = 16;
 
 class EntryErrors {

@@ -36,7 +36,7 @@ void CheckShape(const KernelEntry& kernel, const MoeProblem& p,
     out.push_back({RejectReason::kShape, std::move(detail)});
   };
   for (DataFormat f : {kernel.weight_format, kernel.activation_format}) {
-    int block = ScaleBlockK(f);
+    int block = moe::FormatScaleBlock(f);  // 0: no block scales
     if (block > 1 && p.k % block != 0) {
       reject(absl::StrCat("K=", p.k, " is not a multiple of ", block, " (the ",
                           Sv(DataFormatName(f)), " scale block)"));

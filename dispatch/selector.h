@@ -2,10 +2,10 @@
 //
 // A kernel is a candidate when its op, ABI, weight and activation formats and
 // activation equal the problem's exactly, its arch runs on the problem's SM
-// (kernel_arch.h), and the problem's shape meets its constraints (registry.h's
-// ShapeConstraints plus the formats' scale blocks). Candidates are ranked by the cost
-// model (cost_model.h): estimated time, then estimated compute time (memory-bound
-// problems tie on time), then name, so that the order is deterministic.
+// (loader/compat.h, SassRunsOn), and the problem's shape meets its constraints
+// (registry.h's ShapeConstraints plus the formats' scale blocks). Candidates are ranked
+// by the cost model (cost_model.h): estimated time, then estimated compute time
+// (memory-bound problems tie on time), then name, so that the order is deterministic.
 //
 // Functions here are pure and thread-safe; the registry must outlive the results,
 // which point into it.

@@ -50,6 +50,11 @@ inline constexpr char kMoeGemmOp[] = "moe_gemm";
 //              times one fp32 global scale: a_global_scale[1], b_global_scale[E].
 // ue8m0 byte s means 2^(s-127); s = 0xFF is NaN. Every decoded value is
 // element * block scale * global scale (each factor 1 where the format has none).
+// The last two are names only, for kernel sets imported from elsewhere (trtllm-gen):
+// no moe_gemm kernel takes them (MoeGemmEncodes), and the dispatcher never launches
+// them; they live here so that the whole project has one format vocabulary.
+//   kFp16      fp16, no scale.
+//   kMxint4    int4 with ue8m0 scales per 32 along K.
 enum MoeFormat : int32_t {
   kBf16 = 0,
   kFp8 = 1,
@@ -57,6 +62,8 @@ enum MoeFormat : int32_t {
   kMxfp8 = 3,
   kMxfp4 = 4,
   kNvfp4 = 5,
+  kFp16 = 6,
+  kMxint4 = 7,
 };
 
 // Activations. Gated ones (kSwiglu, kGeglu, kSitu) read alpha/beta/limit per expert
@@ -67,13 +74,23 @@ enum MoeFormat : int32_t {
 //   geglu     out = gelu_erf(x1) * x0
 //   situ      out = beta*tanh(x0/beta) * alpha*tanh(x1/alpha) * sigmoid(x1)   alpha, beta 1
 // With a limit L (gated only): x1 = min(x1, L), x0 = clamp(x0, -L, L) first.
+// gelu and silu (element-wise) are names only, for imported kernel sets (as above).
 enum MoeActivation : int32_t {
   kIdentity = 0,
   kRelu2 = 1,
   kSwiglu = 2,
   kGeglu = 3,
   kSitu = 4,
+  kGelu = 5,
+  kSilu = 6,
 };
+
+// Whether the moe_gemm parameter ABI has an encoding for the format / activation
+// (the names-only ones above it has not).
+CUBIST_HD constexpr bool MoeGemmEncodes(MoeFormat f) { return f >= kBf16 && f <= kNvfp4; }
+CUBIST_HD constexpr bool MoeGemmEncodes(MoeActivation a) {
+  return a >= kIdentity && a <= kSitu;
+}
 
 // The one kernel parameter, passed by value (cuLaunchKernel's kernelParams[0] points
 // at it). All pointers are device pointers; "null" marks an optional input.
@@ -149,11 +166,21 @@ CUBIST_HD constexpr MoeGemmGrid MoeGemmGridFor(const MoeGemmParams& p, MoeActiva
 // (N, or N/2 when gated) a multiple of 8, every pointer 16-byte aligned. k_align is the
 // larger of one 16-byte load of the narrowest operand and the scale block.
 CUBIST_HD constexpr int32_t FormatBits(MoeFormat f) {
-  return f == kBf16 ? 16 : (f == kMxfp4 || f == kNvfp4) ? 4 : 8;
+  return f == kBf16 || f == kFp16 ? 16 : (f == kMxfp4 || f == kNvfp4 || f == kMxint4) ? 4 : 8;
 }
+// Elements along K that share one block scale; 0 for formats without block scales.
 CUBIST_HD constexpr int32_t FormatScaleBlock(MoeFormat f) {
-  return f == kMxfp4 || f == kMxfp8 ? 32 : f == kNvfp4 ? 16 : f == kFp8Block ? 128 : 0;
+  return f == kMxfp4 || f == kMxfp8 || f == kMxint4 ? 32
+         : f == kNvfp4                             ? 16
+         : f == kFp8Block                          ? 128
+                                                   : 0;
 }
+// Bytes of one block scale: fp32 for fp8-block, one byte (ue8m0 or e4m3) otherwise.
+CUBIST_HD constexpr int32_t FormatScaleBytes(MoeFormat f) {
+  return f == kFp8Block ? 4 : FormatScaleBlock(f) != 0 ? 1 : 0;
+}
+// Whether the format carries an fp32 per-tensor (A) / per-expert (B) global scale.
+CUBIST_HD constexpr bool FormatHasGlobalScale(MoeFormat f) { return f == kFp8 || f == kNvfp4; }
 CUBIST_HD constexpr int32_t MoeGemmKAlign(MoeFormat w, MoeFormat a) {
   const int32_t bits = FormatBits(w) < FormatBits(a) ? FormatBits(w) : FormatBits(a);
   int32_t align = 128 / bits;  // elements in 16 bytes
@@ -165,6 +192,45 @@ CUBIST_HD constexpr int32_t MoeGemmKAlign(MoeFormat w, MoeFormat a) {
   return align;
 }
 inline constexpr int32_t kMoeGemmOutColsAlign = 8;
+
+// The size in bytes of every array of one problem (E experts, T tokens, N, K): the one
+// place that says it, for the dispatcher, `cubist run`, the benchmarks and the CPU
+// reference alike. Scales are [rows, ceil(K / block)] (whole blocks for ue8m0/e4m3
+// scales, whose K is a multiple of the block); fp8-block weights use 128x128 blocks,
+// so B's scales are [E, ceil(N/128), ceil(K/128)].
+struct MoeGemmBytes {
+  int64_t a = 0, b = 0;              // elements
+  int64_t a_scale = 0, b_scale = 0;  // block scales
+  int64_t a_global_scale = 0, b_global_scale = 0;  // fp32 [1] and [E]
+  int64_t offsets = 0;               // int32 [E+1]
+  int64_t out = 0;                   // bf16 [T, N] or [T, N/2]
+  CUBIST_HD constexpr int64_t inputs() const { return a + b + a_scale + b_scale; }
+};
+CUBIST_HD constexpr int64_t MoeElementBytes(MoeFormat f, int64_t count) {
+  return (count * FormatBits(f) + 7) / 8;
+}
+// Block-scale bytes of a [rows, k] operand whose scales come in `scale_rows` rows
+// (rows itself, except for fp8-block weights: one per 128 rows of each expert).
+CUBIST_HD constexpr int64_t MoeScaleBytes(MoeFormat f, int64_t scale_rows, int64_t k) {
+  const int64_t block = FormatScaleBlock(f);
+  if (block == 0) return 0;
+  const int64_t per_row = f == kFp8Block ? (k + block - 1) / block : k / block;
+  return scale_rows * per_row * FormatScaleBytes(f);
+}
+CUBIST_HD constexpr MoeGemmBytes MoeGemmBytesFor(MoeFormat w, MoeFormat a, MoeActivation act,
+                                                 int64_t e, int64_t t, int64_t n,
+                                                 int64_t k) {
+  MoeGemmBytes s;
+  s.a = MoeElementBytes(a, t * k);
+  s.b = MoeElementBytes(w, e * n * k);
+  s.a_scale = MoeScaleBytes(a, t, k);
+  s.b_scale = MoeScaleBytes(w, w == kFp8Block ? e * ((n + 127) / 128) : e * n, k);
+  s.a_global_scale = FormatHasGlobalScale(a) ? 4 : 0;
+  s.b_global_scale = FormatHasGlobalScale(w) ? 4 * e : 0;
+  s.offsets = 4 * (e + 1);
+  s.out = 2 * t * (IsGated(act) ? n / 2 : n);
+  return s;
+}
 
 // Sets abi (version 1) and zeroes everything else.
 inline MoeGemmParams MoeGemmParamsInit() {
@@ -232,7 +298,7 @@ CUBIST_HD constexpr MoeGemmGrid MoeGemmPersistentGridFor(const MoeGemmParams& p,
   return g;
 }
 
-// Manifest vocabulary.
+// Manifest vocabulary: the one name table (dispatch/moe_types.h parses with it).
 inline const char* FormatName(MoeFormat f) {
   switch (f) {
     case kBf16: return "bf16";
@@ -241,6 +307,8 @@ inline const char* FormatName(MoeFormat f) {
     case kMxfp8: return "mxfp8";
     case kMxfp4: return "mxfp4";
     case kNvfp4: return "nvfp4";
+    case kFp16: return "fp16";
+    case kMxint4: return "mxint4";
   }
   return "?";
 }
@@ -251,6 +319,8 @@ inline const char* ActivationName(MoeActivation a) {
     case kSwiglu: return "swiglu";
     case kGeglu: return "geglu";
     case kSitu: return "situ";
+    case kGelu: return "gelu";
+    case kSilu: return "silu";
   }
   return "?";
 }

@@ -2,13 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <map>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/file_util.h"
 #include "base/status_macros.h"
 #include "base/strings.h"
 #include "base/unique_fd.h"
@@ -668,12 +667,9 @@ absl::StatusOr<CubinInfo> InspectCubin(std::string_view bytes) {
 }
 
 absl::StatusOr<CubinInfo> InspectCubinFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ErrnoToStatus(errno, absl::StrCat("inspect ", path));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return ErrnoToStatus(errno, absl::StrCat("read ", path));
-  absl::StatusOr<CubinInfo> info = InspectCubin(buf.str());
+  absl::StatusOr<std::string> bytes = ReadFileToString(path);
+  if (!bytes.ok()) return Annotate(bytes.status(), "inspect");
+  absl::StatusOr<CubinInfo> info = InspectCubin(*bytes);
   if (!info.ok()) return Annotate(info.status(), path);
   return info;
 }

@@ -134,8 +134,10 @@ class DriverApi {
 // report the driver version even where no device is usable.
 // Errors: FailedPrecondition "no driver: dlopen libcuda.so.1: <dlerror>; ..." when the
 // library is absent, FailedPrecondition naming the entry point when one is missing.
-// The environment variable CUBIST_LIBCUDA, when set, names the library to open instead
-// (tests use it to load a fake libcuda).
+// The environment variable CUBIST_LIBCUDA, when set, names the library to open instead:
+// a supported override (README, "Environment") for drivers installed outside the
+// loader's search path, such as a compat libcuda in a container; the tests use it to
+// load a fake driver.
 [[nodiscard]] absl::StatusOr<DriverApi*> LoadDriver();
 
 // LoadDriver() plus a successful cuInit(0), once per process. The entry point for

@@ -1,15 +1,14 @@
 #include "loader/module_cache.h"
 
-#include <fstream>
 #include <mutex>
 #include <shared_mutex>
-#include <sstream>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/file_util.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "base/strings.h"
@@ -24,15 +23,6 @@ namespace {
 constexpr int kDefaultDynamicSharedLimit = 48 * 1024;
 
 enum State : int { kUnloaded = 0, kLoaded = 1, kFailed = 2 };
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ErrnoToStatus(errno, absl::StrCat("open ", path));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return ErrnoToStatus(errno, absl::StrCat("read ", path));
-  return std::move(buf).str();
-}
 
 }  // namespace
 
@@ -253,7 +243,7 @@ absl::Status ModuleCache::EnsureLoadedLocked(ImageSlot& img) {
   std::string_view bytes = img.bytes;
   if (img.from_file) {
     // Not sticky: the file may appear (a fetch) or become readable later.
-    absl::StatusOr<std::string> read = ReadWholeFile(img.name);
+    absl::StatusOr<std::string> read = ReadFileToString(img.name);
     if (!read.ok()) return Annotate(read.status(), "load image");
     file_bytes = std::move(read).value();
     bytes = file_bytes;

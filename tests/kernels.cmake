@@ -4,7 +4,7 @@
 # scripts/build-artifacts --small into <build>/moe-artifacts-small (skipped without nvcc).
 #
 # moe_gemm_bench (bench/moe_gemm_bench.cc) times every kernel of an artifact directory on
-# the MoE shapes of moe-math.md through the loader; it needs a GPU only when run.
+# the MoE shapes of docs/kernels.md through the loader; it needs a GPU only when run.
 set(_moe_bench ${PROJECT_SOURCE_DIR}/bench/moe_gemm_bench.cc)
 if(CUBIST_BUILD_BENCH AND EXISTS ${_moe_bench})
   add_executable(moe_gemm_bench ${_moe_bench})

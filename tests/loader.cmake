@@ -53,7 +53,7 @@ cubist_cubin(kernels.fatbin kernels.cu -fatbin
 cubist_cubin(large_sm_90a.cubin large.cu -cubin -arch=sm_90a -Xptxas -O0)
 
 add_custom_target(cubist_loader_cubins ALL DEPENDS ${_cubin_outputs})
-foreach(_t loader_cubin_test loader_gpu_test loader_bench)
+foreach(_t loader_gpu_test loader_bench)
   if(TARGET ${_t})
     add_dependencies(${_t} cubist_loader_cubins)
   endif()

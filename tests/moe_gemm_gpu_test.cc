@@ -2,7 +2,7 @@
 // is loaded THROUGH THE LOADER (ModuleCache over the dlopen'ed driver table, hash-checked
 // against the manifest), run on fresh random inputs in its formats with the output
 // poisoned first (and a poisoned guard after it), and compared with the CPU reference
-// (tests/testlib/moe_reference.h) within the tolerance stated for its format pair.
+// (dispatch/reference.h) within the tolerance stated for its format pair.
 //
 // The artifact directory is $CUBIST_MOE_ARTIFACTS, else <build>/moe-artifacts; build it
 // with scripts/build-artifacts DIR (the whole family) or --small. Without a GPU, a driver
@@ -31,31 +31,31 @@
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_check.h"
 #include "dispatch/moe_gemm_launch.h"
+#include "dispatch/moe_types.h"
+#include "dispatch/reference.h"
 #include "loader/context.h"
 #include "loader/device_memory.h"
 #include "loader/driver_api.h"
 #include "loader/module_cache.h"
 #include "manifest/manifest_parser.h"
 #include "tests/test_util.h"
-#include "tests/testlib/moe_reference.h"
 
 namespace cubist::testing {
 namespace {
 
 using ::testing::HasSubstr;
 using namespace cubist::moe;
+using namespace cubist::reference;
 
 std::optional<MoeFormat> ParseFormat(const std::string& s) {
-  for (MoeFormat f : {kBf16, kFp8, kFp8Block, kMxfp8, kMxfp4, kNvfp4}) {
-    if (s == FormatName(f)) return f;
-  }
-  return std::nullopt;
+  auto f = ::cubist::ParseDataFormat(s);
+  if (!f.ok() || !MoeGemmEncodes(*f)) return std::nullopt;
+  return *f;
 }
 std::optional<MoeActivation> ParseAct(const std::string& s) {
-  for (MoeActivation a : {kIdentity, kRelu2, kSwiglu, kGeglu, kSitu}) {
-    if (s == ActivationName(a)) return a;
-  }
-  return std::nullopt;
+  auto a = ::cubist::ParseActivation(s);
+  if (!a.ok() || !MoeGemmEncodes(*a)) return std::nullopt;
+  return *a;
 }
 
 std::string ArtifactDir() {

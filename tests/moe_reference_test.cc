@@ -1,8 +1,8 @@
-// Tests of the CPU reference for the moe_gemm kernels (tests/testlib/moe_reference.h):
+// Tests of the CPU reference for the moe_gemm kernels (dispatch/reference.h):
 // the codecs against hand-computed values and exhaustively, the quantizers' layouts and
 // error bounds, the reference GEMM and activations on small hand-checked cases, and the
 // comparison's verdicts.
-#include "tests/testlib/moe_reference.h"
+#include "dispatch/reference.h"
 
 #include <cmath>
 #include <cstring>
@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace cubist::testing {
+namespace cubist::reference {
 namespace {
 
 using ::testing::HasSubstr;
@@ -282,4 +282,4 @@ TEST(MoeCompareTest, Verdicts) {
 }
 
 }  // namespace
-}  // namespace cubist::testing
+}  // namespace cubist::reference

@@ -262,8 +262,8 @@ TEST(MoeTypesTest, NamesRoundTrip) {
   }
   EXPECT_TRUE(IsGated(Activation::kSitu));
   EXPECT_FALSE(IsGated(Activation::kRelu2));
-  EXPECT_EQ(ScaleBlockK(DataFormat::kNvfp4), 16);
-  EXPECT_EQ(ScaleBlockK(DataFormat::kFp8Block), 128);
+  EXPECT_EQ(moe::FormatScaleBlock(DataFormat::kNvfp4), 16);
+  EXPECT_EQ(moe::FormatScaleBlock(DataFormat::kFp8Block), 128);
   EXPECT_DOUBLE_EQ(BitsPerElement(DataFormat::kMxfp4), 4.25);
 }
 

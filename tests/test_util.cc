@@ -7,7 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <sstream>
+
+#include "base/file_util.h"
 
 namespace cubist::testing {
 
@@ -43,14 +44,12 @@ void WriteFileOrDie(const std::string& path, std::string_view data) {
 }
 
 std::string ReadFileOrDie(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    ADD_FAILURE() << "cannot read " << path;
+  absl::StatusOr<std::string> bytes = ReadFileToString(path);
+  if (!bytes.ok()) {
+    ADD_FAILURE() << "cannot read " << path << ": " << bytes.status();
     std::abort();
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return *std::move(bytes);
 }
 
 bool FileExists(const std::string& path) {

@@ -4,11 +4,10 @@
 #define CUBIST_TESTS_TESTLIB_LOADER_FIXTURES_H_
 
 #include <cstdlib>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 
+#include "base/file_util.h"
 #include "tests/test_util.h"
 
 namespace cubist::testing {
@@ -24,11 +23,9 @@ inline std::string CubinPath(const std::string& name) { return CubinDir() + "/" 
 
 // The fixture's bytes, or nullopt when it was not built.
 inline std::optional<std::string> ReadCubinFixture(const std::string& name) {
-  std::ifstream in(CubinPath(name), std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return std::move(buf).str();
+  absl::StatusOr<std::string> bytes = ReadFileToString(CubinPath(name));
+  if (!bytes.ok()) return std::nullopt;
+  return *std::move(bytes);
 }
 
 inline const absl::Status& AsStatus(const absl::Status& s) { return s; }

@@ -18,34 +18,6 @@
 #include "absl/strings/str_split.h"
 
 namespace cubist::testing {
-namespace {
-
-int FreeLoopbackPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-bool CanConnect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  ::close(fd);
-  return ok;
-}
-
-}  // namespace
-
 std::string NginxServer::BinaryPath() {
   for (const char* p : {"/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"}) {
     if (::access(p, X_OK) == 0) return p;
@@ -102,56 +74,17 @@ absl::Status NginxServer::Launch() {
     std::ofstream f(config_);
     f << c.str();
   }
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    std::string bin = BinaryPath();
-    ::execl(bin.c_str(), bin.c_str(), "-q", "-p", w.c_str(), "-c", config_.c_str(),
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  pid_ = pid;
-  for (int i = 0; i < 500; ++i) {
-    if (CanConnect(port_)) return absl::OkStatus();
-    int status;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return absl::UnavailableError("nginx exited at start");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  Stop();
-  return absl::UnavailableError("nginx did not accept connections");
+  return process_.Start({BinaryPath(), "-q", "-p", w, "-c", config_}, "",
+                        [this] { return LoopbackPortAccepts(port_); }, 500, "nginx");
 }
 
 absl::Status NginxServer::Restart() {
-  if (pid_ > 0) return absl::OkStatus();
-  for (int i = 0; i < 100; ++i) {
-    if (Launch().ok()) return absl::OkStatus();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return absl::UnavailableError("nginx did not restart");
+  return process_.Restart([this] { return Launch(); }, "nginx");
 }
 
 NginxServer::~NginxServer() { Stop(); }
 
-void NginxServer::Stop() {
-  if (pid_ <= 0) return;
-  // The whole process group: the master and its workers.
-  ::kill(-pid_, SIGTERM);
-  for (int i = 0; i < 500; ++i) {
-    int status;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      ::kill(-pid_, SIGKILL);
-      pid_ = -1;
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ::kill(-pid_, SIGKILL);
-  ::waitpid(pid_, nullptr, 0);
-  pid_ = -1;
-}
+void NginxServer::Stop() { process_.Stop(); }
 
 std::string NginxServer::BaseUrl() const { return absl::StrCat("http://127.0.0.1:", port_, "/"); }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tests/testlib/child_process.h"
 
 namespace cubist::testing {
 
@@ -51,7 +52,7 @@ class NginxServer {
   Options options_;
   std::string config_;
   int port_ = 0;
-  pid_t pid_ = -1;
+  ServerProcess process_;
 };
 
 }  // namespace cubist::testing

@@ -20,33 +20,6 @@
 #include "tests/test_util.h"
 
 namespace cubist::testing {
-namespace {
-
-int FreeLoopbackPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-bool Answers(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  ::close(fd);
-  return ok;
-}
-
-}  // namespace
-
 std::string RegistryServer::BinaryPath() {
   for (const char* p : {"/usr/bin/docker-registry", "/usr/local/bin/registry", "/usr/bin/registry"}) {
     if (::access(p, X_OK) == 0) return p;
@@ -106,58 +79,17 @@ absl::Status RegistryServer::Launch() {
     f << c.str();
   }
   std::string log = w + "/registry.log";
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-    }
-    std::string bin = BinaryPath();
-    ::execl(bin.c_str(), bin.c_str(), "serve", config.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  pid_ = pid;
-  for (int i = 0; i < 1000; ++i) {
-    if (Answers(port_)) return absl::OkStatus();
-    int status;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return absl::UnavailableError("docker-registry exited at start");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  Stop();
-  return absl::UnavailableError("docker-registry did not accept connections");
+  return process_.Start({BinaryPath(), "serve", config}, log,
+                        [this] { return LoopbackPortAccepts(port_); }, 1000, "docker-registry");
 }
 
 absl::Status RegistryServer::Restart() {
-  if (pid_ > 0) return absl::OkStatus();
-  for (int i = 0; i < 100; ++i) {
-    if (Launch().ok()) return absl::OkStatus();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return absl::UnavailableError("docker-registry did not restart");
+  return process_.Restart([this] { return Launch(); }, "docker-registry");
 }
 
 RegistryServer::~RegistryServer() { Stop(); }
 
-void RegistryServer::Stop() {
-  if (pid_ <= 0) return;
-  ::kill(-pid_, SIGTERM);
-  for (int i = 0; i < 500; ++i) {
-    int status;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ::kill(-pid_, SIGKILL);
-  ::waitpid(pid_, nullptr, 0);
-  pid_ = -1;
-}
+void RegistryServer::Stop() { process_.Stop(); }
 
 std::string RegistryServer::HostPort() const { return absl::StrCat("127.0.0.1:", port_); }
 

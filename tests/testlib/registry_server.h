@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tests/testlib/child_process.h"
 
 namespace cubist::testing {
 
@@ -51,7 +52,7 @@ class RegistryServer {
   absl::Status Launch();
   Options options_;
   int port_ = 0;
-  pid_t pid_ = -1;
+  ServerProcess process_;
 };
 
 }  // namespace cubist::testing

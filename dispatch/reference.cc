@@ -1,4 +1,4 @@
-#include "tests/testlib/moe_reference.h"
+#include "dispatch/reference.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/moe_gemm_layout.h"
 
-namespace cubist::testing {
+namespace cubist::reference {
 namespace {
 
 using moe::kBf16;
@@ -118,8 +118,10 @@ std::vector<float> DecodeNoGlobal(const MoeProblemData& p, bool is_a) {
                              static_cast<int64_t>(p.num_experts) * p.n, p.k, 1);
   }
   std::vector<float> out;
-  const int64_t per_data = static_cast<int64_t>(p.n) * p.k;
-  const int64_t per_scale = int64_t{4} * ((p.n + 127) / 128) * ((p.k + 127) / 128);
+  const moe::MoeGemmBytes one_expert =
+      moe::MoeGemmBytesFor(p.weight_format, p.activation_format, moe::kIdentity, 1, 0, p.n, p.k);
+  const int64_t per_data = one_expert.b;
+  const int64_t per_scale = one_expert.b_scale;
   for (int e = 0; e < p.num_experts; ++e) {
     std::vector<uint8_t> d(p.b.begin() + e * per_data, p.b.begin() + (e + 1) * per_data);
     std::vector<uint8_t> s(p.b_scale.begin() + e * per_scale,
@@ -278,6 +280,9 @@ void Quantize(MoeFormat format, const std::vector<float>& x, int rows, int k,
         data->push_back(static_cast<uint8_t>(FloatToE2m1(q[i]) | (FloatToE2m1(q[i + 1]) << 4)));
       return;
     }
+    case moe::kFp16:
+    case moe::kMxint4:
+      return;  // names only: no moe_gemm kernel takes them, so nothing to quantize for
   }
 }
 
@@ -486,4 +491,4 @@ Comparison CompareBf16(const std::vector<uint16_t>& out, const std::vector<doubl
   return r;
 }
 
-}  // namespace cubist::testing
+}  // namespace cubist::reference

@@ -1,4 +1,4 @@
-// CPU reference for the moe_gemm kernel family (kernels/moe_gemm_abi.h, moe-math.md):
+// CPU reference for the moe_gemm kernel family (kernels/moe_gemm_abi.h, docs/kernels.md):
 // exact decoders and round-to-nearest-even encoders for every element and scale format,
 // quantizers that turn random real matrices into each format's bytes, random ragged MoE
 // problems, the reference GEMM (double accumulation) with every activation, and a
@@ -7,8 +7,8 @@
 // Everything is a pure function of its arguments (random inputs come from an explicit
 // seed) and thread-safe. Byte layouts are exactly the kernels': row-major, K contiguous,
 // fp4 two per byte low nibble first, scales [rows, K/block].
-#ifndef CUBIST_TESTS_TESTLIB_MOE_REFERENCE_H_
-#define CUBIST_TESTS_TESTLIB_MOE_REFERENCE_H_
+#ifndef CUBIST_DISPATCH_REFERENCE_H_
+#define CUBIST_DISPATCH_REFERENCE_H_
 
 #include <cstdint>
 #include <string>
@@ -16,7 +16,7 @@
 
 #include "kernels/moe_gemm_abi.h"
 
-namespace cubist::testing {
+namespace cubist::reference {
 
 using moe::MoeActivation;
 using moe::MoeFormat;
@@ -120,6 +120,6 @@ double MaxAbs(const std::vector<double>& x);
 // just under, at and over multiples of 64 and 128.
 std::vector<int> RaggedCounts(int num_experts, uint64_t seed);
 
-}  // namespace cubist::testing
+}  // namespace cubist::reference
 
-#endif  // CUBIST_TESTS_TESTLIB_MOE_REFERENCE_H_
+#endif  // CUBIST_DISPATCH_REFERENCE_H_

@@ -1,0 +1,111 @@
+#include "artifacts/curl_transport.h"
+
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "artifacts/curl_handles.h"
+#include "base/strings.h"
+
+namespace cubist {
+namespace {
+
+struct Sink {
+  TransportResponse* response;
+  uint64_t max_bytes;
+};
+
+size_t OnBody(char* p, size_t size, size_t n, void* user) {
+  auto* sink = static_cast<Sink*>(user);
+  size_t len = size * n;
+  if (sink->response->body.size() + len > sink->max_bytes) {
+    sink->response->too_large = true;
+    return 0;
+  }
+  sink->response->body.append(p, len);
+  return len;
+}
+
+size_t OnHeader(char* p, size_t size, size_t n, void* user) {
+  auto* response = static_cast<TransportResponse*>(user);
+  std::string_view line(p, size * n);
+  if (absl::StartsWith(Sv(line), "HTTP/")) {
+    response->retry_after.reset();  // a new response (after a redirect)
+  } else if (auto d = RetryAfterFromHeaderLine(line); d.has_value()) {
+    response->retry_after = d;
+  }
+  return size * n;
+}
+
+}  // namespace
+
+TransportResult TransportResultOf(CURLcode rc) {
+  switch (rc) {
+    case CURLE_OK:
+      return TransportResult::kOk;
+    case CURLE_FILE_COULDNT_READ_FILE:
+      return TransportResult::kFileMissing;
+    case CURLE_RANGE_ERROR:
+    case CURLE_BAD_DOWNLOAD_RESUME:
+      return TransportResult::kRangeError;
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_GOT_NOTHING:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_WEIRD_SERVER_REPLY:
+      return TransportResult::kTransient;
+    default:
+      return TransportResult::kFatal;
+  }
+}
+
+std::optional<absl::Duration> RetryAfterFromHeaderLine(std::string_view line) {
+  constexpr std::string_view kName = "retry-after:";
+  if (!absl::StartsWithIgnoreCase(Sv(line), Sv(kName))) return std::nullopt;
+  int64_t secs;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(Sv(line.substr(kName.size()))), &secs) ||
+      secs < 0) {
+    return std::nullopt;
+  }
+  return absl::Seconds(secs);
+}
+
+TransportResponse CurlTransport::Get(const TransportRequest& request) {
+  EnsureCurlInitialized();
+  TransportResponse response;
+  CurlEasy easy(curl_easy_init());
+  CURL* e = easy.get();
+  CurlOptions options;
+  options.total_timeout = request.timeout;
+  options.ca = CaSettings::FromEnvironment();
+  ApplyCurlOptions(e, options);
+  Sink sink{&response, request.max_bytes};
+  char errbuf[CURL_ERROR_SIZE] = {0};
+  curl_easy_setopt(e, CURLOPT_URL, request.url.c_str());
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &OnBody);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, &sink);
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &OnHeader);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, &response);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+  CURLcode rc = curl_easy_perform(e);
+  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &response.facts.http_status);
+  response.facts.is_file = absl::StartsWithIgnoreCase(Sv(request.url), "file://");
+  response.facts.result = TransportResultOf(rc);
+  if (rc != CURLE_OK) response.error = errbuf[0] != '\0' ? errbuf : curl_easy_strerror(rc);
+  return response;
+}
+
+Transport& DefaultTransport() {
+  static CurlTransport* const transport = new CurlTransport();
+  return *transport;
+}
+
+}  // namespace cubist

@@ -1,0 +1,41 @@
+// Transport: moves the bytes of one GET, and says how it went in the fetch policy's
+// terms (fetch_policy.h) so that what to do next is decided in one place. The curl
+// implementation (curl_transport.h) serves manifests and signatures; the fetcher's
+// parallel transfers use the same option builder and classification on libcurl's multi
+// interface. Tests hand in a fake and run every retry case without a server.
+#ifndef CUBIST_ARTIFACTS_TRANSPORT_H_
+#define CUBIST_ARTIFACTS_TRANSPORT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "artifacts/fetch_policy.h"
+
+namespace cubist {
+
+struct TransportRequest {
+  std::string url;
+  uint64_t max_bytes = 0;  // a longer body stops there: TransportResponse::too_large
+  absl::Duration timeout = absl::Minutes(1);  // the whole transfer
+};
+
+struct TransportResponse {
+  TransferFacts facts;       // how the transfer ended, and the HTTP status
+  std::string body;          // of a 2xx (or file) answer
+  bool too_large = false;    // the body passed max_bytes
+  std::string error;         // the transport's words when facts.result is not kOk
+  std::optional<absl::Duration> retry_after;  // the server's Retry-After, if any
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Thread-safe in every implementation: one Transport serves concurrent callers.
+  virtual TransportResponse Get(const TransportRequest& request) = 0;
+};
+
+}  // namespace cubist
+
+#endif  // CUBIST_ARTIFACTS_TRANSPORT_H_
