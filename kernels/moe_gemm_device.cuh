@@ -163,7 +163,7 @@ __device__ __forceinline__ __nv_bfloat162 E4m3ToBf16x2(uint32_t s) {
 }
 
 // ---------------------------------------------------------------------------------
-// Activations (moe-math.md); NaN propagates through every clamp.
+// Activations (docs/kernels.md); NaN propagates through every clamp.
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
