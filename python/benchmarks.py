@@ -4,10 +4,13 @@ MoE layer against the same layer in plain torch, side by side in one process on 
 
     python python/benchmarks.py MANIFEST
 
-Overhead: per-call host time of N back-to-back launches of a small problem (the GPU
-keeps up, so the host is the limit), the median of 15 rounds: C++ Run called from a C++
-loop (MoeGemm._run_loop_us); the native binding called with integers; MoeGemm.run on
-torch tensors (checks, current stream); the torch custom op (torch.ops.cubist.moe_gemm).
+Overhead: per-call host time of N back-to-back launches of a small problem from an
+idle GPU (N launches fit in the launch queue, so the host is timed), the median of 15
+rounds that interleave the paths: C++ Run called from a C++ loop (MoeGemm._run_loop_us);
+the native binding called with integers; the native fast_run on torch tensors (C++ reads
+them, no Python frame); MoeGemm.run on torch tensors (its C++ fast path, current
+stream); the same through the Python checks (a stream object given); the torch custom
+op (torch.ops.cubist.moe_gemm).
 Layer: CUDA-event medians of eager calls and of CUDA-graph replays.
 """
 import statistics
@@ -24,16 +27,14 @@ import moe_layer  # noqa: E402
 CALLS, ROUNDS = 400, 15
 
 
-def per_call_us(fn):
-    rounds = []
-    for _ in range(ROUNDS):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        rounds.append((time.perf_counter() - t0) * 1e6 / CALLS)
+def one_round_us(fn):
+    """Host microseconds per call of CALLS back-to-back calls, from an idle GPU: drained
+    first, so that the launch queue never fills and the host, not the GPU, is timed."""
     torch.cuda.synchronize()
-    return statistics.median(rounds)
+    t0 = time.perf_counter()
+    for _ in range(CALLS):
+        fn()
+    return (time.perf_counter() - t0) * 1e6 / CALLS
 
 
 def gpu_us(fn, iters=50):
@@ -72,21 +73,36 @@ def overhead(rt):
     wf, af, act, e_, t_, n_, k_, p, dev = args
     stream = torch.cuda.current_stream().cuda_stream
     native = gemm._native
-    rows = []
-    cpp_rounds = []
-    for _ in range(ROUNDS):
-        # Drained between rounds as per_call_us does: without it the launch queue fills
-        # and the loop measures the GPU's time per kernel instead of the host's.
-        torch.cuda.synchronize()
-        cpp_rounds.append(native._run_loop_us(wf, af, act, e_, t_, n_, k_, *p, stream, CALLS))
-    cpp = statistics.median(cpp_rounds)
-    rows.append(("C++ MoeGemm::Run (C++ loop)", cpp))
-    rows.append(("native binding, integer arguments", per_call_us(
-        lambda: native.run(wf, af, act, e_, t_, n_, k_, *p, stream))))
-    rows.append(("cubist.MoeGemm.run(torch tensors)", per_call_us(
-        lambda: gemm.run(a, b, offsets, out, activation="swiglu"))))
-    rows.append(("torch.ops.cubist.moe_gemm (custom op)", per_call_us(
-        lambda: gemm.op(a, b, offsets, out, activation="swiglu"))))
+    nones = (None,) * 9
+    torch_stream = torch.cuda.current_stream()  # a stream object: the Python path
+    paths = [
+        ("C++ MoeGemm::Run (C++ loop)",
+         lambda: native._run_loop_us(wf, af, act, e_, t_, n_, k_, *p, stream, CALLS)),
+        ("native binding, integer arguments",
+         lambda: native.run(wf, af, act, e_, t_, n_, k_, *p, stream)),
+        ("native fast_run(torch tensors) (C++ reads them; no Python frame)",
+         lambda: native.fast_run(a, b, offsets, out, "swiglu", *nones, None)),
+        ("cubist.MoeGemm.run(torch tensors)",
+         lambda: gemm.run(a, b, offsets, out, activation="swiglu")),
+        ("cubist.MoeGemm.run(torch tensors), Python path (stream=torch stream)",
+         lambda: gemm.run(a, b, offsets, out, activation="swiglu", stream=torch_stream)),
+        ("torch.ops.cubist.moe_gemm (custom op)",
+         lambda: gemm.op(a, b, offsets, out, activation="swiglu")),
+    ]
+    # Rounds interleave the paths, so drift (clocks, other load) reaches all of them.
+    # The first (the C++ loop) times itself; one warm-up round is dropped.
+    rounds = {name: [] for name, _ in paths}
+    for _ in range(ROUNDS + 1):
+        for i, (name, fn) in enumerate(paths):
+            if i == 0:
+                torch.cuda.synchronize()
+                rounds[name].append(fn())
+            else:
+                rounds[name].append(one_round_us(fn))
+    torch.cuda.synchronize()
+    rounds = {name: r[1:] for name, r in rounds.items()}
+    rows = [(name, statistics.median(rounds[name])) for name, _ in paths]
+    cpp = rows[0][1]
     print(f"host time per call, E={e} T={t} N={n} K={k} bf16 swiglu, {CALLS} calls x "
           f"{ROUNDS} rounds (median):")
     print("| path | us per call | over C++ Run |\n| --- | --- | --- |")

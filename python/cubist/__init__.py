@@ -159,6 +159,8 @@ class MoeGemm:
         self.runtime = runtime
         self._native = _cubist.MoeGemm(runtime._native, str(pinned_kernel or ""), bool(pdl))
         self._native_run = self._native.run
+        self._native.set_device(self.runtime.device)
+        self._fast_run = self._native.fast_run
         self._formats = {}  # (a, b, a_scale, b_scale dtypes) -> (weights, activations)
         self.handle = MoeGemm._next_handle
         MoeGemm._next_handle += 1
@@ -282,6 +284,11 @@ class MoeGemm:
         mxfp8 with uint8/e8m0 scales; uint8 or float4_e2m1fn_x2: packed mxfp4 with
         uint8/e8m0 scales, nvfp4 with e4m3 scales) or `weights=` / `activations=`. T = 0 is a no-op.
         """
+        # Plain CUDA torch tensors, bf16/fp8 without scales: read, checked and launched in
+        # C++ (cubist_ext.cc, FastRun). Everything else, errors included, comes here.
+        if self._fast_run(a, b, offsets, out, activation, weights, activations, a_scale,
+                          b_scale, a_global_scale, b_global_scale, alpha, beta, limit, stream):
+            return
         wf, af, act, e, t, n, k, p, device = self._args(
             a, b, offsets, out, weights, activations, activation, a_scale, b_scale,
             a_global_scale, b_global_scale, alpha, beta, limit)

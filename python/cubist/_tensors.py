@@ -8,6 +8,7 @@ the argument.
 import ctypes
 import sys
 
+from . import _cubist
 from ._errors import InvalidArgumentError
 
 # dtype names (torch's spelling) by source.
@@ -56,6 +57,9 @@ def _torch_type():
             if dt is not None:
                 _TORCH_DTYPE_NAMES[dt] = n
         _torch_tensor_type = torch.Tensor
+        # MoeGemm.run's C++ fast path reads torch tensors with these (cubist_ext.cc).
+        _cubist._set_torch(torch.Tensor, torch.bfloat16, getattr(torch, "float8_e4m3fn", None),
+                           torch.int32, getattr(torch._C, "_cuda_getCurrentRawStream", None))
     return _torch_tensor_type
 
 

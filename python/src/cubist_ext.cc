@@ -1,8 +1,10 @@
 // cubist._cubist: the Python package's native half, a thin nanobind layer over the same
 // C++ API an engine links (dispatch/runtime.h, dispatch/moe_gemm.h) and the CLI's report
-// functions (cli/reports.h). Tensors never reach this file: the Python half
-// (python/cubist/_tensors.py) turns them into device pointers and sizes, so `run` here is
-// integer conversion plus MoeGemm::Run.
+// functions (cli/reports.h). The Python half (python/cubist/_tensors.py) turns tensors
+// into device pointers and sizes and raises every argument error; `run` here is integer
+// conversion plus MoeGemm::Run. One exception, for speed: `fast_run` reads plain torch
+// tensors itself (PyMoeGemm::FastRun below) and hands anything it does not accept back to the
+// Python half, which then raises the error or takes the general path.
 //
 // Errors: an absl::Status that is not OK becomes the Python exception class registered
 // for its code (cubist/_errors.py) with the message unchanged. C++ exceptions exist only
@@ -139,6 +141,165 @@ nb::dict DecisionDict(const MoeGemmDecision& d) {
   return r;
 }
 
+// torch's objects for the fast path (python/cubist/_tensors.py hands them over once torch
+// is imported; this file never imports torch): the exact type torch.Tensor, the dtypes
+// the fast path accepts, and torch._C._cuda_getCurrentRawStream. Owned for the process.
+struct TorchObjects {
+  PyTypeObject* tensor = nullptr;
+  PyObject* bfloat16 = nullptr;
+  PyObject* float8_e4m3fn = nullptr;
+  PyObject* int32 = nullptr;
+  PyObject* current_stream = nullptr;  // (device) -> int
+  PyObject* s_dtype = nullptr;         // interned attribute and method names
+  PyObject* s_is_cuda = nullptr;
+  PyObject* s_shape = nullptr;
+  PyObject* s_is_contiguous = nullptr;
+  PyObject* s_data_ptr = nullptr;
+  PyObject* s_get_device = nullptr;
+};
+
+TorchObjects& Torch() {
+  static auto* t = new TorchObjects();
+  return *t;
+}
+
+// What the fast path reads of one tensor.
+struct FastTensor {
+  PyObject* dtype = nullptr;  // borrowed: one of TorchObjects' dtypes (compared by identity)
+  int ndim = 0;
+  int64_t shape[3] = {0, 0, 0};
+  uint64_t ptr = 0;
+  int64_t device = -1;
+};
+
+// The PyObject* result of a no-argument method call, or null (error cleared).
+PyObject* CallMethod0(PyObject* self, PyObject* name) {
+  PyObject* args[] = {self};
+  PyObject* r = PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                          nullptr);
+  if (r == nullptr) PyErr_Clear();
+  return r;
+}
+
+// Reads a dense CUDA torch.Tensor of at most 3 dimensions; false for anything else
+// (another type, a subclass, CPU, strided, a dtype outside TorchObjects, more dimensions),
+// which the Python half then handles (and words the error for).
+bool ReadTorchTensor(PyObject* x, FastTensor& t) {
+  const TorchObjects& T = Torch();
+  if (Py_TYPE(x) != T.tensor) return false;
+  PyObject* v = PyObject_GetAttr(x, T.s_is_cuda);
+  if (v == nullptr) return PyErr_Clear(), false;
+  const bool cuda = v == Py_True;
+  Py_DECREF(v);
+  if (!cuda) return false;
+  v = PyObject_GetAttr(x, T.s_dtype);
+  if (v == nullptr) return PyErr_Clear(), false;
+  Py_DECREF(v);  // dtypes are torch's singletons, alive as long as torch
+  if (v != T.bfloat16 && v != T.float8_e4m3fn && v != T.int32) return false;
+  t.dtype = v;
+  v = CallMethod0(x, T.s_is_contiguous);
+  if (v == nullptr) return false;
+  const bool contiguous = v == Py_True;
+  Py_DECREF(v);
+  if (!contiguous) return false;
+  v = PyObject_GetAttr(x, T.s_shape);  // torch.Size, a tuple subclass
+  if (v == nullptr) return PyErr_Clear(), false;
+  bool ok = PyTuple_Check(v) && PyTuple_GET_SIZE(v) <= 3;
+  if (ok) {
+    t.ndim = static_cast<int>(PyTuple_GET_SIZE(v));
+    for (int i = 0; i < t.ndim && ok; ++i) {
+      t.shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(v, i));
+      ok = !(t.shape[i] == -1 && PyErr_Occurred());
+    }
+  }
+  Py_DECREF(v);
+  if (!ok) return PyErr_Clear(), false;
+  v = CallMethod0(x, T.s_data_ptr);
+  if (v == nullptr) return false;
+  t.ptr = PyLong_AsUnsignedLongLong(v);
+  Py_DECREF(v);
+  if (PyErr_Occurred()) return PyErr_Clear(), false;
+  v = CallMethod0(x, T.s_get_device);
+  if (v == nullptr) return false;
+  t.device = PyLong_AsLongLong(v);
+  Py_DECREF(v);
+  if (PyErr_Occurred()) return PyErr_Clear(), false;
+  return true;
+}
+
+DataFormat FormatOf(const FastTensor& t) {
+  return t.dtype == Torch().bfloat16 ? DataFormat::kBf16 : DataFormat::kFp8;
+}
+
+// The fast path of MoeGemm.run (python/cubist/__init__.py). v: run's 15 arguments in its
+// order (a, b, offsets, out, activation, weights, activations, a_scale, b_scale,
+// a_global_scale, b_global_scale, alpha, beta, limit, stream). Accepts plain CUDA torch
+// tensors, bf16 or fp8 (per tensor, no scale tensors), no optional argument but
+// `activation` and an integer or None `stream`, all on `device`, and fills the arguments
+// and stream `run` would launch with. It accepts only what the Python checks accept; for
+// anything else it returns false and the Python half takes over (errors included, so each
+// keeps its one wording there).
+bool ReadFastArgs(int64_t device, PyObject* const* v, MoeGemmArgs& args, uintptr_t& s) {
+  const TorchObjects& T = Torch();
+  if (T.tensor == nullptr || device < 0) return false;
+  for (int i = 5; i < 14; ++i) {
+    if (v[i] != Py_None) return false;
+  }
+  PyObject* activation = v[4];
+  PyObject* stream = v[14];
+  if (stream != Py_None && !PyLong_CheckExact(stream)) return false;
+  if (!PyUnicode_CheckExact(activation)) return false;
+  Py_ssize_t len = 0;
+  const char* name = PyUnicode_AsUTF8AndSize(activation, &len);
+  if (name == nullptr) return PyErr_Clear(), false;
+  absl::StatusOr<Activation> act = ParseActivation(std::string_view(name, len));
+  // cubist.ACTIVATIONS: the five the moe_gemm ABI encodes.
+  if (!act.ok() || static_cast<int>(*act) > static_cast<int>(Activation::kSitu)) {
+    return false;
+  }
+  FastTensor ta, tb, to, tout;
+  if (!ReadTorchTensor(v[0], ta) || !ReadTorchTensor(v[1], tb) ||
+      !ReadTorchTensor(v[2], to) || !ReadTorchTensor(v[3], tout)) {
+    return false;
+  }
+  if (ta.dtype == T.int32 || tb.dtype == T.int32 || to.dtype != T.int32 ||
+      tout.dtype != T.bfloat16) {
+    return false;
+  }
+  if (ta.device != device || tb.device != device || to.device != device ||
+      tout.device != device) {
+    return false;
+  }
+  if (to.ndim != 1 || to.shape[0] < 2) return false;
+  const int64_t e = to.shape[0] - 1;
+  if (tb.ndim != 3 || tb.shape[0] != e) return false;
+  const int64_t n = tb.shape[1], k = tb.shape[2];
+  if (ta.ndim != 2 || ta.shape[1] != k) return false;
+  const int64_t t = ta.shape[0];
+  const bool gated = IsGated(*act);
+  if (gated && n % 2) return false;
+  if (tout.ndim != 2 || tout.shape[0] != t || tout.shape[1] != (gated ? n / 2 : n)) {
+    return false;
+  }
+  if (stream == Py_None) {
+    if (T.current_stream == nullptr) return false;
+    PyObject* dev = PyLong_FromLongLong(device);
+    if (dev == nullptr) return PyErr_Clear(), false;
+    PyObject* r = PyObject_CallOneArg(T.current_stream, dev);
+    Py_DECREF(dev);
+    if (r == nullptr) return PyErr_Clear(), false;
+    s = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(r));
+    Py_DECREF(r);
+  } else {
+    s = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(stream));
+  }
+  if (PyErr_Occurred()) return PyErr_Clear(), false;
+  args = ArgsOf(static_cast<int>(FormatOf(tb)), static_cast<int>(FormatOf(ta)),
+                static_cast<int>(*act), e, t, n, k);
+  SetPointers(args, ta.ptr, tb.ptr, 0, 0, 0, 0, to.ptr, 0, 0, 0, tout.ptr);
+  return true;
+}
+
 class PyMoeGemm {
  public:
   PyMoeGemm(PyRuntime& rt, std::string pinned_kernel, bool pdl) {
@@ -158,6 +319,20 @@ class PyMoeGemm {
     absl::Status s = op_->Run(a, reinterpret_cast<CUstream>(stream));
     if (!s.ok()) Raise(std::move(s));
   }
+
+  // MoeGemm.run's fast path (python/cubist/__init__.py): ReadFastArgs, then Run. False
+  // (nothing launched) when ReadFastArgs declines; a failed launch raises as `run`.
+  bool FastRun(PyObject* const* v) {
+    MoeGemmArgs args;
+    uintptr_t stream = 0;
+    if (!ReadFastArgs(device_, v, args, stream)) return false;
+    absl::Status st = op_->Run(args, reinterpret_cast<CUstream>(stream));
+    if (!st.ok()) Raise(std::move(st));
+    return true;
+  }
+
+  // The runtime's CUDA ordinal, which every tensor of the fast path must be on.
+  void SetDevice(int device) { device_ = device; }
 
   // Benchmark plumbing (python/benchmarks.py): `iterations` back-to-back Run calls from
   // C++ with these arguments, the GIL released; returns the host microseconds per call.
@@ -228,6 +403,7 @@ class PyMoeGemm {
 
  private:
   std::unique_ptr<MoeGemm> op_;
+  int64_t device_ = -1;
 };
 
 int FormatCode(const std::string& name) {
@@ -262,6 +438,52 @@ NB_MODULE(_cubist, m) {
     for (size_t i = 0; i < 17; ++i) ErrorClasses()[i] = classes[i];
   });
   m.def("format_code", &FormatCode);
+  // (torch.Tensor, bfloat16, float8_e4m3fn or None, int32, current-stream function or
+  // None), once torch is imported (cubist/_tensors.py).
+  // A later call replaces them; tensor None switches the fast path off (the CPU tests
+  // drive it with stand-ins for torch's objects).
+  m.def(
+      "_set_torch",
+      [](nb::handle tensor, nb::handle bf16, nb::handle fp8, nb::handle i32,
+         nb::handle current_stream) {
+    TorchObjects& T = Torch();
+    T.tensor = nullptr;  // the previous objects stay referenced: a few, for the process
+    if (tensor.is_none()) return;
+    if (!PyType_Check(tensor.ptr())) throw nb::type_error("torch.Tensor expected");
+    auto keep = [](nb::handle h) { return h.is_none() ? nullptr : h.inc_ref().ptr(); };
+    auto name = [](const char* s) { return PyUnicode_InternFromString(s); };
+    T.s_dtype = name("dtype");
+    T.s_is_cuda = name("is_cuda");
+    T.s_shape = name("shape");
+    T.s_is_contiguous = name("is_contiguous");
+    T.s_data_ptr = name("data_ptr");
+    T.s_get_device = name("get_device");
+    T.bfloat16 = keep(bf16);
+    T.float8_e4m3fn = keep(fp8);
+    T.int32 = keep(i32);
+    T.current_stream = keep(current_stream);
+    T.tensor = reinterpret_cast<PyTypeObject*>(keep(tensor));
+      },
+      nb::arg("tensor").none(), nb::arg("bfloat16").none(), nb::arg("float8_e4m3fn").none(),
+      nb::arg("int32").none(), nb::arg("current_stream").none());
+  // ReadFastArgs alone, for the CPU tests: (wf, af, act, E, T, N, K, [11 pointers],
+  // stream) as `run` would launch, or None where the fast path declines.
+  m.def("_fast_args", [](int64_t device, nb::args v) -> nb::object {
+    if (v.size() != 15) throw nb::type_error("run's 15 arguments");
+    PyObject* p[15];
+    for (size_t i = 0; i < 15; ++i) p[i] = v[i].ptr();
+    MoeGemmArgs a;
+    uintptr_t stream = 0;
+    if (!ReadFastArgs(device, p, a, stream)) return nb::none();
+    nb::list ptrs;
+    for (uint64_t x : {a.a, a.b, a.a_scale, a.b_scale, a.a_global_scale, a.b_global_scale,
+                       a.offsets, a.alpha, a.beta, a.limit, a.out}) {
+      ptrs.append(x);
+    }
+    return nb::make_tuple(static_cast<int>(a.weight_format),
+                          static_cast<int>(a.activation_format), static_cast<int>(a.activation),
+                          a.experts, a.tokens, a.n, a.k, ptrs, stream);
+  });
   m.def("activation_code", &ActivationCode);
 
   nb::class_<PyRuntime>(m, "Runtime")
@@ -301,6 +523,28 @@ NB_MODULE(_cubist, m) {
   nb::class_<PyMoeGemm>(m, "MoeGemm")
       .def(nb::init<PyRuntime&, std::string, bool>(), nb::keep_alive<1, 2>())
       .def("run", &PyMoeGemm::Run)
+      .def(
+          "fast_run",
+          [](PyMoeGemm& g, nb::handle a, nb::handle b, nb::handle offsets, nb::handle out,
+             nb::handle activation, nb::handle weights, nb::handle activations,
+             nb::handle a_scale, nb::handle b_scale, nb::handle a_global_scale,
+             nb::handle b_global_scale, nb::handle alpha, nb::handle beta, nb::handle limit,
+             nb::handle stream) {
+            PyObject* const v[] = {a.ptr(), b.ptr(), offsets.ptr(), out.ptr(),
+                                   activation.ptr(), weights.ptr(), activations.ptr(),
+                                   a_scale.ptr(), b_scale.ptr(), a_global_scale.ptr(),
+                                   b_global_scale.ptr(), alpha.ptr(), beta.ptr(),
+                                   limit.ptr(), stream.ptr()};
+            return g.FastRun(v);
+          },
+          // Every argument may be None (nanobind refuses None for nb::handle otherwise).
+          nb::arg("a").none(), nb::arg("b").none(), nb::arg("offsets").none(),
+          nb::arg("out").none(), nb::arg("activation").none(), nb::arg("weights").none(),
+          nb::arg("activations").none(), nb::arg("a_scale").none(),
+          nb::arg("b_scale").none(), nb::arg("a_global_scale").none(),
+          nb::arg("b_global_scale").none(), nb::arg("alpha").none(), nb::arg("beta").none(),
+          nb::arg("limit").none(), nb::arg("stream").none())
+      .def("set_device", &PyMoeGemm::SetDevice)
       .def("_run_loop_us", &PyMoeGemm::RunLoopUs)
       .def("can_implement", &PyMoeGemm::CanImplement)
       .def("kernel_for", &PyMoeGemm::KernelFor)

@@ -140,6 +140,95 @@ def test_empty_batch_needs_no_activation_pointers():
     assert t == 0 and ptrs[0] == 0 and ptrs[2] == 0 and ptrs[10] == 0
 
 
+# MoeGemm.run's C++ fast path (cubist_ext.cc, ReadFastArgs) on stand-ins for torch's
+# tensor type and dtypes: what it accepts gives the sizes and pointers the Python checks
+# give; everything else is declined (None), and the Python checks then word the error.
+class FakeDtype:
+    pass
+
+
+FBF16, FFP8, FI32, FI64, FF32 = (FakeDtype() for _ in range(5))
+FAKE_TYPESTR = {FBF16: BF16, FFP8: "|u1", FI32: I32, FI64: "<i8", FF32: F32}
+
+
+class FakeTensor:
+    def __init__(self, shape, dtype, cuda=True, contiguous=True, device=0):
+        self.shape, self.dtype, self.is_cuda = tuple(shape), dtype, cuda
+        self._contiguous, self._device = contiguous, device
+        self._ptr = Cai.next_ptr if all(shape) else 0
+        Cai.next_ptr += 1 << 20
+
+    def is_contiguous(self):
+        return self._contiguous
+
+    def data_ptr(self):
+        return self._ptr
+
+    def get_device(self):
+        return self._device if self.is_cuda else -1
+
+    def cai(self):
+        return Cai(self.shape, FAKE_TYPESTR[self.dtype], ptr=self._ptr)
+
+
+@pytest.fixture
+def fake_torch():
+    cubist._cubist._set_torch(FakeTensor, FBF16, FFP8, FI32, lambda device: 0x5000 + device)
+    yield
+    cubist._cubist._set_torch(None, None, None, None, None)
+    cubist._tensors._torch_tensor_type = None  # torch, if imported, registers again
+
+
+def fast_args(device=0, **over):
+    e, t, n, k = 4, 16, 256, 128
+    a = dict(a=FakeTensor((t, k), FBF16), b=FakeTensor((e, n, k), FBF16),
+             offsets=FakeTensor((e + 1,), FI32), out=FakeTensor((t, n // 2), FBF16),
+             activation="swiglu", weights=None, activations=None, a_scale=None, b_scale=None,
+             a_global_scale=None, b_global_scale=None, alpha=None, beta=None, limit=None,
+             stream=None)
+    a.update(over)
+    return a, cubist._cubist._fast_args(device, *a.values())
+
+
+@pytest.mark.parametrize("over", [
+    {}, dict(activation="identity", out=FakeTensor((16, 256), FBF16)),
+    dict(a=FakeTensor((16, 128), FFP8), b=FakeTensor((4, 256, 128), FFP8)),
+    dict(a=FakeTensor((0, 128), FBF16), out=FakeTensor((0, 128), FBF16)), dict(stream=7),
+])
+def test_fast_path_gives_what_the_python_checks_give(fake_torch, over):
+    a, got = fast_args(**over)
+    assert got is not None
+    cai = {k: v.cai() if isinstance(v, FakeTensor) else v for k, v in a.items()}
+    del cai["stream"]
+    if a["a"].dtype is FFP8:  # as bytes over the array interface: say what they hold
+        cai.update(weights="fp8", activations="fp8")
+    want = gemm_without_gpu()._args(**cai)
+    assert got[:7] == want[:7] and list(got[7]) == want[7]
+    assert got[8] == (over.get("stream") or 0x5000)
+
+
+@pytest.mark.parametrize("over", [
+    dict(a=FakeTensor((16, 128), FBF16, cuda=False)),
+    dict(b=FakeTensor((4, 256, 128), FBF16, contiguous=False)),
+    dict(offsets=FakeTensor((5,), FI64)), dict(offsets=FakeTensor((1,), FI32)),
+    dict(out=FakeTensor((16, 128), FF32)), dict(out=FakeTensor((16, 256), FBF16)),
+    dict(a=FakeTensor((16, 64), FBF16)), dict(b=FakeTensor((3, 256, 128), FBF16)),
+    dict(b=FakeTensor((4, 255, 128), FBF16), out=FakeTensor((16, 127), FBF16)),
+    dict(a=FakeTensor((16, 128), FI32)), dict(a=FakeTensor((16, 128), FBF16, device=1)),
+    dict(b=FakeTensor((4, 256, 128, 1), FBF16)), dict(a=[[1.0]]),
+    dict(a=type("Sub", (FakeTensor,), {})((16, 128), FBF16)),
+    dict(activation="gelu"), dict(activation="silu"), dict(weights="bf16"),
+    dict(alpha=FakeTensor((4,), FF32)), dict(b_scale=FakeTensor((4, 2, 1), FF32)),
+    dict(stream=object()), dict(stream=-1),
+])
+def test_fast_path_declines_everything_else(fake_torch, over):
+    assert fast_args(**over)[1] is None
+
+
+def test_fast_path_is_off_until_torch_is_registered():
+    assert fast_args()[1] is None or "torch" in sys.modules
+
+
 def without_timing(report):
     return {k: v for k, v in report.items() if k not in ("seconds",)}
 

@@ -150,6 +150,27 @@ def test_errors_name_the_argument(gemm):
     assert gemm.can_implement(a.cpu(), b, offsets, out, activation="swiglu") is False
 
 
+def test_fast_path_takes_plain_tensors_and_matches_the_python_path(gemm):
+    # MoeGemm.run reads plain CUDA torch tensors in C++ (cubist_ext.cc, FastRun) and hands
+    # everything else to the Python checks; both launch the same thing.
+    a, b, offsets = problem(8, [16] * 8, 512, 256, seed=3)
+    fast = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
+    slow = torch.empty_like(fast)
+    gemm.run(a, b, offsets, fast, activation="swiglu")  # torch is registered by now
+    nones = (None,) * 9
+    assert gemm._fast_run(a, b, offsets, fast, "swiglu", *nones, None) is True
+    for bad in ((a.cpu(), b, offsets, fast), (a, b.transpose(1, 2), offsets, fast),
+                (a, b, offsets.long(), fast), (a, b, offsets, fast.float()),
+                (a, b, offsets, fast[:, :128]), (torch.nn.Parameter(a), b, offsets, fast)):
+        assert gemm._fast_run(*bad, "swiglu", *nones, None) is False
+    assert gemm._fast_run(a, b, offsets, fast, "gelu", *nones, None) is False
+    assert gemm._fast_run(a, b, offsets, fast, "swiglu", *nones,
+                          torch.cuda.current_stream()) is False
+    gemm.run(a, b, offsets, slow, activation="swiglu", stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    assert torch.equal(fast, slow) and rel(fast, reference(a, b, offsets, "swiglu")) < 1e-2
+
+
 def test_kernel_for_and_tune(gemm, rt):
     args = dict(weights="bf16", activations="bf16", activation="swiglu", experts=32,
                 tokens=2048, n=1536, k=2048)
