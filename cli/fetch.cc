@@ -6,31 +6,20 @@
 #include <iostream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_format.h"
 #include "artifacts/fetcher.h"
-#include "artifacts/oci_manifest_source.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/exit_codes.h"
 #include "cli/progress_line.h"
+#include "cli/reports.h"
 
 namespace cubist::cli {
 namespace {
 
-struct FetchFlags {
-  std::string manifest;
-  std::string cache;
-  int jobs = 16;
-  bool offline = false;
-  std::vector<std::string> mirrors;
-  std::vector<std::string> filters;
+struct FetchFlags : FetchRequest {
   bool json = false;
   bool quiet = false;
-  int retries = 4;
-  bool no_fsync = false;
-  TrustFlags trust;
 };
 
 // Redraws one status line on stderr while the fetch runs (only on a terminal).
@@ -66,90 +55,42 @@ class ProgressBar {
 };
 
 int RunFetch(const FetchFlags& f) {
-  auto store = OpenStore(f.cache, /*create=*/true);
-  if (!store.ok()) return PrintError(store.status());
-  auto opened = OpenManifestForCommand(f.manifest, f.trust, &*store, f.offline,
-                                       /*record_version=*/true);
-  if (!opened.ok()) return PrintError(opened.status());
-  const Manifest& m = opened->manifest;
-  std::vector<FetchItem> items = PlanFetch(m, f.mirrors, f.filters);
-  if (items.empty() && !f.filters.empty()) {
-    return PrintError(absl::NotFoundError(absl::StrCat(
-        "fetch: no artifact of ", f.manifest, " matches --filter ", f.filters[0],
-        "; see 'cubist list'")));
-  }
-  FetchOptions options;
-  options.jobs = f.jobs;
-  options.offline = f.offline;
-  options.attempts_per_source = f.retries;
-  options.durable = !f.no_fsync;
-  if (IsOciReference(m.source)) {
-    auto ref = ParseOciReference(m.source);
-    if (!ref.ok()) return PrintError(ref.status());
-    options.authorization = MakeOciAuthorizer(*ref);
-  }
-  for (const std::string& note : opened->notices) {
-    std::fprintf(stderr, "cubist: note: %s\n", note.c_str());
-  }
   FetchProgress progress;
   FetchReport report;
-  {
-    std::optional<ProgressBar> bar;
+  std::optional<ProgressBar> bar;
+  auto start = [&](const Store& store, const std::vector<FetchItem>& items) {
     bool tty = ::isatty(STDERR_FILENO) && !f.quiet && !f.json;
     // Nothing to draw when everything is cached; the bar starts only when work exists.
     bool need = std::any_of(items.begin(), items.end(), [&](const FetchItem& it) {
-      return store->Probe(it.artifact.sha256, it.artifact.size) != ObjectState::kPresent;
+      return store.Probe(it.artifact.sha256, it.artifact.size) != ObjectState::kPresent;
     });
     if (tty && need) bar.emplace(progress);
-    report = FetchArtifacts(*store, items, options, &progress);
+  };
+  absl::StatusOr<CommandReport> r = RunFetchReport(f, &progress, start, &report);
+  bar.reset();
+  if (!r.ok()) return PrintError(r.status());
+  for (const std::string& note : r->notices) {
+    std::fprintf(stderr, "cubist: note: %s\n", note.c_str());
   }
-  if (report.failed == 0 && !m.name.empty()) {
-    // Kept for gc only once everything it names is present.
-    absl::Status kept = store->KeepManifest(m, opened->bytes);
-    if (!kept.ok()) std::fprintf(stderr, "cubist: warning: %s\n", std::string(kept.message()).c_str());
-  }
-  double secs = absl::ToDoubleSeconds(report.elapsed);
   if (f.json) {
-    nlohmann::json j;
-    j["manifest"] = f.manifest;
-    j["name"] = m.name;
-    j["version"] = m.version;
-    j["digest"] = m.digest;
-    j["cache"] = store->root();
-    j["seconds"] = secs;
-    j["bytes_received"] = report.bytes_received;
-    j["counts"] = {{"cached", report.cached}, {"downloaded", report.downloaded},
-                   {"reused", report.reused}, {"failed", report.failed}};
-    nlohmann::json arts = nlohmann::json::array();
-    for (const ArtifactResult& r : report.results) {
-      nlohmann::json a = {{"path", r.path}, {"sha256", r.sha256},
-                          {"outcome", FetchOutcomeName(r.outcome)},
-                          {"attempts", r.attempts}, {"bytes_received", r.bytes_received}};
-      if (!r.url.empty()) a["url"] = r.url;
-      if (!r.status.ok()) {
-        a["error"] = std::string(r.status.message());
-        a["code"] = absl::StatusCodeToString(r.status.code());
-      }
-      arts.push_back(std::move(a));
-    }
-    j["artifacts"] = std::move(arts);
-    j["ok"] = report.failed == 0;
-    std::cout << j.dump(2) << "\n";
+    std::cout << r->json.dump(2) << "\n";
   } else {
-    for (const ArtifactResult& r : report.results) {
-      if (!r.status.ok()) {
-        std::fprintf(stderr, "cubist: error: %s\n", std::string(r.status.message()).c_str());
+    for (const ArtifactResult& a : report.results) {
+      if (!a.status.ok()) {
+        std::fprintf(stderr, "cubist: error: %s\n", std::string(a.status.message()).c_str());
       }
     }
     if (!f.quiet || report.failed > 0) {
+      const std::string name = r->json["name"];
+      const std::string cache = r->json["cache"];
       std::printf(
           "%s %zu artifacts of %s v%lld (%s received) in %.2f s: %d downloaded, %d reused "
           "from another process, %d already cached, %d failed; cache %s\n",
           report.failed == 0 ? "fetched" : "FAILED to fetch", report.results.size(),
-          m.name.empty() ? f.manifest.c_str() : m.name.c_str(),
-          static_cast<long long>(m.version), HumanBytes(report.bytes_received).c_str(), secs,
-          report.downloaded, report.reused, report.cached, report.failed,
-          store->root().c_str());
+          name.empty() ? f.manifest.c_str() : name.c_str(),
+          static_cast<long long>(r->json["version"].get<int64_t>()),
+          HumanBytes(report.bytes_received).c_str(), absl::ToDoubleSeconds(report.elapsed),
+          report.downloaded, report.reused, report.cached, report.failed, cache.c_str());
     }
   }
   return ExitCodeFor(report.status);

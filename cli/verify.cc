@@ -4,72 +4,38 @@
 #include <cstdio>
 #include <iostream>
 
-#include <nlohmann/json.hpp>
-
 #include "artifacts/verify.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/exit_codes.h"
+#include "cli/reports.h"
 
 namespace cubist::cli {
 namespace {
 
-struct VerifyFlags {
-  std::string manifest;
-  std::string cache;
-  bool deep = false;
+struct VerifyFlags : VerifyRequest {
   bool json = false;
-  bool offline = false;
-  int threads = 0;
-  TrustFlags trust;
 };
 
 int RunVerify(const VerifyFlags& f) {
-  auto store = OpenStore(f.cache, /*create=*/false);
-  if (!store.ok()) return PrintError(store.status());
-  auto opened = OpenManifestForCommand(f.manifest, f.trust, &*store, f.offline,
-                                       /*record_version=*/false);
-  if (!opened.ok()) return PrintError(opened.status());
-  VerifyOptions options;
-  options.deep = f.deep;
-  options.threads = f.threads;
-  VerifyReport report = VerifyArtifacts(*store, opened->manifest.artifacts, options);
-  double secs = absl::ToDoubleSeconds(report.elapsed);
+  VerifyReport report;
+  absl::StatusOr<CommandReport> r = RunVerifyReport(f, &report);
+  if (!r.ok()) return PrintError(r.status());
   if (f.json) {
-    nlohmann::json j;
-    j["manifest"] = f.manifest;
-    j["digest"] = opened->manifest.digest;
-    j["cache"] = store->root();
-    j["deep"] = f.deep;
-    j["seconds"] = secs;
-    j["bytes_hashed"] = report.bytes_hashed;
-    j["counts"] = {{"ok", report.ok}, {"missing", report.missing}, {"corrupt", report.corrupt}};
-    nlohmann::json bad = nlohmann::json::array();
-    for (const VerifyEntry& e : report.entries) {
-      if (e.state == VerifyState::kOk) continue;
-      nlohmann::json b = {{"path", e.path}, {"state", VerifyStateName(e.state)},
-                          {"expected_sha256", e.expected_sha256},
-                          {"actual_size", e.actual_size}, {"removed", e.removed},
-                          {"message", e.message}};
-      if (e.expected_size) b["expected_size"] = *e.expected_size;
-      if (!e.actual_sha256.empty()) b["actual_sha256"] = e.actual_sha256;
-      bad.push_back(std::move(b));
-    }
-    j["bad"] = std::move(bad);
-    j["ok"] = report.status.ok();
-    std::cout << j.dump(2) << "\n";
+    std::cout << r->json.dump(2) << "\n";
   } else {
     for (const VerifyEntry& e : report.entries) {
       if (e.state != VerifyState::kOk) {
         std::fprintf(stderr, "cubist: error: %s\n", e.message.c_str());
       }
     }
+    const std::string cache = r->json["cache"];
     std::printf("%s: %d of %zu artifacts %s, %d missing, %d corrupt (%s hashed in %.2f s); "
                 "cache %s\n",
                 report.status.ok() ? "verified" : "FAILED", report.ok, report.entries.size(),
                 f.deep ? "present and re-hashed" : "present with the right size",
-                report.missing, report.corrupt, HumanBytes(report.bytes_hashed).c_str(), secs,
-                store->root().c_str());
+                report.missing, report.corrupt, HumanBytes(report.bytes_hashed).c_str(),
+                absl::ToDoubleSeconds(report.elapsed), cache.c_str());
   }
   return ExitCodeFor(report.status);
 }

@@ -39,7 +39,7 @@ inline bool PointersLookValid(const MoeGemmArgs& a) {
          (a.a_scale & ScaleAlignMask(a.activation_format)) == 0 &&
          (a.b_scale & ScaleAlignMask(a.weight_format)) == 0 && a.b != 0 && a.offsets != 0 &&
          (a.tokens == 0 || (a.a != 0 && a.out != 0)) &&
-         (!HasBlockScales(a.activation_format) || a.a_scale != 0) &&
+         (a.tokens == 0 || !HasBlockScales(a.activation_format) || a.a_scale != 0) &&
          (!HasBlockScales(a.weight_format) || a.b_scale != 0);
 }
 
@@ -87,7 +87,9 @@ absl::Status ValidateMoeGemmArgs(const MoeGemmArgs& a) {
   const Ptr ptrs[] = {
       {"a", a.a, a.tokens > 0, 16},
       {"b", a.b, true, 16},
-      {"a_scale", a.a_scale, HasBlockScales(a.activation_format),
+      // An empty batch reads no activations, so neither a nor its scales are needed
+      // (torch gives empty tensors a null data pointer).
+      {"a_scale", a.a_scale, a.tokens > 0 && HasBlockScales(a.activation_format),
        ScaleAlignMask(a.activation_format) + 1},
       {"b_scale", a.b_scale, HasBlockScales(a.weight_format),
        ScaleAlignMask(a.weight_format) + 1},
@@ -240,7 +242,16 @@ absl::Status MoeGemm::CanImplement(const MoeGemmArgs& args) {
   desc.tile_m = d->tile_m;
   desc.tile_n = d->tile_n;
   desc.abi = d->info.abi;
-  std::string problem = moe::MoeGemmCheck(ParamsOf(args), desc);
+  moe::MoeGemmParams params = ParamsOf(args);
+  if (args.tokens == 0) {
+    // Run launches nothing for an empty batch: only the shape checks apply, so stand in
+    // for the activation-side pointers it may leave null (any 16-byte aligned value).
+    const void* placeholder = reinterpret_cast<const void*>(uintptr_t{16});
+    if (params.a == nullptr) params.a = placeholder;
+    if (params.a_scale == nullptr) params.a_scale = placeholder;
+    if (params.out == nullptr) params.out = const_cast<void*>(placeholder);
+  }
+  std::string problem = moe::MoeGemmCheck(params, desc);
   if (!problem.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(problem, " (kernel ", d->kernel->name(), ")"));
   }
@@ -290,20 +301,19 @@ absl::Status MoeGemm::Launch(const MoeGemmDecision& d, const MoeGemmArgs& args,
 }
 
 absl::Status MoeGemm::Run(const MoeGemmArgs& args, CUstream stream) {
-  const MoeProblem problem = ProblemOf(args);
   if (!PointersLookValid(args)) return ValidateMoeGemmArgs(args);
+  // An empty batch (an expert-parallel rank that received no tokens) is a no-op: nothing
+  // to select, load or launch.
+  if (args.tokens == 0) return absl::OkStatus();
+  const MoeProblem problem = ProblemOf(args);
   const MoeGemmDecision* d = cache_.Find(problem);
   if (d == nullptr) {
     // Slow path, once per new problem (or every call once the cache is full).
     CUBIST_RETURN_IF_ERROR(ValidateMoeGemmArgs(args));
     CUBIST_ASSIGN_OR_RETURN(MoeGemmDecision decided, Decide(problem));
     d = cache_.Insert(problem, decided);
-    if (d == nullptr) {
-      if (args.tokens == 0) return absl::OkStatus();
-      return Launch(decided, args, stream);
-    }
+    if (d == nullptr) return Launch(decided, args, stream);
   }
-  if (args.tokens == 0) return absl::OkStatus();  // nothing to write
   return Launch(*d, args, stream);
 }
 

@@ -24,7 +24,9 @@
 // compare); no allocation and no lock on that path. A new problem takes the slow path
 // once: select (tuned winner for its shape bucket if one is recorded, else the cost
 // model; or the pinned kernel), fetch/load, cache. Run re-checks pointers (cheap) but
-// not the kernel's presence; an error is returned, never a crash.
+// not the kernel's presence; an error is returned, never a crash. An empty batch
+// (tokens = 0) is a successful no-op that selects and launches nothing; a, out and the
+// activation scales may then be null (torch gives empty tensors a null data pointer).
 //
 // Thread safety: CanImplement, Run, KernelFor and Tune may be called from any number of
 // threads at once. The calling thread's current CUDA context must be the runtime's

@@ -313,6 +313,46 @@ TEST_F(RuntimeFakeDriverTest, EmptyBatchLaunchesNothing) {
   EXPECT_TRUE(driver_.launches().empty());
 }
 
+TEST_F(RuntimeFakeDriverTest, EmptyBatchNeedsNoActivationPointers) {
+  auto rt = Open();
+  ASSERT_NE(rt, nullptr);
+  auto gemm = MoeGemm::Create(*rt);
+  ASSERT_TRUE(gemm.ok());
+  MoeGemmArgs args = Args(8, 0, 1024, 512);
+  args.weight_format = DataFormat::kMxfp4;
+  args.b_scale = 0x500000;
+  args.a = 0;
+  args.out = 0;
+  CUBIST_EXPECT_OK((*gemm)->CanImplement(args));
+  CUBIST_EXPECT_OK((*gemm)->Run(args, nullptr));
+  // Shape checks still apply to an empty batch; the weights must still be there.
+  args.n = 1000;
+  EXPECT_THAT((*gemm)->CanImplement(args),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("moe_gemm: output width 500 (N/2) is not a multiple of 8")));
+  args.n = 1024;
+  args.b_scale = 0;
+  EXPECT_THAT((*gemm)->Run(args, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("b_scale is null but required for mxfp4 x bf16")));
+  // Block-scaled activations: no a_scale needed without tokens, required with them.
+  args = Args(8, 0, 1024, 512);
+  args.weight_format = DataFormat::kFp8Block;
+  args.activation_format = DataFormat::kFp8Block;
+  args.b_scale = 0x500000;
+  args.a = 0;
+  args.out = 0;
+  CUBIST_EXPECT_OK(ValidateMoeGemmArgs(args));
+  CUBIST_EXPECT_OK((*gemm)->Run(args, nullptr));  // no kernel needed for nothing to do
+  args.tokens = 64;
+  args.a = 0x100000;
+  args.out = 0x400000;
+  EXPECT_THAT(ValidateMoeGemmArgs(args),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a_scale is null but required for fp8-block x fp8-block")));
+  EXPECT_TRUE(driver_.launches().empty());
+}
+
 TEST_F(RuntimeFakeDriverTest, TunedWinnerIsUsedAndForeignTuningIgnored) {
   MoeGemmArgs args = Args(8, 8 * 2048, 28672, 4096);
   MoeProblem p;

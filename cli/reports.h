@@ -1,0 +1,98 @@
+// The reports behind `cubist fetch|verify|select --json`, shared by the command and the
+// Python package (python/), so that both hand out the same data for the same call.
+//
+// Each Run*Report performs the command's work through the library and returns its
+// report as JSON plus the status the command turns into its exit code. Errors that stop
+// the work before a report exists (no cache, an unreadable or untrusted manifest, a
+// --filter matching nothing, a bad problem) are returned as the StatusOr's error.
+#ifndef CUBIST_CLI_REPORTS_H_
+#define CUBIST_CLI_REPORTS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "artifacts/fetcher.h"
+#include "artifacts/store.h"
+#include "artifacts/verify.h"
+#include "cli/trust_flags.h"
+#include "dispatch/problem.h"
+#include "dispatch/registry.h"
+#include "dispatch/selector.h"
+
+namespace cubist::cli {
+
+struct CommandReport {
+  nlohmann::json json;
+  absl::Status status;                // the worst failure inside the report, or OK
+  std::vector<std::string> notices;   // for stderr ("the tag moved ...")
+};
+
+struct FetchRequest {
+  std::string manifest;
+  std::string cache;
+  int jobs = 16;
+  bool offline = false;
+  std::vector<std::string> mirrors;
+  std::vector<std::string> filters;
+  int retries = 4;
+  bool no_fsync = false;
+  TrustFlags trust;
+};
+
+// Called once the work is known, before anything is downloaded (the command starts its
+// progress bar there when an artifact is not cached yet).
+using FetchStartHook =
+    std::function<void(const Store& store, const std::vector<FetchItem>& items)>;
+
+// `report` (optional) receives the raw report, for the command's text summary.
+[[nodiscard]] absl::StatusOr<CommandReport> RunFetchReport(
+    const FetchRequest& request, FetchProgress* progress = nullptr,
+    const FetchStartHook& on_start = nullptr, FetchReport* report = nullptr);
+
+struct VerifyRequest {
+  std::string manifest;
+  std::string cache;
+  bool deep = false;
+  bool offline = false;
+  int threads = 0;
+  TrustFlags trust;
+};
+
+[[nodiscard]] absl::StatusOr<CommandReport> RunVerifyReport(const VerifyRequest& request,
+                                                           VerifyReport* report = nullptr);
+
+struct SelectRequest {
+  std::string manifest;
+  std::string cache;
+  MoeProblem problem;
+  std::string pin;
+  bool explain = false;
+  bool offline = false;
+  TrustFlags trust;
+};
+
+// A selection made: the registry its candidates point into, the ranking (or why there
+// is none) and, with `explain`, every kernel's verdict.
+struct Selection {
+  explicit Selection(Registry r) : registry(std::move(r)) {}
+  Registry registry;
+  MoeProblem problem;
+  absl::StatusOr<std::vector<Candidate>> ranked;
+  std::vector<Verdict> verdicts;
+};
+
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Selection>> Select(const SelectRequest& request);
+
+// The report has "kernel": null and "error" when no kernel serves the problem; the
+// report's status is then the ranking's error.
+CommandReport SelectReport(const Selection& selection, bool explain);
+
+}  // namespace cubist::cli
+
+#endif  // CUBIST_CLI_REPORTS_H_

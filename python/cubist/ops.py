@@ -1,0 +1,41 @@
+"""torch.ops.cubist.moe_gemm: MoeGemm.run as a torch custom op (torch.library).
+
+Importing this module imports torch and registers the op once. torch.compile traces
+the op through its fake (meta) implementation, without launching, and calls it as one
+opaque kernel; CUDA-graph capture records the launch on the capturing stream. The op
+names the MoeGemm by its handle (an int: custom ops take no Python objects):
+
+    import cubist.ops
+    torch.ops.cubist.moe_gemm(gemm.handle, a, b, offsets, out, None, None, None, None,
+                              None, None, None, "", "", "swiglu")
+    gemm.op(a, b, offsets, out, activation="swiglu")   # the same, spelled shortly
+
+Empty strings for the formats mean "from the dtypes", as in MoeGemm.run.
+"""
+from typing import Optional
+
+import torch
+
+from . import _live_gemms, InvalidArgumentError
+
+
+@torch.library.custom_op("cubist::moe_gemm", mutates_args=("out",), device_types="cuda")
+def moe_gemm(handle: int, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
+             out: torch.Tensor, a_scale: Optional[torch.Tensor],
+             b_scale: Optional[torch.Tensor], a_global_scale: Optional[torch.Tensor],
+             b_global_scale: Optional[torch.Tensor], alpha: Optional[torch.Tensor],
+             beta: Optional[torch.Tensor], limit: Optional[torch.Tensor], weights: str,
+             activations: str, activation: str) -> None:
+    gemm = _live_gemms.get(handle)
+    if gemm is None:
+        raise InvalidArgumentError(f"handle: no live cubist.MoeGemm has handle {handle}")
+    gemm.run(a, b, offsets, out, activation=activation, weights=weights or None,
+             activations=activations or None, a_scale=a_scale, b_scale=b_scale,
+             a_global_scale=a_global_scale, b_global_scale=b_global_scale, alpha=alpha,
+             beta=beta, limit=limit)
+
+
+@moe_gemm.register_fake
+def _(handle, a, b, offsets, out, a_scale, b_scale, a_global_scale, b_global_scale, alpha,
+      beta, limit, weights, activations, activation):
+    return None

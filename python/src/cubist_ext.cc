@@ -1,0 +1,617 @@
+// cubist._cubist: the Python package's native half, a thin nanobind layer over the same
+// C++ API an engine links (dispatch/runtime.h, dispatch/moe_gemm.h) and the CLI's report
+// functions (cli/reports.h). The Python half (python/cubist/_tensors.py) turns tensors
+// into device pointers and sizes and raises every argument error; `run` here is integer
+// conversion plus MoeGemm::Run. One exception, for speed: `fast_run` reads plain torch
+// tensors itself (PyMoeGemm::FastRun below) and hands anything it does not accept back to the
+// Python half, which then raises the error or takes the general path.
+//
+// Errors: an absl::Status that is not OK becomes the Python exception class registered
+// for its code (cubist/_errors.py) with the message unchanged. C++ exceptions exist only
+// inside this file, as nanobind's way of raising; the library below never throws.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cli/moe_problem_flags.h"
+#include "cli/reports.h"
+#include "dispatch/moe_gemm.h"
+#include "dispatch/moe_types.h"
+#include "dispatch/runtime.h"
+
+namespace nb = nanobind;
+
+namespace cubist::python {
+namespace {
+
+// Python classes by absl::StatusCode (0..16), set once by cubist/_errors.py.
+std::array<nb::object, 17>& ErrorClasses() {
+  static auto* classes = new std::array<nb::object, 17>();
+  return *classes;
+}
+
+struct StatusError {
+  absl::Status status;
+};
+
+[[noreturn]] void Raise(absl::Status status) { throw StatusError{std::move(status)}; }
+
+void Check(absl::Status status) {
+  if (!status.ok()) Raise(std::move(status));
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(std::move(v).status());
+  return *std::move(v);
+}
+
+cli::TrustFlags TrustOf(std::vector<std::string> keys, std::vector<std::string> key_files,
+                        bool allow_expired, bool allow_rollback) {
+  cli::TrustFlags t;
+  t.keys = std::move(keys);
+  t.key_files = std::move(key_files);
+  t.allow_expired = allow_expired;
+  t.allow_rollback = allow_rollback;
+  return t;
+}
+
+// fn() with the GIL released (network, disk, kernel loading, timing): other Python
+// threads keep running meanwhile.
+template <typename Fn>
+auto WithoutGil(Fn fn) {
+  nb::gil_scoped_release release;
+  return fn();
+}
+
+// (report JSON text, status code, status message): Python parses the JSON and decides
+// whether a failed report raises (cubist/__init__.py, `check`).
+using ReportTuple = std::tuple<std::string, int, std::string>;
+
+ReportTuple ToTuple(const cli::CommandReport& r) {
+  return {r.json.dump(2), static_cast<int>(r.status.code()), std::string(r.status.message())};
+}
+
+// Runtime and MoeGemm as Python objects. The MoeGemm holds a reference to its Runtime's
+// Python object (nb::keep_alive below), so the runtime outlives its ops as the C++ API
+// requires.
+class PyRuntime {
+ public:
+  explicit PyRuntime(std::unique_ptr<Runtime> rt) : rt_(std::move(rt)) {}
+  Runtime& get() { return *rt_; }
+
+ private:
+  std::unique_ptr<Runtime> rt_;
+};
+
+MoeGemmArgs ArgsOf(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int64_t k) {
+  MoeGemmArgs a;
+  a.weight_format = static_cast<DataFormat>(wf);
+  a.activation_format = static_cast<DataFormat>(af);
+  a.activation = static_cast<Activation>(act);
+  a.experts = e;
+  a.tokens = t;
+  a.n = n;
+  a.k = k;
+  return a;
+}
+
+// The pointer tuple's order: a, b, a_scale, b_scale, a_global_scale, b_global_scale,
+// offsets, alpha, beta, limit, out (as bench/moe_shim.cc and MoeGemmArgs).
+void SetPointers(MoeGemmArgs& a, uint64_t pa, uint64_t pb, uint64_t as, uint64_t bs,
+                 uint64_t ag, uint64_t bg, uint64_t off, uint64_t alpha, uint64_t beta,
+                 uint64_t limit, uint64_t out) {
+  a.a = pa;
+  a.b = pb;
+  a.a_scale = as;
+  a.b_scale = bs;
+  a.a_global_scale = ag;
+  a.b_global_scale = bg;
+  a.offsets = off;
+  a.alpha = alpha;
+  a.beta = beta;
+  a.limit = limit;
+  a.out = out;
+}
+
+nb::dict DecisionDict(const MoeGemmDecision& d) {
+  nb::dict r;
+  const KernelSpec& s = d.kernel->spec;
+  r["kernel"] = s.name;
+  r["artifact"] = s.artifact;
+  r["function"] = s.function;
+  r["arch"] = s.arch;
+  r["abi"] = d.info.abi;
+  r["tile"] = nb::make_tuple(s.tile_m, s.tile_n, s.tile_k);
+  r["cluster"] = nb::make_tuple(d.cluster[0], d.cluster[1], d.cluster[2]);
+  r["threads"] = d.block;
+  r["shared_mem_bytes"] = d.shared_mem_bytes;
+  r["from_tuning"] = d.from_tuning;
+  return r;
+}
+
+// torch's objects for the fast path (python/cubist/_tensors.py hands them over once torch
+// is imported; this file never imports torch): the exact type torch.Tensor, the dtypes
+// the fast path accepts, and torch._C._cuda_getCurrentRawStream. Owned for the process.
+struct TorchObjects {
+  PyTypeObject* tensor = nullptr;
+  PyObject* bfloat16 = nullptr;
+  PyObject* float8_e4m3fn = nullptr;
+  PyObject* int32 = nullptr;
+  PyObject* current_stream = nullptr;  // (device) -> int
+  PyObject* s_dtype = nullptr;         // interned attribute and method names
+  PyObject* s_is_cuda = nullptr;
+  PyObject* s_shape = nullptr;
+  PyObject* s_is_contiguous = nullptr;
+  PyObject* s_data_ptr = nullptr;
+  PyObject* s_get_device = nullptr;
+};
+
+TorchObjects& Torch() {
+  static auto* t = new TorchObjects();
+  return *t;
+}
+
+// What the fast path reads of one tensor.
+struct FastTensor {
+  PyObject* dtype = nullptr;  // borrowed: one of TorchObjects' dtypes (compared by identity)
+  int ndim = 0;
+  int64_t shape[3] = {0, 0, 0};
+  uint64_t ptr = 0;
+  int64_t device = -1;
+};
+
+// The PyObject* result of a no-argument method call, or null (error cleared).
+PyObject* CallMethod0(PyObject* self, PyObject* name) {
+  PyObject* args[] = {self};
+  PyObject* r = PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                          nullptr);
+  if (r == nullptr) PyErr_Clear();
+  return r;
+}
+
+// Reads a dense CUDA torch.Tensor of at most 3 dimensions; false for anything else
+// (another type, a subclass, CPU, strided, a dtype outside TorchObjects, more dimensions),
+// which the Python half then handles (and words the error for).
+bool ReadTorchTensor(PyObject* x, FastTensor& t) {
+  const TorchObjects& T = Torch();
+  if (Py_TYPE(x) != T.tensor) return false;
+  PyObject* v = PyObject_GetAttr(x, T.s_is_cuda);
+  if (v == nullptr) return PyErr_Clear(), false;
+  const bool cuda = v == Py_True;
+  Py_DECREF(v);
+  if (!cuda) return false;
+  v = PyObject_GetAttr(x, T.s_dtype);
+  if (v == nullptr) return PyErr_Clear(), false;
+  Py_DECREF(v);  // dtypes are torch's singletons, alive as long as torch
+  if (v != T.bfloat16 && v != T.float8_e4m3fn && v != T.int32) return false;
+  t.dtype = v;
+  v = CallMethod0(x, T.s_is_contiguous);
+  if (v == nullptr) return false;
+  const bool contiguous = v == Py_True;
+  Py_DECREF(v);
+  if (!contiguous) return false;
+  v = PyObject_GetAttr(x, T.s_shape);  // torch.Size, a tuple subclass
+  if (v == nullptr) return PyErr_Clear(), false;
+  bool ok = PyTuple_Check(v) && PyTuple_GET_SIZE(v) <= 3;
+  if (ok) {
+    t.ndim = static_cast<int>(PyTuple_GET_SIZE(v));
+    for (int i = 0; i < t.ndim && ok; ++i) {
+      t.shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(v, i));
+      ok = !(t.shape[i] == -1 && PyErr_Occurred());
+    }
+  }
+  Py_DECREF(v);
+  if (!ok) return PyErr_Clear(), false;
+  v = CallMethod0(x, T.s_data_ptr);
+  if (v == nullptr) return false;
+  t.ptr = PyLong_AsUnsignedLongLong(v);
+  Py_DECREF(v);
+  if (PyErr_Occurred()) return PyErr_Clear(), false;
+  v = CallMethod0(x, T.s_get_device);
+  if (v == nullptr) return false;
+  t.device = PyLong_AsLongLong(v);
+  Py_DECREF(v);
+  if (PyErr_Occurred()) return PyErr_Clear(), false;
+  return true;
+}
+
+DataFormat FormatOf(const FastTensor& t) {
+  return t.dtype == Torch().bfloat16 ? DataFormat::kBf16 : DataFormat::kFp8;
+}
+
+// The fast path of MoeGemm.run (python/cubist/__init__.py). v: run's 15 arguments in its
+// order (a, b, offsets, out, activation, weights, activations, a_scale, b_scale,
+// a_global_scale, b_global_scale, alpha, beta, limit, stream). Accepts plain CUDA torch
+// tensors, bf16 or fp8 (per tensor, no scale tensors), no optional argument but
+// `activation` and an integer or None `stream`, all on `device`, and fills the arguments
+// and stream `run` would launch with. It accepts only what the Python checks accept; for
+// anything else it returns false and the Python half takes over (errors included, so each
+// keeps its one wording there).
+bool ReadFastArgs(int64_t device, PyObject* const* v, MoeGemmArgs& args, uintptr_t& s) {
+  const TorchObjects& T = Torch();
+  if (T.tensor == nullptr || device < 0) return false;
+  for (int i = 5; i < 14; ++i) {
+    if (v[i] != Py_None) return false;
+  }
+  PyObject* activation = v[4];
+  PyObject* stream = v[14];
+  if (stream != Py_None && !PyLong_CheckExact(stream)) return false;
+  if (!PyUnicode_CheckExact(activation)) return false;
+  Py_ssize_t len = 0;
+  const char* name = PyUnicode_AsUTF8AndSize(activation, &len);
+  if (name == nullptr) return PyErr_Clear(), false;
+  absl::StatusOr<Activation> act = ParseActivation(std::string_view(name, len));
+  // cubist.ACTIVATIONS: the five the moe_gemm ABI encodes.
+  if (!act.ok() || static_cast<int>(*act) > static_cast<int>(Activation::kSitu)) {
+    return false;
+  }
+  FastTensor ta, tb, to, tout;
+  if (!ReadTorchTensor(v[0], ta) || !ReadTorchTensor(v[1], tb) ||
+      !ReadTorchTensor(v[2], to) || !ReadTorchTensor(v[3], tout)) {
+    return false;
+  }
+  if (ta.dtype == T.int32 || tb.dtype == T.int32 || to.dtype != T.int32 ||
+      tout.dtype != T.bfloat16) {
+    return false;
+  }
+  if (ta.device != device || tb.device != device || to.device != device ||
+      tout.device != device) {
+    return false;
+  }
+  if (to.ndim != 1 || to.shape[0] < 2) return false;
+  const int64_t e = to.shape[0] - 1;
+  if (tb.ndim != 3 || tb.shape[0] != e) return false;
+  const int64_t n = tb.shape[1], k = tb.shape[2];
+  if (ta.ndim != 2 || ta.shape[1] != k) return false;
+  const int64_t t = ta.shape[0];
+  const bool gated = IsGated(*act);
+  if (gated && n % 2) return false;
+  if (tout.ndim != 2 || tout.shape[0] != t || tout.shape[1] != (gated ? n / 2 : n)) {
+    return false;
+  }
+  if (stream == Py_None) {
+    if (T.current_stream == nullptr) return false;
+    PyObject* dev = PyLong_FromLongLong(device);
+    if (dev == nullptr) return PyErr_Clear(), false;
+    PyObject* r = PyObject_CallOneArg(T.current_stream, dev);
+    Py_DECREF(dev);
+    if (r == nullptr) return PyErr_Clear(), false;
+    s = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(r));
+    Py_DECREF(r);
+  } else {
+    s = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(stream));
+  }
+  if (PyErr_Occurred()) return PyErr_Clear(), false;
+  args = ArgsOf(static_cast<int>(FormatOf(tb)), static_cast<int>(FormatOf(ta)),
+                static_cast<int>(*act), e, t, n, k);
+  SetPointers(args, ta.ptr, tb.ptr, 0, 0, 0, 0, to.ptr, 0, 0, 0, tout.ptr);
+  return true;
+}
+
+class PyMoeGemm {
+ public:
+  PyMoeGemm(PyRuntime& rt, std::string pinned_kernel, bool pdl) {
+    MoeGemmOptions o;
+    o.pinned_kernel = std::move(pinned_kernel);
+    o.programmatic_dependent_launch = pdl;
+    op_ = Check(MoeGemm::Create(rt.get(), std::move(o)));
+  }
+
+  // The hot path: no allocation, no Python object created; the GIL is kept because
+  // Run takes well under a microsecond once the problem was seen.
+  void Run(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int64_t k, uint64_t pa,
+           uint64_t pb, uint64_t as, uint64_t bs, uint64_t ag, uint64_t bg, uint64_t off,
+           uint64_t alpha, uint64_t beta, uint64_t limit, uint64_t out, uintptr_t stream) {
+    MoeGemmArgs a = ArgsOf(wf, af, act, e, t, n, k);
+    SetPointers(a, pa, pb, as, bs, ag, bg, off, alpha, beta, limit, out);
+    absl::Status s = op_->Run(a, reinterpret_cast<CUstream>(stream));
+    if (!s.ok()) Raise(std::move(s));
+  }
+
+  // MoeGemm.run's fast path (python/cubist/__init__.py): ReadFastArgs, then Run. False
+  // (nothing launched) when ReadFastArgs declines; a failed launch raises as `run`.
+  bool FastRun(PyObject* const* v) {
+    MoeGemmArgs args;
+    uintptr_t stream = 0;
+    if (!ReadFastArgs(device_, v, args, stream)) return false;
+    absl::Status st = op_->Run(args, reinterpret_cast<CUstream>(stream));
+    if (!st.ok()) Raise(std::move(st));
+    return true;
+  }
+
+  // The runtime's CUDA ordinal, which every tensor of the fast path must be on.
+  void SetDevice(int device) { device_ = device; }
+
+  // Benchmark plumbing (python/benchmarks.py): `iterations` back-to-back Run calls from
+  // C++ with these arguments, the GIL released; returns the host microseconds per call.
+  // What the Python `run` adds is its time per call minus this.
+  double RunLoopUs(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int64_t k,
+                   uint64_t pa, uint64_t pb, uint64_t as, uint64_t bs, uint64_t ag,
+                   uint64_t bg, uint64_t off, uint64_t alpha, uint64_t beta, uint64_t limit,
+                   uint64_t out, uintptr_t stream, int iterations) {
+    MoeGemmArgs a = ArgsOf(wf, af, act, e, t, n, k);
+    SetPointers(a, pa, pb, as, bs, ag, bg, off, alpha, beta, limit, out);
+    absl::Status s;
+    std::chrono::steady_clock::duration elapsed{};
+    {
+      nb::gil_scoped_release release;
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < iterations && s.ok(); ++i) {
+        s = op_->Run(a, reinterpret_cast<CUstream>(stream));
+      }
+      elapsed = std::chrono::steady_clock::now() - start;
+    }
+    Check(std::move(s));
+    return std::chrono::duration<double, std::micro>(elapsed).count() / std::max(1, iterations);
+  }
+
+  void CanImplement(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int64_t k,
+                    uint64_t pa, uint64_t pb, uint64_t as, uint64_t bs, uint64_t ag,
+                    uint64_t bg, uint64_t off, uint64_t alpha, uint64_t beta, uint64_t limit,
+                    uint64_t out) {
+    MoeGemmArgs a = ArgsOf(wf, af, act, e, t, n, k);
+    SetPointers(a, pa, pb, as, bs, ag, bg, off, alpha, beta, limit, out);
+    Check(WithoutGil([&] { return op_->CanImplement(a); }));  // may fetch and load
+  }
+
+  nb::dict KernelFor(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int64_t k) {
+    return DecisionDict(
+        *Check(WithoutGil([&] { return op_->KernelFor(ArgsOf(wf, af, act, e, t, n, k)); })));
+  }
+
+  nb::dict Tune(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int64_t k,
+                int top_k, int warmup, int iterations, bool record) {
+    MoeGemmTuneOptions o;
+    o.autotune.top_k = top_k;
+    o.warmup = warmup;
+    o.iterations = iterations;
+    o.record = record;
+    const MoeProblem problem = op_->ProblemOf(ArgsOf(wf, af, act, e, t, n, k));
+    AutotuneResult result = Check(WithoutGil([&] { return op_->Tune(problem, o); }));
+    nb::dict out;
+    out["winner"] = result.winner->name();
+    out["winner_us"] = result.winner_us;
+    nb::list timings;
+    for (const TimedCandidate& c : result.timings) {
+      nb::dict d;
+      d["kernel"] = c.kernel->name();
+      d["model_rank"] = c.model_rank;
+      d["model_us"] = c.model_us;
+      if (c.error.ok()) {
+        d["measured_us"] = c.measured_us;
+      } else {
+        d["measured_us"] = nb::none();
+        d["error"] = std::string(c.error.message());
+      }
+      timings.append(d);
+    }
+    out["timings"] = timings;
+    return out;
+  }
+
+ private:
+  std::unique_ptr<MoeGemm> op_;
+  int64_t device_ = -1;
+};
+
+int FormatCode(const std::string& name) {
+  return static_cast<int>(Check(ParseDataFormat(name)));
+}
+
+int ActivationCode(const std::string& name) {
+  return static_cast<int>(Check(ParseActivation(name)));
+}
+
+}  // namespace
+}  // namespace cubist::python
+
+NB_MODULE(_cubist, m) {
+  using namespace cubist;
+  using namespace cubist::python;
+  m.doc() = "cubist's native layer; use the `cubist` package";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      const int code = static_cast<int>(e.status.code());
+      nb::object& cls = ErrorClasses()[code >= 0 && code < 17 ? code : 2];
+      const std::string msg(e.status.message());
+      PyErr_SetString(cls.is_valid() ? cls.ptr() : PyExc_RuntimeError, msg.c_str());
+    }
+  });
+
+  m.def("_register_errors", [](std::vector<nb::object> classes) {
+    if (classes.size() != 17) throw nb::value_error("17 classes, one per absl::StatusCode");
+    for (size_t i = 0; i < 17; ++i) ErrorClasses()[i] = classes[i];
+  });
+  m.def("format_code", &FormatCode);
+  // (torch.Tensor, bfloat16, float8_e4m3fn or None, int32, current-stream function or
+  // None), once torch is imported (cubist/_tensors.py).
+  // A later call replaces them; tensor None switches the fast path off (the CPU tests
+  // drive it with stand-ins for torch's objects).
+  m.def(
+      "_set_torch",
+      [](nb::handle tensor, nb::handle bf16, nb::handle fp8, nb::handle i32,
+         nb::handle current_stream) {
+    TorchObjects& T = Torch();
+    T.tensor = nullptr;  // the previous objects stay referenced: a few, for the process
+    if (tensor.is_none()) return;
+    if (!PyType_Check(tensor.ptr())) throw nb::type_error("torch.Tensor expected");
+    auto keep = [](nb::handle h) { return h.is_none() ? nullptr : h.inc_ref().ptr(); };
+    auto name = [](const char* s) { return PyUnicode_InternFromString(s); };
+    T.s_dtype = name("dtype");
+    T.s_is_cuda = name("is_cuda");
+    T.s_shape = name("shape");
+    T.s_is_contiguous = name("is_contiguous");
+    T.s_data_ptr = name("data_ptr");
+    T.s_get_device = name("get_device");
+    T.bfloat16 = keep(bf16);
+    T.float8_e4m3fn = keep(fp8);
+    T.int32 = keep(i32);
+    T.current_stream = keep(current_stream);
+    T.tensor = reinterpret_cast<PyTypeObject*>(keep(tensor));
+      },
+      nb::arg("tensor").none(), nb::arg("bfloat16").none(), nb::arg("float8_e4m3fn").none(),
+      nb::arg("int32").none(), nb::arg("current_stream").none());
+  // ReadFastArgs alone, for the CPU tests: (wf, af, act, E, T, N, K, [11 pointers],
+  // stream) as `run` would launch, or None where the fast path declines.
+  m.def("_fast_args", [](int64_t device, nb::args v) -> nb::object {
+    if (v.size() != 15) throw nb::type_error("run's 15 arguments");
+    PyObject* p[15];
+    for (size_t i = 0; i < 15; ++i) p[i] = v[i].ptr();
+    MoeGemmArgs a;
+    uintptr_t stream = 0;
+    if (!ReadFastArgs(device, p, a, stream)) return nb::none();
+    nb::list ptrs;
+    for (uint64_t x : {a.a, a.b, a.a_scale, a.b_scale, a.a_global_scale, a.b_global_scale,
+                       a.offsets, a.alpha, a.beta, a.limit, a.out}) {
+      ptrs.append(x);
+    }
+    return nb::make_tuple(static_cast<int>(a.weight_format),
+                          static_cast<int>(a.activation_format), static_cast<int>(a.activation),
+                          a.experts, a.tokens, a.n, a.k, ptrs, stream);
+  });
+  m.def("activation_code", &ActivationCode);
+
+  nb::class_<PyRuntime>(m, "Runtime")
+      .def("__init__",
+           [](PyRuntime* self, std::string manifest, std::string cache_dir, int device,
+              bool offline, std::vector<std::string> mirrors, std::vector<std::string> keys,
+              std::vector<std::string> key_files, bool allow_expired, bool allow_rollback,
+              bool prefetch, bool preload, std::string tuning_file) {
+             RuntimeOptions o;
+             o.manifest = std::move(manifest);
+             o.cache_dir = std::move(cache_dir);
+             o.device = device;
+             o.offline = offline;
+             o.mirrors = std::move(mirrors);
+             o.trust = Check(TrustOf(std::move(keys), std::move(key_files), allow_expired,
+                                     allow_rollback)
+                                 .Policy());
+             o.prefetch = prefetch;
+             o.preload = preload;
+             o.tuning_file = std::move(tuning_file);
+             // Open may download the kernels.
+             new (self) PyRuntime(Check(WithoutGil([&] { return Runtime::Open(o); })));
+           })
+      .def_prop_ro("device_name", [](PyRuntime& r) { return r.get().device_name(); })
+      .def_prop_ro("sm", [](PyRuntime& r) { return r.get().sm().number(); })
+      .def_prop_ro("sm_count", [](PyRuntime& r) { return r.get().device_info().sm_count; })
+      .def_prop_ro("driver_version", [](PyRuntime& r) { return r.get().driver_version(); })
+      .def_prop_ro("manifest_name", [](PyRuntime& r) { return r.get().manifest().name; })
+      .def_prop_ro("manifest_version", [](PyRuntime& r) { return r.get().manifest().version; })
+      .def_prop_ro("tuning_path", [](PyRuntime& r) { return r.get().tuning_path(); })
+      .def("make_current", [](PyRuntime& r) { Check(r.get().MakeCurrent()); })
+      .def("prefetch",
+           [](PyRuntime& r) { Check(WithoutGil([&] { return r.get().Prefetch(); })); })
+      .def("preload",
+           [](PyRuntime& r) { Check(WithoutGil([&] { return r.get().Preload(); })); });
+
+  nb::class_<PyMoeGemm>(m, "MoeGemm")
+      .def(nb::init<PyRuntime&, std::string, bool>(), nb::keep_alive<1, 2>())
+      .def("run", &PyMoeGemm::Run)
+      .def(
+          "fast_run",
+          [](PyMoeGemm& g, nb::handle a, nb::handle b, nb::handle offsets, nb::handle out,
+             nb::handle activation, nb::handle weights, nb::handle activations,
+             nb::handle a_scale, nb::handle b_scale, nb::handle a_global_scale,
+             nb::handle b_global_scale, nb::handle alpha, nb::handle beta, nb::handle limit,
+             nb::handle stream) {
+            PyObject* const v[] = {a.ptr(), b.ptr(), offsets.ptr(), out.ptr(),
+                                   activation.ptr(), weights.ptr(), activations.ptr(),
+                                   a_scale.ptr(), b_scale.ptr(), a_global_scale.ptr(),
+                                   b_global_scale.ptr(), alpha.ptr(), beta.ptr(),
+                                   limit.ptr(), stream.ptr()};
+            return g.FastRun(v);
+          },
+          // Every argument may be None (nanobind refuses None for nb::handle otherwise).
+          nb::arg("a").none(), nb::arg("b").none(), nb::arg("offsets").none(),
+          nb::arg("out").none(), nb::arg("activation").none(), nb::arg("weights").none(),
+          nb::arg("activations").none(), nb::arg("a_scale").none(),
+          nb::arg("b_scale").none(), nb::arg("a_global_scale").none(),
+          nb::arg("b_global_scale").none(), nb::arg("alpha").none(), nb::arg("beta").none(),
+          nb::arg("limit").none(), nb::arg("stream").none())
+      .def("set_device", &PyMoeGemm::SetDevice)
+      .def("_run_loop_us", &PyMoeGemm::RunLoopUs)
+      .def("can_implement", &PyMoeGemm::CanImplement)
+      .def("kernel_for", &PyMoeGemm::KernelFor)
+      .def("tune", &PyMoeGemm::Tune);
+
+  m.def("fetch",
+        [](std::string manifest, std::string cache, int jobs, bool offline,
+           std::vector<std::string> mirrors, std::vector<std::string> filters, int retries,
+           bool no_fsync, std::vector<std::string> keys, std::vector<std::string> key_files,
+           bool allow_expired, bool allow_rollback) {
+          cli::FetchRequest r;
+          r.manifest = std::move(manifest);
+          r.cache = std::move(cache);
+          r.jobs = jobs;
+          r.offline = offline;
+          r.mirrors = std::move(mirrors);
+          r.filters = std::move(filters);
+          r.retries = retries;
+          r.no_fsync = no_fsync;
+          r.trust = TrustOf(std::move(keys), std::move(key_files), allow_expired,
+                            allow_rollback);
+          return ToTuple(Check(WithoutGil([&] { return cli::RunFetchReport(r); })));
+        });
+
+  m.def("verify",
+        [](std::string manifest, std::string cache, bool deep, bool offline, int threads,
+           std::vector<std::string> keys, std::vector<std::string> key_files,
+           bool allow_expired, bool allow_rollback) {
+          cli::VerifyRequest r;
+          r.manifest = std::move(manifest);
+          r.cache = std::move(cache);
+          r.deep = deep;
+          r.offline = offline;
+          r.threads = threads;
+          r.trust = TrustOf(std::move(keys), std::move(key_files), allow_expired,
+                            allow_rollback);
+          return ToTuple(Check(WithoutGil([&] { return cli::RunVerifyReport(r); })));
+        });
+
+  m.def("select",
+        [](std::string manifest, std::string cache, std::string op, std::string weights,
+           std::string activations, std::string activation, int64_t experts, int64_t tokens,
+           int64_t tokens_per_expert, int64_t n, int64_t k, std::string sm, int sm_count,
+           std::string output_format, std::string kernel, bool explain, bool offline,
+           std::vector<std::string> keys, std::vector<std::string> key_files) {
+          cli::ProblemFlags p;
+          p.op = std::move(op);
+          p.weights = std::move(weights);
+          p.activations = std::move(activations);
+          p.activation = std::move(activation);
+          p.experts = experts;
+          p.tokens = tokens;
+          p.tokens_per_expert = tokens_per_expert;
+          p.n = n;
+          p.k = k;
+          p.sm = std::move(sm);
+          p.sm_count = sm_count;
+          p.output_format = std::move(output_format);
+          cli::SelectRequest r;
+          r.manifest = std::move(manifest);
+          r.cache = std::move(cache);
+          r.problem = Check(p.ToProblem());
+          r.pin = std::move(kernel);
+          r.explain = explain;
+          r.offline = offline;
+          r.trust = TrustOf(std::move(keys), std::move(key_files), false, false);
+          std::unique_ptr<cli::Selection> s = Check(WithoutGil([&] { return cli::Select(r); }));
+          return ToTuple(cli::SelectReport(*s, explain));
+        });
+}

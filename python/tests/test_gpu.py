@@ -1,0 +1,281 @@
+"""The package on a GPU (docs/gpu-results.md): results against torch, empty batches,
+errors on real tensors, tuning, CUDA-graph capture, torch.compile, the example layer.
+Needs torch with CUDA, an sm_90 GPU and CUBIST_TEST_MANIFEST (a kernel set built by
+scripts/build-artifacts); skips otherwise."""
+import itertools
+import os
+import pathlib
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+MANIFEST = os.environ.get("CUBIST_TEST_MANIFEST")
+if not MANIFEST:
+    pytest.skip("CUBIST_TEST_MANIFEST is not set", allow_module_level=True)
+
+import cubist  # noqa: E402
+import cubist.ops  # noqa: E402,F401
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
+import moe_layer  # noqa: E402
+
+F = torch.nn.functional
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory):
+    return cubist.Runtime(MANIFEST, cache_dir=str(tmp_path_factory.mktemp("cache")),
+                          tuning_file="none")
+
+
+@pytest.fixture(scope="module")
+def gemm(rt):
+    return cubist.MoeGemm(rt)
+
+
+def problem(e, counts, n, k, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    t = sum(counts)
+    a = (torch.randn(t, k, generator=g, device="cuda")).to(torch.bfloat16)
+    b = (torch.randn(e, n, k, generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16)
+    offsets = torch.tensor([0] + list(itertools.accumulate(counts)), dtype=torch.int32,
+                           device="cuda")
+    return a, b, offsets
+
+
+def reference(a, b, offsets, act, a_scale=1.0, b_scale=None):
+    outs, bounds = [], offsets.tolist()
+    for e in range(b.shape[0]):
+        c = a[bounds[e]:bounds[e + 1]].float() @ b[e].float().t() * a_scale
+        if b_scale is not None:
+            c = c * b_scale[e]
+        if act == "swiglu":
+            half = c.shape[1] // 2
+            c = F.silu(c[:, half:]) * c[:, :half]
+        outs.append(c)
+    return torch.cat(outs).to(torch.bfloat16)
+
+
+def rel(got, want):
+    return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("act", ["swiglu", "identity"])
+@pytest.mark.parametrize("e, counts, n, k", [
+    (8, [16, 0, 33, 1, 64, 7, 0, 5], 512, 256),  # ragged, two experts with no tokens
+    (32, [64] * 32, 1536, 2048),                 # prefill-like
+    (128, [8] * 128, 5760, 2880),                # gpt-oss decode shape
+])
+def test_bf16_matches_torch(gemm, act, e, counts, n, k):
+    a, b, offsets = problem(e, counts, n, k)
+    out = torch.empty(a.shape[0], n // 2 if act == "swiglu" else n, dtype=torch.bfloat16,
+                      device="cuda")
+    gemm.run(a, b, offsets, out, activation=act)
+    assert rel(out, reference(a, b, offsets, act)) < 1e-2
+
+
+def test_fp8_per_tensor_matches_torch(gemm):
+    e, n, k = 8, 1024, 1024
+    a, b, offsets = problem(e, [32] * e, n, k)
+    a8, b8 = a.to(torch.float8_e4m3fn), (b * 8).to(torch.float8_e4m3fn)
+    a_gs = torch.tensor([0.5], device="cuda")
+    b_gs = torch.full((e,), 0.125, device="cuda")
+    out = torch.empty(a.shape[0], n, dtype=torch.bfloat16, device="cuda")
+    gemm.run(a8, b8, offsets, out, a_global_scale=a_gs, b_global_scale=b_gs)
+    want = reference(a8.float().to(torch.bfloat16), b8.float().to(torch.bfloat16), offsets,
+                     "identity", 0.5, [0.125] * e)
+    assert rel(out, want) < 2e-2
+
+
+def test_run_uses_the_current_stream(gemm):
+    a, b, offsets = problem(8, [32] * 8, 512, 256)
+    out = torch.zeros(a.shape[0], 256, dtype=torch.bfloat16, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gemm.run(a, b, offsets, out, activation="swiglu")
+    s.synchronize()
+    assert rel(out, reference(a, b, offsets, "swiglu")) < 1e-2
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8-block", "mxfp4", "mxfp8", "nvfp4"])
+def test_empty_batch_is_a_no_op_for_every_format(gemm, fmt):
+    # torch gives empty tensors a null data pointer: a, its scales and out are all null.
+    e, n, k = 8, 512, 256
+    packed = fmt in ("mxfp4", "nvfp4")
+    dt = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn,
+          "fp8-block": torch.float8_e4m3fn, "mxfp8": torch.float8_e4m3fn}.get(fmt, torch.uint8)
+    a = torch.empty(0, k // 2 if packed else k, dtype=dt, device="cuda")
+    b = torch.zeros(e, n, k // 2 if packed else k, dtype=dt, device="cuda")
+    scales = {"fp8-block": (torch.float32, (e, n // 128, k // 128)),
+              "mxfp4": (torch.uint8, (e, n, k // 32)), "mxfp8": (torch.uint8, (e, n, k // 32)),
+              "nvfp4": (torch.float8_e4m3fn, (e, n, k // 16))}
+    b_scale = None
+    if fmt in scales:
+        b_scale = torch.ones(scales[fmt][1], device="cuda").to(scales[fmt][0])
+    a_scale = torch.empty(0, device="cuda").to(scales[fmt][0]) if fmt in scales else None
+    offsets = torch.zeros(e + 1, dtype=torch.int32, device="cuda")
+    out = torch.empty(0, n // 2, dtype=torch.bfloat16, device="cuda")
+    assert a.data_ptr() == 0 and out.data_ptr() == 0
+    gemm.run(a, b, offsets, out, activation="swiglu", weights=fmt, activations=fmt,
+             a_scale=a_scale, b_scale=b_scale)
+    if fmt == "bf16":  # CanImplement too: a kernel exists, nothing else is needed
+        gemm.check(a, b, offsets, out, activation="swiglu")
+    torch.cuda.synchronize()
+
+
+def test_errors_name_the_argument(gemm):
+    a, b, offsets = problem(8, [16] * 8, 512, 256)
+    out = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(cubist.InvalidArgumentError, match=r"^a: is on cpu; cubist runs on CUDA"):
+        gemm.run(a.cpu(), b, offsets, out, activation="swiglu")
+    with pytest.raises(cubist.InvalidArgumentError, match=r"^b: must be contiguous"):
+        gemm.run(a, b.transpose(1, 2), offsets, out, activation="swiglu")
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"^offsets: expected int32 \[E\+1\] \(E >= 1\), got int64"):
+        gemm.run(a, b, offsets.long(), out, activation="swiglu")
+    with pytest.raises(cubist.InvalidArgumentError, match=r"^out: expected bfloat16 \[T=128, N/2=256\]"):
+        gemm.run(a, b, offsets, out.float(), activation="swiglu")
+    shifted = torch.empty(a.numel() + 1, dtype=torch.bfloat16, device="cuda")[1:].view(a.shape)
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"moe_gemm arguments: a = 0x[0-9a-f]+ is not 16-byte aligned"):
+        gemm.run(shifted, b, offsets, out, activation="swiglu")
+    with pytest.raises(cubist.NotFoundError, match=r"no kernel for moe_gemm"):
+        gemm.kernel_for(weights="bf16", activations="bf16", activation="identity",
+                        experts=8, tokens=128, n=512, k=250)
+    assert gemm.can_implement(a, b, offsets, out, activation="swiglu") is True
+    assert gemm.can_implement(a.cpu(), b, offsets, out, activation="swiglu") is False
+
+
+def test_fast_path_takes_plain_tensors_and_matches_the_python_path(gemm):
+    # MoeGemm.run reads plain CUDA torch tensors in C++ (cubist_ext.cc, FastRun) and hands
+    # everything else to the Python checks; both launch the same thing.
+    a, b, offsets = problem(8, [16] * 8, 512, 256, seed=3)
+    fast = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
+    slow = torch.empty_like(fast)
+    gemm.run(a, b, offsets, fast, activation="swiglu")  # torch is registered by now
+    nones = (None,) * 9
+    assert gemm._fast_run(a, b, offsets, fast, "swiglu", *nones, None) is True
+    for bad in ((a.cpu(), b, offsets, fast), (a, b.transpose(1, 2), offsets, fast),
+                (a, b, offsets.long(), fast), (a, b, offsets, fast.float()),
+                (a, b, offsets, fast[:, :128]), (torch.nn.Parameter(a), b, offsets, fast)):
+        assert gemm._fast_run(*bad, "swiglu", *nones, None) is False
+    assert gemm._fast_run(a, b, offsets, fast, "gelu", *nones, None) is False
+    assert gemm._fast_run(a, b, offsets, fast, "swiglu", *nones,
+                          torch.cuda.current_stream()) is False
+    gemm.run(a, b, offsets, slow, activation="swiglu", stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    assert torch.equal(fast, slow) and rel(fast, reference(a, b, offsets, "swiglu")) < 1e-2
+
+
+def test_kernel_for_and_tune(gemm, rt):
+    args = dict(weights="bf16", activations="bf16", activation="swiglu", experts=32,
+                tokens=2048, n=1536, k=2048)
+    k = gemm.kernel_for(**args)
+    assert k["kernel"].startswith("moe_gemm") and k["arch"] == "sm_90a"
+    r = gemm.tune(**args, top_k=3, iterations=5, record=False)
+    measured = [t for t in r["timings"] if t["measured_us"] is not None]
+    assert r["winner"] in [t["kernel"] for t in measured] and r["winner_us"] > 0
+    assert r["winner_us"] == min(t["measured_us"] for t in measured)
+    assert gemm.kernel_for(**args)["kernel"] == r["winner"]
+
+
+def test_dlpack_and_cuda_array_interface_inputs(gemm):
+    a, b, offsets = problem(8, [16] * 8, 512, 256)
+    want = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
+    gemm.run(a, b, offsets, want, activation="swiglu")
+
+    class DLPackOnly:  # what JAX or TensorFlow hand over
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, stream=None):
+            return self.t.__dlpack__()
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    class Cai:  # CuPy/Numba style; torch itself has no bf16 typestr
+        def __init__(self, t, typestr):
+            self.t = t
+            self.__cuda_array_interface__ = {"shape": tuple(t.shape), "typestr": typestr,
+                                             "data": (t.data_ptr(), False), "strides": None,
+                                             "version": 3}
+
+    got = torch.zeros_like(want)
+    gemm.run(DLPackOnly(a), DLPackOnly(b), DLPackOnly(offsets), DLPackOnly(got),
+             activation="swiglu")
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    got.zero_()
+    gemm.run(Cai(a, "<V2"), Cai(b, "<V2"), Cai(offsets, "<i4"), Cai(got, "<V2"),
+             activation="swiglu", stream=torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+
+
+def test_cuda_graph_capture_replays_like_eager(gemm):
+    a, b, offsets = problem(16, [32] * 16, 1024, 512)
+    out_run = torch.empty(a.shape[0], 512, dtype=torch.bfloat16, device="cuda")
+    out_op = torch.empty_like(out_run)
+    gemm.check(a, b, offsets, out_run, activation="swiglu")  # select + load before capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up on a side stream, as torch asks before capture
+        gemm.run(a, b, offsets, out_run, activation="swiglu")
+        gemm.op(a, b, offsets, out_op, activation="swiglu")
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm.run(a, b, offsets, out_run, activation="swiglu")
+        gemm.op(a, b, offsets, out_op, activation="swiglu")
+    a.copy_(torch.randn_like(a, dtype=torch.float32).to(torch.bfloat16))  # new inputs
+    out_run.zero_()
+    out_op.zero_()
+    graph.replay()
+    eager = torch.empty_like(out_run)
+    gemm.run(a, b, offsets, eager, activation="swiglu")
+    torch.cuda.synchronize()
+    assert torch.equal(out_run, eager) and torch.equal(out_op, eager)
+    assert eager.abs().sum() > 0
+
+
+def test_torch_compile_calls_the_custom_op(gemm):
+    a, b, offsets = problem(8, [16] * 8, 512, 256)
+
+    def f(a, b, offsets):
+        out = torch.empty(a.shape[0], b.shape[1] // 2, dtype=torch.bfloat16, device=a.device)
+        gemm.op(a, b, offsets, out, activation="swiglu")
+        return out * 2
+
+    def g(a, b, offsets):  # the op spelled out, as a model's code would
+        out = torch.empty(a.shape[0], b.shape[1] // 2, dtype=torch.bfloat16, device=a.device)
+        torch.ops.cubist.moe_gemm(gemm.handle, a, b, offsets, out, None, None, None, None,
+                                  None, None, None, "", "", "swiglu")
+        return out * 2
+
+    want = f(a, b, offsets)
+    for fn in (f, g):
+        got = torch.compile(fn, fullgraph=True)(a, b, offsets)
+        torch.cuda.synchronize()
+        assert torch.equal(got, want)
+
+
+def test_example_layer_matches_torch(rt):
+    experts, hidden, inter, top_k, tokens = 32, 2048, 1024, 4, 512
+    router, w1, w2 = moe_layer.make_weights(experts, hidden, inter)
+    x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
+    layer = moe_layer.MoeLayer(rt, router, w1, w2, top_k)
+    got = layer(x)
+    want = moe_layer.torch_layer(x, router, w1, w2, top_k, grouped=False)
+    assert moe_layer.relative_error(got, want) < 1e-2
+    graph = torch.cuda.CUDAGraph()  # the whole layer captures (no host sync inside)
+    with torch.cuda.graph(graph):
+        captured = layer(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    # index_add_'s float atomics may sum a row's top-k terms in another order.
+    assert moe_layer.relative_error(captured, got) < 1e-3
