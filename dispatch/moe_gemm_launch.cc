@@ -118,14 +118,18 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
   k.activation = *act;
   k.tile_m = spec.tile_m;
   k.tile_n = spec.tile_n;
-  if (spec.cluster[1] != 1 || spec.cluster[2] != 1 || spec.cluster[0] < 1 ||
-      spec.cluster[0] > 2 || (spec.abi == moe::kMoeGemmAbiV1 && spec.cluster[0] != 1)) {
-    return bad("cluster", absl::StrCat("[", spec.cluster[0], ", ", spec.cluster[1], ", ",
-                                       spec.cluster[2],
-                                       "]; moe_gemm kernels take [1, 1, 1] or (version 2) "
-                                       "[2, 1, 1]"));
+  // Version 2 kernels split B between the CTAs of a cluster along x (their B box is
+  // tile_n / cluster rows); version 1 kernels are launched with whatever cluster they name.
+  if (spec.abi >= moe::kMoeGemmAbiV2) {
+    if (spec.cluster[1] != 1 || spec.cluster[2] != 1 ||
+        (spec.cluster[0] != 1 && spec.cluster[0] != 2)) {
+      return bad("cluster", absl::StrCat("[", spec.cluster[0], ", ", spec.cluster[1], ", ",
+                                         spec.cluster[2],
+                                         "]; version 2 moe_gemm kernels take [1, 1, 1] or "
+                                         "[2, 1, 1]"));
+    }
+    k.cluster = spec.cluster[0];
   }
-  k.cluster = spec.cluster[0];
   if (auto it = spec.extras.find("ctas_per_sm"); it != spec.extras.end()) {
     int v = 0;
     if (!absl::SimpleAtoi(it->second, &v) || v < 1 || v > 32) {

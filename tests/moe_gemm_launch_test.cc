@@ -138,6 +138,42 @@ TEST(MoeGemmLaunchTest, VersionTwoEncodesBothMapsAndAPersistentGrid) {
   EXPECT_EQ(l.grid.x, 2u * 2u);  // (64 + 2*63)/64 = 2 M tiles x 2 N tiles
 }
 
+TEST(MoeGemmLaunchTest, ClusterKernelsLoadHalfOfBAndLaunchWholeClusters) {
+  MapRecordingDriver d;
+  MoeGemmLaunch l;
+  MoeGemmKernelInfo k = Tma(moe::kBf16, moe::kIdentity, 128, 256, 1);
+  k.cluster = 2;
+  moe::MoeGemmParams p = Params(0x51000, 0x62000);
+  p.num_experts = 1;
+  p.num_tokens = 300;  // (300 + 127) / 128 = 3 M tiles
+  p.n = 256;           // one N tile: 3 CTAs, rounded up to 2 clusters
+  ASSERT_TRUE(PrepareMoeGemmLaunch(d, k, p, 132, &l).ok());
+  ASSERT_EQ(d.calls.size(), 2u);
+  EXPECT_EQ(d.calls[0].box[1], 128u);  // A: the CTA's own tile_m rows
+  EXPECT_EQ(d.calls[1].box[1], 128u);  // B: 256 rows shared by two CTAs
+  EXPECT_EQ(l.grid.x, 4u);
+}
+
+TEST(MoeGemmLaunchTest, VersionTwoClusterShapesOtherThanTwoAlongXAreRefused) {
+  KernelSpec s;
+  s.name = "moe_gemm_tma_bf16_bf16_identity_m128n256k64_c2";
+  s.abi = 2;
+  s.weight_format = s.activation_format = "bf16";
+  s.activation = "identity";
+  s.tile_m = 128;
+  s.tile_n = 256;
+  s.cluster = {2, 1, 1};
+  auto k = MoeGemmKernelInfoOf(s);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->cluster, 2);
+  s.cluster = {4, 1, 1};
+  EXPECT_THAT(MoeGemmKernelInfoOf(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("kernel moe_gemm_tma_bf16_bf16_identity_m128n256k64_c2: "
+                                 "cluster: [4, 1, 1]; version 2 moe_gemm kernels take "
+                                 "[1, 1, 1] or [2, 1, 1]")));
+}
+
 TEST(MoeGemmLaunchTest, MapsAreCachedPerThreadByPointerShapeAndBox) {
   MapRecordingDriver d;
   MoeGemmLaunch l;
