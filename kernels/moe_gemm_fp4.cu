@@ -276,6 +276,7 @@ struct MoeGemmFp4 {
         for (int j = 0; j < 8; ++j) {  // 32-element k blocks
           // Blocks past K are skipped whole (the producer copied no activations there).
           if (kt * 8 + j >= kb) break;
+          uint4 d_a, d_b;  // the A fragment's rows g and g + 8, decoded
           if constexpr (kPermuted) {
             __nv_bfloat162 s_a, s_b;
             if constexpr (kNv) {
@@ -289,41 +290,30 @@ struct MoeGemmFp4 {
             }
             const uint32_t wa = LdShared32(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4) + 4 * quad);
             const uint32_t wb = LdShared32(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4) + 4 * quad);
-            const uint4 d_a = DecodeE2m1Pairs(wa, s_a);
-            const uint4 d_b = DecodeE2m1Pairs(wb, s_b);
-            uint32_t f0[4] = {d_a.x, d_b.x, d_a.y, d_b.y};
-            uint32_t f1[4] = {d_a.z, d_b.z, d_a.w, d_b.w};
-            const uint32_t b_addr = a_base + (j / 2) * TT * kMoeGemmTmaBoxBytes + (j % 2) * 64;
-            uint64_t desc0 = Desc(b_addr), desc1 = Desc(b_addr + 32);
-            PinRegs(f0, f1, desc0, desc1);
-            WgmmaFence();
-            Mma::Mma(acc, f0, desc0, 1);
-            Mma::Mma(acc, f1, desc1, 1);
-            WgmmaCommit();
-            WgmmaWait<1>();
-            if (j == 0 && prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
-            continue;
-          }
-          __nv_bfloat162 s_a0, s_a1, s_b0, s_b1;
-          if constexpr (kNv) {
-            // Bytes 2j and 2j+1: the blocks of elements 0-15 and 16-31.
-            const uint32_t wa = (&sa4.x)[j / 2] >> (16 * (j % 2));
-            const uint32_t wb = (&sb4.x)[j / 2] >> (16 * (j % 2));
-            const __nv_bfloat162 va = E4m3x2ToBf16x2(wa), vb = E4m3x2ToBf16x2(wb);
-            s_a0 = __low2bfloat162(va);
-            s_a1 = __high2bfloat162(va);
-            s_b0 = __low2bfloat162(vb);
-            s_b1 = __high2bfloat162(vb);
+            d_a = DecodeE2m1Pairs(wa, s_a);
+            d_b = DecodeE2m1Pairs(wb, s_b);
           } else {
-            s_a0 = s_a1 = Ue8m0ToBf16x2(sa[j]);
-            s_b0 = s_b1 = Ue8m0ToBf16x2(sb[j]);
+            __nv_bfloat162 s_a0, s_a1, s_b0, s_b1;
+            if constexpr (kNv) {
+              // Bytes 2j and 2j+1: the blocks of elements 0-15 and 16-31.
+              const uint32_t wa = (&sa4.x)[j / 2] >> (16 * (j % 2));
+              const uint32_t wb = (&sb4.x)[j / 2] >> (16 * (j % 2));
+              const __nv_bfloat162 va = E4m3x2ToBf16x2(wa), vb = E4m3x2ToBf16x2(wb);
+              s_a0 = __low2bfloat162(va);
+              s_a1 = __high2bfloat162(va);
+              s_b0 = __low2bfloat162(vb);
+              s_b1 = __high2bfloat162(vb);
+            } else {
+              s_a0 = s_a1 = Ue8m0ToBf16x2(sa[j]);
+              s_b0 = s_b1 = Ue8m0ToBf16x2(sb[j]);
+            }
+            const uint4 q_a = LdShared128(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4));
+            const uint4 q_b = LdShared128(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4));
+            // The gathered word holds elements 2c, 2c+1 of words 0-3: words 0-1 are the
+            // block's elements 0-15, words 2-3 its elements 16-31.
+            d_a = DecodeE2m1x8(GatherByte(q_a, sel), s_a0, s_a1);
+            d_b = DecodeE2m1x8(GatherByte(q_b, sel), s_b0, s_b1);
           }
-          const uint4 q_a = LdShared128(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4));
-          const uint4 q_b = LdShared128(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4));
-          // The gathered word holds elements 2c, 2c+1 of words 0-3: words 0-1 are the
-          // block's elements 0-15, words 2-3 its elements 16-31.
-          const uint4 d_a = DecodeE2m1x8(GatherByte(q_a, sel), s_a0, s_a1);
-          const uint4 d_b = DecodeE2m1x8(GatherByte(q_b, sel), s_b0, s_b1);
           // k16 steps 2j and 2j+1 of the k-tile: elements 2c.., 8+2c.. of each half.
           uint32_t f0[4] = {d_a.x, d_b.x, d_a.y, d_b.y};
           uint32_t f1[4] = {d_a.z, d_b.z, d_a.w, d_b.w};
