@@ -277,8 +277,7 @@ absl::Status MoeGemm::Launch(const MoeGemmDecision& d, const MoeGemmArgs& args,
   CUlaunchAttribute attrs[2];
   unsigned num_attrs = 0;
   if (d.cluster[0] * d.cluster[1] * d.cluster[2] > 1) {
-    // The grid must be a whole number of clusters; CTAs past the last tile exit.
-    config.gridDimX = (config.gridDimX + d.cluster[0] - 1) / d.cluster[0] * d.cluster[0];
+    // PrepareMoeGemmLaunch made the grid a whole number of clusters.
     attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
     attrs[num_attrs].value.clusterDim.x = d.cluster[0];
     attrs[num_attrs].value.clusterDim.y = d.cluster[1];

@@ -120,16 +120,15 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
   k.tile_n = spec.tile_n;
   // Version 2 kernels split B between the CTAs of a cluster along x (their B box is
   // tile_n / cluster rows); version 1 kernels are launched with whatever cluster they name.
-  if (spec.abi >= moe::kMoeGemmAbiV2) {
-    if (spec.cluster[1] != 1 || spec.cluster[2] != 1 ||
-        (spec.cluster[0] != 1 && spec.cluster[0] != 2)) {
-      return bad("cluster", absl::StrCat("[", spec.cluster[0], ", ", spec.cluster[1], ", ",
-                                         spec.cluster[2],
-                                         "]; version 2 moe_gemm kernels take [1, 1, 1] or "
-                                         "[2, 1, 1]"));
-    }
-    k.cluster = spec.cluster[0];
+  if (spec.abi >= moe::kMoeGemmAbiV2 &&
+      (spec.cluster[1] != 1 || spec.cluster[2] != 1 ||
+       (spec.cluster[0] != 1 && spec.cluster[0] != 2))) {
+    return bad("cluster", absl::StrCat("[", spec.cluster[0], ", ", spec.cluster[1], ", ",
+                                       spec.cluster[2],
+                                       "]; version 2 moe_gemm kernels take [1, 1, 1] or "
+                                       "[2, 1, 1]"));
   }
+  k.cluster = spec.cluster[0];
   if (auto it = spec.extras.find("ctas_per_sm"); it != spec.extras.end()) {
     int v = 0;
     if (!absl::SimpleAtoi(it->second, &v) || v < 1 || v > 32) {
@@ -144,8 +143,14 @@ absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
                                   const moe::MoeGemmParams& p, int sm_count,
                                   MoeGemmLaunch* out) {
   out->params.g = p;
+  // Either version's grid is a whole number of clusters along x (CTAs past the last tile,
+  // or tile pair, exit).
+  auto whole_clusters = [&](moe::MoeGemmGrid g) {
+    g.x = (g.x + k.cluster - 1) / k.cluster * k.cluster;
+    return g;
+  };
   if (k.abi == moe::kMoeGemmAbiV1) {
-    out->grid = moe::MoeGemmGridFor(p, k.activation, k.tile_m, k.tile_n);
+    out->grid = whole_clusters(moe::MoeGemmGridFor(p, k.activation, k.tile_m, k.tile_n));
     return absl::OkStatus();
   }
   out->params.g.abi = moe::kMoeGemmAbiV2;
@@ -165,10 +170,8 @@ absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
                                            k.cluster)};
   CUBIST_RETURN_IF_ERROR(EncodeMap(driver, a_key, "a", &out->params.a_map));
   CUBIST_RETURN_IF_ERROR(EncodeMap(driver, b_key, "b", &out->params.b_map));
-  out->grid = moe::MoeGemmPersistentGridFor(p, k.activation, k.tile_m, k.tile_n, sm_count,
-                                            k.ctas_per_sm);
-  // A whole number of clusters (the kernel walks tile pairs with stride gridDim.x / 2).
-  out->grid.x = (out->grid.x + k.cluster - 1) / k.cluster * k.cluster;
+  out->grid = whole_clusters(moe::MoeGemmPersistentGridFor(p, k.activation, k.tile_m,
+                                                            k.tile_n, sm_count, k.ctas_per_sm));
   return absl::OkStatus();
 }
 

@@ -36,8 +36,8 @@ struct MoeGemmKernelInfo {
   int32_t tile_m = 0;
   int32_t tile_n = 0;
   int32_t ctas_per_sm = 1;  // version 2: extras "ctas_per_sm" (default 1)
-  // CTAs per cluster along x (version 2: 1, or 2 for kernels that multicast B to two
-  // adjacent M tiles; each CTA's B box is then tile_n / cluster rows).
+  // CTAs per cluster along x; the grid is a whole number of them (version 2: 1, or 2 for
+  // kernels that multicast B to two adjacent M tiles, whose B box is tile_n / 2 rows).
   int32_t cluster = 1;
 };
 
