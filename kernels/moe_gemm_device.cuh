@@ -197,22 +197,48 @@ __device__ __forceinline__ float Act(float x0, float x1, const ActParams& q) {
 // global scales, through the activation, to bf16 `out`. row0 is the warpgroup's first row
 // of A/out; rows at or past row_end (the expert's end) and columns past the output width
 // are not stored.
+
+// What turns accumulators into output values: the global scales and the activation's
+// per-expert parameters, read once per tile.
+template <MoeFormat WF, MoeActivation ACT>
+struct TileEpilogue {
+  float scale = 1.0f;
+  ActParams q{1.0f, ACT == kSitu ? 1.0f : 0.0f, __int_as_float(0x7f800000)};
+
+  __device__ __forceinline__ TileEpilogue(const MoeGemmParams& p, int e) {
+    if constexpr (WF == kFp8 || WF == kNvfp4) {
+      if (p.a_global_scale != nullptr) scale *= __ldg(p.a_global_scale);
+      if (p.b_global_scale != nullptr) scale *= __ldg(p.b_global_scale + e);
+    }
+    if constexpr (IsGated(ACT)) {
+      if (p.alpha != nullptr) q.alpha = __ldg(p.alpha + e);
+      if (p.beta != nullptr) q.beta = __ldg(p.beta + e);
+      if (p.limit != nullptr) q.limit = __ldg(p.limit + e);
+    }
+  }
+  // The two output values this thread holds in 8-column group g of out, row half h (rows
+  // lane / 4 and lane / 4 + 8 of its warp's 16); gated activations pair column c of the
+  // tile's up half with column c of its gate half (TN / 2 further).
+  template <int TN, int R>
+  __device__ __forceinline__ __nv_bfloat162 Pair(const float (&acc)[R], int g, int h) const {
+    const int i0 = g * 4 + 2 * h;
+    if constexpr (IsGated(ACT)) {
+      const int i1 = (g + TN / 16) * 4 + 2 * h;
+      return __floats2bfloat162_rn(Act<ACT>(acc[i0] * scale, acc[i1] * scale, q),
+                                   Act<ACT>(acc[i0 + 1] * scale, acc[i1 + 1] * scale, q));
+    } else {
+      return __floats2bfloat162_rn(Act<ACT>(acc[i0] * scale, 0.0f, q),
+                                   Act<ACT>(acc[i0 + 1] * scale, 0.0f, q));
+    }
+  }
+};
+
 template <MoeFormat WF, MoeActivation ACT, int TN, int R>
 __device__ __forceinline__ void StoreTile(const MoeGemmParams& p, int e, int row0, int row_end,
                                           int n_tile, float (&acc)[R]) {
   constexpr bool kGated = IsGated(ACT);
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-  float scale = 1.0f;
-  if constexpr (WF == kFp8 || WF == kNvfp4) {
-    if (p.a_global_scale != nullptr) scale *= __ldg(p.a_global_scale);
-    if (p.b_global_scale != nullptr) scale *= __ldg(p.b_global_scale + e);
-  }
-  ActParams q{1.0f, ACT == kSitu ? 1.0f : 0.0f, __int_as_float(0x7f800000)};
-  if constexpr (kGated) {
-    if (p.alpha != nullptr) q.alpha = __ldg(p.alpha + e);
-    if (p.beta != nullptr) q.beta = __ldg(p.beta + e);
-    if (p.limit != nullptr) q.limit = __ldg(p.limit + e);
-  }
+  const TileEpilogue<WF, ACT> ep(p, e);
   const int n_out = MoeGemmOutCols(p.n, ACT);
   constexpr int kOutGroups = kGated ? TN / 16 : TN / 8;  // 8-column groups of out
   constexpr int kTileCols = kGated ? TN / 2 : TN;
@@ -226,17 +252,7 @@ __device__ __forceinline__ void StoreTile(const MoeGemmParams& p, int e, int row
     for (int g = 0; g < kOutGroups; ++g) {
       const int col = n_tile * kTileCols + g * 8 + (lane % 4) * 2;
       if (col >= n_out) continue;
-      const int i0 = g * 4 + 2 * h;
-      float v0, v1;
-      if constexpr (kGated) {
-        const int i1 = (g + TN / 16) * 4 + 2 * h;
-        v0 = Act<ACT>(acc[i0] * scale, acc[i1] * scale, q);
-        v1 = Act<ACT>(acc[i0 + 1] * scale, acc[i1 + 1] * scale, q);
-      } else {
-        v0 = Act<ACT>(acc[i0] * scale, 0.0f, q);
-        v1 = Act<ACT>(acc[i0 + 1] * scale, 0.0f, q);
-      }
-      *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(v0, v1);
+      *reinterpret_cast<__nv_bfloat162*>(orow + col) = ep.template Pair<TN>(acc, g, h);
     }
   }
 }
