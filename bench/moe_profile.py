@@ -26,14 +26,21 @@ def main():
     ap.add_argument("--pair", default="bf16xbf16")
     ap.add_argument("--act", default="identity")
     ap.add_argument("--kernel", action="append", required=True,
-                    help="a kernel name, 'untuned' or 'torch'; repeatable")
+                    help="a kernel name, 'untuned' or 'torch'; repeatable. NAME@MANIFEST runs "
+                         "the kernel of another manifest (A/B of two builds in one process)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--rep", type=int, default=0, help="also time with do_bench (ms)")
     args = ap.parse_args()
     mb.ARGS = argparse.Namespace(rep=args.rep or 100)
     wf, af = mb.PAIRS[args.pair]
     pb = mb.Problem(args.shape, wf, af)
-    shim = mb.Shim(args.shim, args.manifest)
+    shims = {}
+
+    def shim_for(manifest):
+        if manifest not in shims:
+            shims[manifest] = mb.Shim(args.shim, manifest)
+        return shims[manifest]
+
     for name in args.kernel:
         if name == "torch":
             base = mb.baseline(pb, args.act)
@@ -41,8 +48,10 @@ def main():
                 raise SystemExit(f"no torch baseline for {args.pair}")
             fn = base[1]
         else:
-            fn = shim.runner("" if name == "untuned" else name, wf, af, args.act, pb.e, pb.t,
-                             pb.n, pb.k, pb.ptrs())
+            kernel, _, manifest = name.partition("@")
+            fn = shim_for(manifest or args.manifest).runner(
+                "" if kernel == "untuned" else kernel, wf, af, args.act, pb.e, pb.t, pb.n, pb.k,
+                pb.ptrs())
         for _ in range(args.iters):
             fn()
         torch.cuda.synchronize()
