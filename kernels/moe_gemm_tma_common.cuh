@@ -75,12 +75,15 @@ __device__ __forceinline__ uint32_t ClusterRank() {
 __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
-// Arrives on the mbarrier at the same shared-memory offset in cluster CTA `rank`.
+// Arrives on the mbarrier at the same shared-memory offset in cluster CTA `rank`. The
+// arrival keeps the default .release.cta semantics: what it orders is this warpgroup's
+// wgmma reads of the stage (already retired), not global memory. `.release.cluster`
+// compiles to MEMBAR.ALL.GPU before every arrival, which waits for the epilogue's global
+// stores too and made 2-CTA kernels 1.2-2.8x slower than single CTAs (docs/kernels.md).
 __device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
-               : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 template <int kRegs>
 __device__ __forceinline__ void SetMaxRegsInc() {
