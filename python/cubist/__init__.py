@@ -284,11 +284,9 @@ class MoeGemm:
         mxfp8 with uint8/e8m0 scales; uint8 or float4_e2m1fn_x2: packed mxfp4 with
         uint8/e8m0 scales, nvfp4 with e4m3 scales) or `weights=` / `activations=`. T = 0 is a no-op.
         """
-        # Plain CUDA torch tensors, bf16/fp8 without scales: read, checked and launched in
-        # C++ (cubist_ext.cc, FastRun). Everything else, errors included, comes here.
-        if self._fast_run(a, b, offsets, out, activation, weights, activations, a_scale,
-                          b_scale, a_global_scale, b_global_scale, alpha, beta, limit, stream):
-            return
+        # `run` is a C method (cubist_ext.cc, RunMethod; installed below): plain CUDA torch
+        # tensors, bf16/fp8 without scales, are read, checked and launched there. This
+        # body is the general path, reached for everything else, errors included.
         wf, af, act, e, t, n, k, p, device = self._args(
             a, b, offsets, out, weights, activations, activation, a_scale, b_scale,
             a_global_scale, b_global_scale, alpha, beta, limit)
@@ -356,6 +354,22 @@ class MoeGemm:
                      activation)
 
 
+def _install_run(cls):
+    """Makes cls.run the C method of cubist._cubist (cubist_ext.cc, RunMethod), which
+    takes the fast path without a Python frame and hands every other call, as it came, to
+    the Python `run` defined above (kept as cls._python_run); the signature and docstring
+    stay the Python function's."""
+    fn = cls.run
+    code = fn.__code__
+    pos = code.co_varnames[1:code.co_argcount]
+    kw = code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
+    sig = ", ".join(("$self",) + pos + ("*",) + tuple(
+        f"{k}={fn.__kwdefaults__[k]!r}" for k in kw))
+    cls._python_run = fn
+    cls.run = _cubist._install_run(cls, fn, f"run({sig})\n--\n\n{fn.__doc__}")
+
+
+_install_run(MoeGemm)
 _stream_getter = None
 _torch_op = None  # torch.ops.cubist.moe_gemm once cubist.ops is imported
 

@@ -57,9 +57,11 @@ def _torch_type():
             if dt is not None:
                 _TORCH_DTYPE_NAMES[dt] = n
         _torch_tensor_type = torch.Tensor
-        # MoeGemm.run's C++ fast path reads torch tensors with these (cubist_ext.cc).
+        # MoeGemm.run's C++ fast path reads torch tensors with these (cubist_ext.cc):
+        # through DLPack's C exchange API where torch has it, else their attributes.
         _cubist._set_torch(torch.Tensor, torch.bfloat16, getattr(torch, "float8_e4m3fn", None),
-                           torch.int32, getattr(torch._C, "_cuda_getCurrentRawStream", None))
+                           torch.int32, getattr(torch._C, "_cuda_getCurrentRawStream", None),
+                           getattr(torch.Tensor, "__dlpack_c_exchange_api__", None))
     return _torch_tensor_type
 
 

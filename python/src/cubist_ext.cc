@@ -2,9 +2,10 @@
 // C++ API an engine links (dispatch/runtime.h, dispatch/moe_gemm.h) and the CLI's report
 // functions (cli/reports.h). The Python half (python/cubist/_tensors.py) turns tensors
 // into device pointers and sizes and raises every argument error; `run` here is integer
-// conversion plus MoeGemm::Run. One exception, for speed: `fast_run` reads plain torch
-// tensors itself (PyMoeGemm::FastRun below) and hands anything it does not accept back to the
-// Python half, which then raises the error or takes the general path.
+// conversion plus MoeGemm::Run. One exception, for speed: MoeGemm.run is a C method
+// (RunMethod below) that reads plain torch tensors itself (ReadFastArgs: through torch's
+// DLPack exchange API, or its attributes) and launches, and hands any call it does not
+// accept to the Python `run`, which then raises the error or takes the general path.
 //
 // Errors: an absl::Status that is not OK becomes the Python exception class registered
 // for its code (cubist/_errors.py) with the message unchanged. C++ exceptions exist only
@@ -141,16 +142,86 @@ nb::dict DecisionDict(const MoeGemmDecision& d) {
   return r;
 }
 
+// DLPack's C exchange API (dlpack.h 1.x, "DLPackExchangeAPI"), declared here as the ABI
+// it is: a framework puts a table of C functions on its tensor type as
+// `__dlpack_c_exchange_api__` (a capsule named "dlpack_exchange_api"; torch.Tensor has one
+// in recent torch). dltensor_from_py_object_no_sync fills a caller-owned DLTensor that
+// views the tensor (no Python object, no allocation, valid until control returns to the
+// framework) and current_work_stream gives torch's current stream: what `run` needs of a
+// tensor and of torch in two C calls instead of six Python attribute lookups per tensor.
+namespace dl {
+struct Device {
+  int32_t device_type;  // 1 kDLCPU, 2 kDLCUDA
+  int32_t device_id;
+};
+struct DataType {
+  uint8_t code;  // 0 int, 4 bfloat, 10 float8_e4m3fn
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct Tensor {
+  void* data;
+  Device device;
+  int32_t ndim;
+  DataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // in elements; null means compact row-major
+  uint64_t byte_offset;
+};
+struct Version {
+  uint32_t major;
+  uint32_t minor;
+};
+struct ApiHeader {
+  Version version;
+  ApiHeader* prev_api;
+};
+struct ExchangeApi {
+  ApiHeader header;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void* py_object, Tensor* out);  // 0, or -1 + error
+  int (*current_work_stream)(int32_t device_type, int32_t device_id, void** out_stream);
+};
+constexpr int32_t kCpu = 1;
+constexpr int32_t kCuda = 2;
+constexpr uint8_t kInt = 0;
+constexpr uint8_t kBfloat = 4;
+constexpr uint8_t kFloat8E4m3fn = 10;
+
+// The version-1 table of a `__dlpack_c_exchange_api__` value, or null (not a capsule of
+// that name, no major version 1 in its chain, or without the two functions used here).
+const ExchangeApi* ApiOf(PyObject* capsule) {
+  if (capsule == nullptr || !PyCapsule_IsValid(capsule, "dlpack_exchange_api")) return nullptr;
+  auto* h = static_cast<ApiHeader*>(PyCapsule_GetPointer(capsule, "dlpack_exchange_api"));
+  while (h != nullptr && h->version.major != 1) h = h->prev_api;
+  auto* api = reinterpret_cast<const ExchangeApi*>(h);
+  if (api == nullptr || api->dltensor_from_py_object_no_sync == nullptr ||
+      api->current_work_stream == nullptr) {
+    return nullptr;
+  }
+  return api;
+}
+}  // namespace dl
+
 // torch's objects for the fast path (python/cubist/_tensors.py hands them over once torch
 // is imported; this file never imports torch): the exact type torch.Tensor, the dtypes
-// the fast path accepts, and torch._C._cuda_getCurrentRawStream. Owned for the process.
+// the fast path accepts, torch._C._cuda_getCurrentRawStream and torch.Tensor's DLPack
+// exchange API where torch has one. Owned for the process.
 struct TorchObjects {
   PyTypeObject* tensor = nullptr;
   PyObject* bfloat16 = nullptr;
   PyObject* float8_e4m3fn = nullptr;
   PyObject* int32 = nullptr;
   PyObject* current_stream = nullptr;  // (device) -> int
-  PyObject* s_dtype = nullptr;         // interned attribute and method names
+  const dl::ExchangeApi* api = nullptr;
+  // Switches for the tests and benchmarks (_fast_path_config): read tensors through the
+  // exchange API when there is one; take CPU tensors as if on the runtime's device (CPU
+  // tests and the CPU microbenchmark only: they never launch).
+  bool use_api = true;
+  bool cpu_as_device = false;
+  PyObject* s_dtype = nullptr;  // interned attribute and method names
   PyObject* s_is_cuda = nullptr;
   PyObject* s_shape = nullptr;
   PyObject* s_is_contiguous = nullptr;
@@ -164,12 +235,14 @@ TorchObjects& Torch() {
 }
 
 // What the fast path reads of one tensor.
+enum class Elem { kBf16, kFp8, kInt32 };
+
 struct FastTensor {
-  PyObject* dtype = nullptr;  // borrowed: one of TorchObjects' dtypes (compared by identity)
+  Elem elem = Elem::kBf16;
   int ndim = 0;
   int64_t shape[3] = {0, 0, 0};
   uint64_t ptr = 0;
-  int64_t device = -1;
+  int64_t device = -1;  // CUDA ordinal; -1 for a CPU tensor (only with cpu_as_device)
 };
 
 // The PyObject* result of a no-argument method call, or null (error cleared).
@@ -181,22 +254,70 @@ PyObject* CallMethod0(PyObject* self, PyObject* name) {
   return r;
 }
 
-// Reads a dense CUDA torch.Tensor of at most 3 dimensions; false for anything else
-// (another type, a subclass, CPU, strided, a dtype outside TorchObjects, more dimensions),
-// which the Python half then handles (and words the error for).
-bool ReadTorchTensor(PyObject* x, FastTensor& t) {
+// Through the exchange API: one C call, then plain fields. Dense as torch's
+// is_contiguous() defines it: every dimension of more than one element has the row-major
+// stride; any tensor with no elements is dense.
+bool ReadDlpack(PyObject* x, FastTensor& t) {
   const TorchObjects& T = Torch();
-  if (Py_TYPE(x) != T.tensor) return false;
+  dl::Tensor d{};
+  if (T.api->dltensor_from_py_object_no_sync(x, &d) != 0) return PyErr_Clear(), false;
+  if (d.device.device_type == dl::kCuda) {
+    t.device = d.device.device_id;
+  } else if (d.device.device_type == dl::kCpu && T.cpu_as_device) {
+    t.device = -1;
+  } else {
+    return false;
+  }
+  if (d.dtype.lanes != 1) return false;
+  if (d.dtype.code == dl::kBfloat && d.dtype.bits == 16) {
+    t.elem = Elem::kBf16;
+  } else if (d.dtype.code == dl::kFloat8E4m3fn && d.dtype.bits == 8) {
+    t.elem = Elem::kFp8;
+  } else if (d.dtype.code == dl::kInt && d.dtype.bits == 32) {
+    t.elem = Elem::kInt32;
+  } else {
+    return false;
+  }
+  if (d.ndim < 0 || d.ndim > 3) return false;
+  t.ndim = d.ndim;
+  bool empty = false;
+  for (int i = 0; i < t.ndim; ++i) {
+    t.shape[i] = d.shape[i];
+    empty = empty || t.shape[i] == 0;
+  }
+  if (d.strides != nullptr && !empty) {
+    int64_t expect = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      if (t.shape[i] == 1) continue;
+      if (d.strides[i] != expect) return false;
+      expect *= t.shape[i];
+    }
+  }
+  t.ptr = reinterpret_cast<uintptr_t>(d.data) + d.byte_offset;
+  return true;
+}
+
+// Through torch's Python attributes (torch without the exchange API, or a tensor it could
+// not describe, e.g. a dtype its DLPack does not know).
+bool ReadAttributes(PyObject* x, FastTensor& t) {
+  const TorchObjects& T = Torch();
   PyObject* v = PyObject_GetAttr(x, T.s_is_cuda);
   if (v == nullptr) return PyErr_Clear(), false;
   const bool cuda = v == Py_True;
   Py_DECREF(v);
-  if (!cuda) return false;
+  if (!cuda && !T.cpu_as_device) return false;
   v = PyObject_GetAttr(x, T.s_dtype);
   if (v == nullptr) return PyErr_Clear(), false;
   Py_DECREF(v);  // dtypes are torch's singletons, alive as long as torch
-  if (v != T.bfloat16 && v != T.float8_e4m3fn && v != T.int32) return false;
-  t.dtype = v;
+  if (v == T.bfloat16) {
+    t.elem = Elem::kBf16;
+  } else if (v == T.float8_e4m3fn) {
+    t.elem = Elem::kFp8;
+  } else if (v == T.int32) {
+    t.elem = Elem::kInt32;
+  } else {
+    return false;
+  }
   v = CallMethod0(x, T.s_is_contiguous);
   if (v == nullptr) return false;
   const bool contiguous = v == Py_True;
@@ -221,14 +342,49 @@ bool ReadTorchTensor(PyObject* x, FastTensor& t) {
   if (PyErr_Occurred()) return PyErr_Clear(), false;
   v = CallMethod0(x, T.s_get_device);
   if (v == nullptr) return false;
-  t.device = PyLong_AsLongLong(v);
+  const int64_t device = PyLong_AsLongLong(v);
   Py_DECREF(v);
   if (PyErr_Occurred()) return PyErr_Clear(), false;
+  t.device = cuda ? device : -1;
   return true;
 }
 
+// Reads a dense CUDA torch.Tensor of at most 3 dimensions, bf16, fp8 (e4m3fn) or int32;
+// false for anything else (another type, a subclass, CPU, strided, another dtype, more
+// dimensions), which the Python half then handles (and words the error for).
+bool ReadTorchTensor(PyObject* x, FastTensor& t) {
+  const TorchObjects& T = Torch();
+  if (Py_TYPE(x) != T.tensor) return false;
+  if (T.api != nullptr && T.use_api && ReadDlpack(x, t)) return true;
+  return ReadAttributes(x, t);
+}
+
 DataFormat FormatOf(const FastTensor& t) {
-  return t.dtype == Torch().bfloat16 ? DataFormat::kBf16 : DataFormat::kFp8;
+  return t.elem == Elem::kBf16 ? DataFormat::kBf16 : DataFormat::kFp8;
+}
+
+// torch's current stream on `device` (what torch.cuda.current_stream(device).cuda_stream
+// gives; inside CUDA-graph capture, the capturing stream), or false (error cleared).
+bool CurrentStream(int64_t device, uintptr_t& s) {
+  const TorchObjects& T = Torch();
+  if (T.api != nullptr && T.use_api) {
+    void* p = nullptr;
+    if (T.api->current_work_stream(dl::kCuda, static_cast<int32_t>(device), &p) != 0) {
+      return PyErr_Clear(), false;
+    }
+    s = reinterpret_cast<uintptr_t>(p);
+    return true;
+  }
+  if (T.current_stream == nullptr) return false;
+  PyObject* dev = PyLong_FromLongLong(device);
+  if (dev == nullptr) return PyErr_Clear(), false;
+  PyObject* r = PyObject_CallOneArg(T.current_stream, dev);
+  Py_DECREF(dev);
+  if (r == nullptr) return PyErr_Clear(), false;
+  s = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(r));
+  Py_DECREF(r);
+  if (PyErr_Occurred()) return PyErr_Clear(), false;
+  return true;
 }
 
 // The fast path of MoeGemm.run (python/cubist/__init__.py). v: run's 15 arguments in its
@@ -262,13 +418,12 @@ bool ReadFastArgs(int64_t device, PyObject* const* v, MoeGemmArgs& args, uintptr
       !ReadTorchTensor(v[2], to) || !ReadTorchTensor(v[3], tout)) {
     return false;
   }
-  if (ta.dtype == T.int32 || tb.dtype == T.int32 || to.dtype != T.int32 ||
-      tout.dtype != T.bfloat16) {
+  if (ta.elem == Elem::kInt32 || tb.elem == Elem::kInt32 || to.elem != Elem::kInt32 ||
+      tout.elem != Elem::kBf16) {
     return false;
   }
-  if (ta.device != device || tb.device != device || to.device != device ||
-      tout.device != device) {
-    return false;
+  for (const FastTensor* x : {&ta, &tb, &to, &tout}) {
+    if (x->device == -1 ? !T.cpu_as_device : x->device != device) return false;
   }
   if (to.ndim != 1 || to.shape[0] < 2) return false;
   const int64_t e = to.shape[0] - 1;
@@ -282,18 +437,11 @@ bool ReadFastArgs(int64_t device, PyObject* const* v, MoeGemmArgs& args, uintptr
     return false;
   }
   if (stream == Py_None) {
-    if (T.current_stream == nullptr) return false;
-    PyObject* dev = PyLong_FromLongLong(device);
-    if (dev == nullptr) return PyErr_Clear(), false;
-    PyObject* r = PyObject_CallOneArg(T.current_stream, dev);
-    Py_DECREF(dev);
-    if (r == nullptr) return PyErr_Clear(), false;
-    s = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(r));
-    Py_DECREF(r);
+    if (!CurrentStream(device, s)) return false;
   } else {
     s = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(stream));
+    if (PyErr_Occurred()) return PyErr_Clear(), false;
   }
-  if (PyErr_Occurred()) return PyErr_Clear(), false;
   args = ArgsOf(static_cast<int>(FormatOf(tb)), static_cast<int>(FormatOf(ta)),
                 static_cast<int>(*act), e, t, n, k);
   SetPointers(args, ta.ptr, tb.ptr, 0, 0, 0, 0, to.ptr, 0, 0, 0, tout.ptr);
@@ -309,6 +457,10 @@ class PyMoeGemm {
     op_ = Check(MoeGemm::Create(rt.get(), std::move(o)));
   }
 
+  // An op without a runtime, for the CPU tests and the CPU microbenchmark: its launches
+  // are recorded (LastLaunch), not made; everything else refuses.
+  explicit PyMoeGemm(int64_t device) : device_(device) {}
+
   // The hot path: no allocation, no Python object created; the GIL is kept because
   // Run takes well under a microsecond once the problem was seen.
   void Run(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int64_t k, uint64_t pa,
@@ -316,8 +468,7 @@ class PyMoeGemm {
            uint64_t alpha, uint64_t beta, uint64_t limit, uint64_t out, uintptr_t stream) {
     MoeGemmArgs a = ArgsOf(wf, af, act, e, t, n, k);
     SetPointers(a, pa, pb, as, bs, ag, bg, off, alpha, beta, limit, out);
-    absl::Status s = op_->Run(a, reinterpret_cast<CUstream>(stream));
-    if (!s.ok()) Raise(std::move(s));
+    Check(Launch(a, stream));
   }
 
   // MoeGemm.run's fast path (python/cubist/__init__.py): ReadFastArgs, then Run. False
@@ -326,9 +477,23 @@ class PyMoeGemm {
     MoeGemmArgs args;
     uintptr_t stream = 0;
     if (!ReadFastArgs(device_, v, args, stream)) return false;
-    absl::Status st = op_->Run(args, reinterpret_cast<CUstream>(stream));
-    if (!st.ok()) Raise(std::move(st));
+    Check(Launch(args, stream));
     return true;
+  }
+
+  // What an op without a runtime was last asked to launch: (wf, af, act, E, T, N, K,
+  // [11 pointers], stream, launches so far), or None before the first launch.
+  nb::object LastLaunch() const {
+    if (launches_ == 0) return nb::none();
+    const MoeGemmArgs& a = last_;
+    nb::list ptrs;
+    for (uint64_t x : {a.a, a.b, a.a_scale, a.b_scale, a.a_global_scale, a.b_global_scale,
+                       a.offsets, a.alpha, a.beta, a.limit, a.out}) {
+      ptrs.append(x);
+    }
+    return nb::make_tuple(static_cast<int>(a.weight_format),
+                          static_cast<int>(a.activation_format), static_cast<int>(a.activation),
+                          a.experts, a.tokens, a.n, a.k, ptrs, last_stream_, launches_);
   }
 
   // The runtime's CUDA ordinal, which every tensor of the fast path must be on.
@@ -343,13 +508,14 @@ class PyMoeGemm {
                    uint64_t out, uintptr_t stream, int iterations) {
     MoeGemmArgs a = ArgsOf(wf, af, act, e, t, n, k);
     SetPointers(a, pa, pb, as, bs, ag, bg, off, alpha, beta, limit, out);
+    MoeGemm& op = Op();
     absl::Status s;
     std::chrono::steady_clock::duration elapsed{};
     {
       nb::gil_scoped_release release;
       const auto start = std::chrono::steady_clock::now();
       for (int i = 0; i < iterations && s.ok(); ++i) {
-        s = op_->Run(a, reinterpret_cast<CUstream>(stream));
+        s = op.Run(a, reinterpret_cast<CUstream>(stream));
       }
       elapsed = std::chrono::steady_clock::now() - start;
     }
@@ -363,12 +529,14 @@ class PyMoeGemm {
                     uint64_t out) {
     MoeGemmArgs a = ArgsOf(wf, af, act, e, t, n, k);
     SetPointers(a, pa, pb, as, bs, ag, bg, off, alpha, beta, limit, out);
-    Check(WithoutGil([&] { return op_->CanImplement(a); }));  // may fetch and load
+    MoeGemm& op = Op();
+    Check(WithoutGil([&] { return op.CanImplement(a); }));  // may fetch and load
   }
 
   nb::dict KernelFor(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int64_t k) {
+    MoeGemm& op = Op();
     return DecisionDict(
-        *Check(WithoutGil([&] { return op_->KernelFor(ArgsOf(wf, af, act, e, t, n, k)); })));
+        *Check(WithoutGil([&] { return op.KernelFor(ArgsOf(wf, af, act, e, t, n, k)); })));
   }
 
   nb::dict Tune(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int64_t k,
@@ -378,8 +546,9 @@ class PyMoeGemm {
     o.warmup = warmup;
     o.iterations = iterations;
     o.record = record;
-    const MoeProblem problem = op_->ProblemOf(ArgsOf(wf, af, act, e, t, n, k));
-    AutotuneResult result = Check(WithoutGil([&] { return op_->Tune(problem, o); }));
+    MoeGemm& op = Op();
+    const MoeProblem problem = op.ProblemOf(ArgsOf(wf, af, act, e, t, n, k));
+    AutotuneResult result = Check(WithoutGil([&] { return op.Tune(problem, o); }));
     nb::dict out;
     out["winner"] = result.winner->name();
     out["winner_us"] = result.winner_us;
@@ -402,9 +571,120 @@ class PyMoeGemm {
   }
 
  private:
+  MoeGemm& Op() {
+    if (op_ == nullptr) {
+      Raise(absl::FailedPreconditionError("this MoeGemm has no runtime (made for tests)"));
+    }
+    return *op_;
+  }
+
+  absl::Status Launch(const MoeGemmArgs& a, uintptr_t stream) {
+    if (op_ != nullptr) return op_->Run(a, reinterpret_cast<CUstream>(stream));
+    last_ = a;
+    last_stream_ = stream;
+    ++launches_;
+    return absl::OkStatus();
+  }
+
   std::unique_ptr<MoeGemm> op_;
   int64_t device_ = -1;
+  MoeGemmArgs last_;  // an op without a runtime: its last launch
+  uintptr_t last_stream_ = 0;
+  int64_t launches_ = 0;
 };
+
+// Sets the Python exception `run` raises for a failed status: the class registered for
+// its code (cubist/_errors.py), the message unchanged.
+void SetStatusError(const absl::Status& s) {
+  const int code = static_cast<int>(s.code());
+  nb::object& cls = ErrorClasses()[code >= 0 && code < 17 ? code : 2];
+  const std::string msg(s.message());
+  PyErr_SetString(cls.is_valid() ? cls.ptr() : PyExc_RuntimeError, msg.c_str());
+}
+
+// MoeGemm.run as a C method of the Python class MoeGemm (cubist/__init__.py installs it
+// over the Python `run`, which it keeps as `fallback`). CPython calls it with the
+// arguments as passed (vectorcall: no Python frame, no keyword dict, no conversion). A
+// call of the usual shape (the four tensors positionally, keywords of `run`) goes
+// through ReadFastArgs and launches; any other call, and anything the fast path
+// declines, is handed as it came to the Python `run`, so the signature, the checks, the
+// errors and their wording stay the Python function's.
+constexpr int kRunKeywords = 11;  // run's keywords, in ReadFastArgs' order from v[4]
+constexpr const char* kRunKeywordNames[kRunKeywords] = {
+    "activation", "weights", "activations", "a_scale", "b_scale", "a_global_scale",
+    "b_global_scale", "alpha", "beta", "limit", "stream"};
+
+struct RunMethodState {
+  PyObject* names[kRunKeywords] = {};  // interned
+  PyObject* identity = nullptr;        // activation's default, "identity"
+  PyObject* s_native = nullptr;        // "_native": the MoeGemm's PyMoeGemm
+  PyTypeObject* native_type = nullptr;
+  PyObject* fallback = nullptr;        // the Python MoeGemm.run
+};
+
+RunMethodState& RunState() {
+  static auto* s = new RunMethodState();
+  return *s;
+}
+
+// The slot (0..10) of one of run's keywords, or -1. Keyword names in calls are interned
+// strings, so identity finds them; a name built at run time is compared by value.
+int KeywordSlot(const RunMethodState& R, PyObject* name) {
+  for (int i = 0; i < kRunKeywords; ++i) {
+    if (name == R.names[i]) return i;
+  }
+  if (!PyUnicode_Check(name)) return -1;
+  for (int i = 0; i < kRunKeywords; ++i) {
+    if (PyUnicode_Compare(name, R.names[i]) == 0) return i;
+  }
+  return -1;
+}
+
+// 1: launched; 0: declined (or not a call of the usual shape); -1: raised.
+int TryFastRun(const RunMethodState& R, PyObject* self, PyObject* const* args,
+               Py_ssize_t nargs, PyObject* kwnames) {
+  if (nargs != 4) return 0;
+  PyObject* v[4 + kRunKeywords] = {args[0], args[1], args[2], args[3], R.identity};
+  for (int i = 5; i < 4 + kRunKeywords; ++i) v[i] = Py_None;
+  const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  for (Py_ssize_t i = 0; i < nkw; ++i) {
+    const int slot = KeywordSlot(R, PyTuple_GET_ITEM(kwnames, i));
+    if (slot < 0) return 0;
+    v[4 + slot] = args[nargs + i];
+  }
+  PyObject* native = PyObject_GetAttr(self, R.s_native);
+  if (native == nullptr) return PyErr_Clear(), 0;
+  int r = 0;
+  if (Py_TYPE(native) == R.native_type && nb::inst_ready(native)) {
+    try {
+      r = nb::inst_ptr<PyMoeGemm>(native)->FastRun(v) ? 1 : 0;
+    } catch (const StatusError& e) {
+      SetStatusError(e.status);
+      r = -1;
+    } catch (const std::exception& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+      r = -1;
+    }
+  }
+  Py_DECREF(native);
+  return r;
+}
+
+PyObject* RunMethod(PyObject* self, PyObject* const* args, Py_ssize_t nargsf,
+                    PyObject* kwnames) {
+  const RunMethodState& R = RunState();
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  const int r = TryFastRun(R, self, args, nargs, kwnames);
+  if (r < 0) return nullptr;
+  if (r > 0) Py_RETURN_NONE;
+  // The Python `run`, called as self.run(*args, **kwargs) was.
+  const Py_ssize_t total = nargs + (kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames));
+  std::vector<PyObject*> stack(static_cast<size_t>(total) + 1);
+  stack[0] = self;
+  std::copy(args, args + total, stack.begin() + 1);
+  return PyObject_Vectorcall(R.fallback, stack.data(), static_cast<size_t>(nargs) + 1,
+                             kwnames);
+}
 
 int FormatCode(const std::string& name) {
   return static_cast<int>(Check(ParseDataFormat(name)));
@@ -426,10 +706,7 @@ NB_MODULE(_cubist, m) {
     try {
       std::rethrow_exception(p);
     } catch (const StatusError& e) {
-      const int code = static_cast<int>(e.status.code());
-      nb::object& cls = ErrorClasses()[code >= 0 && code < 17 ? code : 2];
-      const std::string msg(e.status.message());
-      PyErr_SetString(cls.is_valid() ? cls.ptr() : PyExc_RuntimeError, msg.c_str());
+      SetStatusError(e.status);
     }
   });
 
@@ -439,15 +716,17 @@ NB_MODULE(_cubist, m) {
   });
   m.def("format_code", &FormatCode);
   // (torch.Tensor, bfloat16, float8_e4m3fn or None, int32, current-stream function or
-  // None), once torch is imported (cubist/_tensors.py).
+  // None, torch.Tensor.__dlpack_c_exchange_api__ or None), once torch is imported
+  // (cubist/_tensors.py).
   // A later call replaces them; tensor None switches the fast path off (the CPU tests
   // drive it with stand-ins for torch's objects).
   m.def(
       "_set_torch",
       [](nb::handle tensor, nb::handle bf16, nb::handle fp8, nb::handle i32,
-         nb::handle current_stream) {
+         nb::handle current_stream, nb::handle exchange_api) {
     TorchObjects& T = Torch();
     T.tensor = nullptr;  // the previous objects stay referenced: a few, for the process
+    T.api = nullptr;
     if (tensor.is_none()) return;
     if (!PyType_Check(tensor.ptr())) throw nb::type_error("torch.Tensor expected");
     auto keep = [](nb::handle h) { return h.is_none() ? nullptr : h.inc_ref().ptr(); };
@@ -462,10 +741,44 @@ NB_MODULE(_cubist, m) {
     T.float8_e4m3fn = keep(fp8);
     T.int32 = keep(i32);
     T.current_stream = keep(current_stream);
+    T.api = dl::ApiOf(keep(exchange_api));  // the capsule stays referenced with its table
     T.tensor = reinterpret_cast<PyTypeObject*>(keep(tensor));
       },
       nb::arg("tensor").none(), nb::arg("bfloat16").none(), nb::arg("float8_e4m3fn").none(),
-      nb::arg("int32").none(), nb::arg("current_stream").none());
+      nb::arg("int32").none(), nb::arg("current_stream").none(),
+      nb::arg("exchange_api").none() = nb::none());
+  // The fast path's switches, for the tests and benchmarks: `exchange` reads tensors
+  // through torch's DLPack exchange API when it has one (the default) or through their
+  // Python attributes; `cpu_as_device` takes CPU tensors as if on the runtime's device
+  // (the CPU tests and microbenchmark, which never launch). None leaves a switch as it is.
+  // Returns {"exchange_api": found, "exchange": ..., "cpu_as_device": ...}.
+  m.def(
+      "_fast_path_config",
+      [](nb::object exchange, nb::object cpu_as_device) {
+        TorchObjects& T = Torch();
+        if (!exchange.is_none()) T.use_api = nb::cast<bool>(exchange);
+        if (!cpu_as_device.is_none()) T.cpu_as_device = nb::cast<bool>(cpu_as_device);
+        nb::dict d;
+        d["exchange_api"] = T.api != nullptr;
+        d["exchange"] = T.use_api;
+        d["cpu_as_device"] = T.cpu_as_device;
+        return d;
+      },
+      nb::arg("exchange").none() = nb::none(), nb::arg("cpu_as_device").none() = nb::none());
+  // MoeGemm.run as a C method descriptor of `cls` (RunMethod): `fallback` is the Python
+  // `run` it hands other calls to, `doc` its docstring (with the text signature first).
+  m.def("_install_run", [](nb::handle cls, nb::handle fallback, std::string doc) {
+    if (!PyType_Check(cls.ptr())) throw nb::type_error("a class");
+    RunMethodState& R = RunState();
+    R.fallback = fallback.inc_ref().ptr();  // kept for the process, as the method
+    // The method's definition must outlive it: one per call, kept for the process.
+    auto* def = new PyMethodDef{
+        "run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&RunMethod)),
+        METH_FASTCALL | METH_KEYWORDS, (new std::string(std::move(doc)))->c_str()};
+    PyObject* d = PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), def);
+    if (d == nullptr) throw nb::python_error();
+    return nb::steal(d);
+  });
   // ReadFastArgs alone, for the CPU tests: (wf, af, act, E, T, N, K, [11 pointers],
   // stream) as `run` would launch, or None where the fast path declines.
   m.def("_fast_args", [](int64_t device, nb::args v) -> nb::object {
@@ -520,8 +833,19 @@ NB_MODULE(_cubist, m) {
       .def("preload",
            [](PyRuntime& r) { Check(WithoutGil([&] { return r.get().Preload(); })); });
 
-  nb::class_<PyMoeGemm>(m, "MoeGemm")
-      .def(nb::init<PyRuntime&, std::string, bool>(), nb::keep_alive<1, 2>())
+  {
+    RunMethodState& R = RunState();
+    for (int i = 0; i < kRunKeywords; ++i) {
+      R.names[i] = PyUnicode_InternFromString(kRunKeywordNames[i]);
+    }
+    R.identity = PyUnicode_InternFromString("identity");
+    R.s_native = PyUnicode_InternFromString("_native");
+  }
+  nb::class_<PyMoeGemm> moe_gemm(m, "MoeGemm");
+  RunState().native_type = reinterpret_cast<PyTypeObject*>(moe_gemm.ptr());
+  moe_gemm.def(nb::init<PyRuntime&, std::string, bool>(), nb::keep_alive<1, 2>())
+      .def_static("_without_gpu", [](int64_t device) { return new PyMoeGemm(device); })
+      .def("_last_launch", &PyMoeGemm::LastLaunch)
       .def("run", &PyMoeGemm::Run)
       .def(
           "fast_run",

@@ -1,5 +1,7 @@
 """The package without a GPU (CI): import, errors, argument checks, fetch/verify/select
 against the CLI's reports through nginx."""
+import ctypes
+import inspect
 import json
 import os
 import subprocess
@@ -152,13 +154,34 @@ FAKE_TYPESTR = {FBF16: BF16, FFP8: "|u1", FI32: I32, FI64: "<i8", FF32: F32}
 
 
 class FakeTensor:
-    def __init__(self, shape, dtype, cuda=True, contiguous=True, device=0):
+    """A stand-in for a torch tensor: torch's attributes (the fast path's attribute
+    reader), a `dl` description for the fake DLPack exchange API below (its other
+    reader), and __cuda_array_interface__ (the Python checks' view of the same tensor).
+    `reads` counts the attribute reader's calls."""
+
+    def __init__(self, shape, dtype, cuda=True, contiguous=True, device=0, strides=None):
         self.shape, self.dtype, self.is_cuda = tuple(shape), dtype, cuda
-        self._contiguous, self._device = contiguous, device
+        self._device = device
         self._ptr = Cai.next_ptr if all(shape) else 0
         Cai.next_ptr += 1 << 20
+        if strides is None:
+            strides = list(_dense(self.shape))
+            if not contiguous:  # as a transpose of the last two dimensions (1-D: every other)
+                if len(strides) >= 2:
+                    strides[-1], strides[-2] = strides[-2], strides[-1]
+                elif strides:
+                    strides[0] = 2
+        self.strides = tuple(strides)
+        self._contiguous = contiguous
+        self.reads = 0
+        self.dl_fails = False  # the fake exchange API refuses this tensor
+
+    attrs_fail = False  # the attribute reader fails on every FakeTensor (is_contiguous raises)
 
     def is_contiguous(self):
+        self.reads += 1
+        if self.attrs_fail:
+            raise RuntimeError("the attribute reader was used")
         return self._contiguous
 
     def data_ptr(self):
@@ -170,13 +193,118 @@ class FakeTensor:
     def cai(self):
         return Cai(self.shape, FAKE_TYPESTR[self.dtype], ptr=self._ptr)
 
+    @property
+    def __cuda_array_interface__(self):
+        return self.cai().__cuda_array_interface__
+
+
+def _dense(shape):
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+# DLPack's C exchange API (dlpack.h, DLPackExchangeAPI) in ctypes, describing FakeTensors:
+# what torch.Tensor.__dlpack_c_exchange_api__ is to the fast path, without torch.
+DL_CODE = {FBF16: (4, 16), FFP8: (10, 8), FI32: (0, 32), FI64: (0, 64), FF32: (2, 32)}
+
+
+class DLTensorC(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+FROM_PY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(DLTensorC))
+WORK_STREAM = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_int32,
+                               ctypes.POINTER(ctypes.c_void_p))
+
+
+class ExchangeApiC(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                ("prev_api", ctypes.c_void_p), ("managed_tensor_allocator", ctypes.c_void_p),
+                ("managed_tensor_from_py_object_no_sync", ctypes.c_void_p),
+                ("managed_tensor_to_py_object_no_sync", ctypes.c_void_p),
+                ("dltensor_from_py_object_no_sync", FROM_PY),
+                ("current_work_stream", WORK_STREAM)]
+
+
+@FROM_PY
+def _dltensor_from_py(obj, out):
+    x = ctypes.cast(obj, ctypes.py_object).value
+    if x.dl_fails:
+        return -1
+    x._dl_shape = (ctypes.c_int64 * max(1, len(x.shape)))(*x.shape)
+    x._dl_strides = (ctypes.c_int64 * max(1, len(x.strides)))(*x.strides)
+    d = out.contents
+    d.data = x._ptr or None
+    d.device_type, d.device_id = (2, x._device) if x.is_cuda else (1, 0)
+    d.ndim = len(x.shape)
+    (d.code, d.bits), d.lanes = DL_CODE[x.dtype], 1
+    d.shape = ctypes.cast(x._dl_shape, ctypes.POINTER(ctypes.c_int64))
+    d.strides = ctypes.cast(x._dl_strides, ctypes.POINTER(ctypes.c_int64))
+    d.byte_offset = 0
+    return 0
+
+
+@WORK_STREAM
+def _current_work_stream(device_type, device_id, out):
+    out[0] = 0x7000 + device_id
+    return 0
+
+
+_EXCHANGE_API = ExchangeApiC(1, 1, None, None, None, None, _dltensor_from_py,
+                             _current_work_stream)
+_CAPSULE_NAME = b"dlpack_exchange_api"
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def exchange_capsule():
+    return _capsule_new(ctypes.addressof(_EXCHANGE_API), _CAPSULE_NAME, None)
+
+
+class _NoTorchTensor:
+    """While stand-ins are registered, the Python checks must not register torch (if the
+    test run imported it) over them: they see this as torch's tensor type."""
+
+
+def _register_fakes(*args):
+    cubist._cubist._set_torch(FakeTensor, FBF16, FFP8, FI32, lambda d: 0x5000 + d, *args)
+    cubist._tensors._torch_tensor_type = _NoTorchTensor
+
+
+def _reset_fast_path():
+    cubist._cubist._set_torch(None, None, None, None, None)
+    cubist._cubist._fast_path_config(exchange=True, cpu_as_device=False)
+    cubist._tensors._torch_tensor_type = None  # torch, if imported, registers again
+
 
 @pytest.fixture
 def fake_torch():
-    cubist._cubist._set_torch(FakeTensor, FBF16, FFP8, FI32, lambda device: 0x5000 + device)
+    """The fast path on stand-ins for torch's objects, reading tensors by attribute."""
+    _register_fakes()
     yield
-    cubist._cubist._set_torch(None, None, None, None, None)
-    cubist._tensors._torch_tensor_type = None  # torch, if imported, registers again
+    _reset_fast_path()
+
+
+@pytest.fixture(params=["attributes", "exchange"])
+def any_reader(request):
+    """The fast path on stand-ins, reading tensors by attribute or (param "exchange") only
+    through the fake DLPack exchange API: there the attribute reader fails, so whatever
+    the exchange reader declines stays declined."""
+    exchange = request.param == "exchange"
+    _register_fakes(exchange_capsule() if exchange else None)
+    assert cubist._cubist._fast_path_config()["exchange_api"] is exchange
+    FakeTensor.attrs_fail = exchange
+    yield request.param
+    FakeTensor.attrs_fail = False
+    _reset_fast_path()
 
 
 def fast_args(device=0, **over):
@@ -195,7 +323,7 @@ def fast_args(device=0, **over):
     dict(a=FakeTensor((16, 128), FFP8), b=FakeTensor((4, 256, 128), FFP8)),
     dict(a=FakeTensor((0, 128), FBF16), out=FakeTensor((0, 128), FBF16)), dict(stream=7),
 ])
-def test_fast_path_gives_what_the_python_checks_give(fake_torch, over):
+def test_fast_path_gives_what_the_python_checks_give(any_reader, over):
     a, got = fast_args(**over)
     assert got is not None
     cai = {k: v.cai() if isinstance(v, FakeTensor) else v for k, v in a.items()}
@@ -204,7 +332,9 @@ def test_fast_path_gives_what_the_python_checks_give(fake_torch, over):
         cai.update(weights="fp8", activations="fp8")
     want = gemm_without_gpu()._args(**cai)
     assert got[:7] == want[:7] and list(got[7]) == want[7]
-    assert got[8] == (over.get("stream") or 0x5000)
+    # No stream: torch's current one, from the exchange API's current_work_stream where
+    # torch has it, else torch._C._cuda_getCurrentRawStream (the stand-ins: 0x7000, 0x5000).
+    assert got[8] == (over.get("stream") or (0x7000 if any_reader == "exchange" else 0x5000))
 
 
 @pytest.mark.parametrize("over", [
@@ -221,8 +351,191 @@ def test_fast_path_gives_what_the_python_checks_give(fake_torch, over):
     dict(alpha=FakeTensor((4,), FF32)), dict(b_scale=FakeTensor((4, 2, 1), FF32)),
     dict(stream=object()), dict(stream=-1),
 ])
-def test_fast_path_declines_everything_else(fake_torch, over):
+def test_fast_path_declines_everything_else(any_reader, over):
     assert fast_args(**over)[1] is None
+
+
+@pytest.mark.parametrize("over", [
+    # torch's is_contiguous(): a dimension of one element may have any stride, and a
+    # tensor without elements is dense whatever its strides.
+    dict(a=FakeTensor((1, 128), FBF16, strides=(7, 1)), out=FakeTensor((1, 128), FBF16)),
+    dict(a=FakeTensor((0, 128), FBF16, strides=(1, 0)), out=FakeTensor((0, 128), FBF16)),
+    dict(offsets=FakeTensor((5,), FI32, strides=(1,))),
+])
+def test_exchange_reader_follows_torchs_contiguity(any_reader, over):
+    assert fast_args(**over)[1] is not None
+
+
+@pytest.mark.parametrize("over", [
+    dict(a=FakeTensor((16, 128), FBF16, strides=(256, 1))),   # rows of a wider tensor
+    dict(b=FakeTensor((4, 256, 128), FBF16, strides=(32768, 128, 2))),
+])
+def test_exchange_reader_declines_strided_views(fake_torch, over):
+    # The attribute reader is told they are contiguous; the exchange reader, reading the
+    # strides, must decline on its own (and then the attribute reader is asked).
+    over = {k: v for k, v in over.items()}
+    for v in over.values():
+        v._contiguous = False
+    _register_fakes(exchange_capsule())
+    FakeTensor.attrs_fail = True
+    try:
+        assert fast_args(**over)[1] is None
+    finally:
+        FakeTensor.attrs_fail = False
+
+
+def test_exchange_reader_is_used_and_the_attribute_reader_is_the_fallback(fake_torch):
+    _register_fakes(exchange_capsule())
+    a, got = fast_args()
+    assert got is not None and got[8] == 0x7000
+    assert all(v.reads == 0 for v in a.values() if isinstance(v, FakeTensor))
+    # A tensor the exchange API cannot describe (torch: a dtype its DLPack lacks) is read
+    # through its attributes instead; the stream still comes from the exchange API.
+    out = FakeTensor((16, 128), FBF16)
+    out.dl_fails = True
+    a, got2 = fast_args(out=out)
+    assert got2 is not None and out.reads == 1 and a["a"].reads == 0
+    assert got2[:7] == got[:7] and got2[7][10] == out.data_ptr()
+    # Switched off (the benchmarks' comparison): attributes and the raw stream getter.
+    cubist._cubist._fast_path_config(exchange=False)
+    a, got3 = fast_args()
+    assert got3[:7] == got[:7] and got3[8] == 0x5000 and a["a"].reads == 1
+
+
+def test_exchange_api_is_taken_only_from_a_version_1_capsule(fake_torch):
+    def registered(api):
+        cubist._cubist._set_torch(FakeTensor, FBF16, FFP8, FI32, None, api)
+        return cubist._cubist._fast_path_config()["exchange_api"]
+
+    assert registered(exchange_capsule()) is True
+    assert registered(ctypes.addressof(_EXCHANGE_API)) is False  # an int is not the protocol
+    assert registered(_capsule_new(ctypes.addressof(_EXCHANGE_API), b"other", None)) is False
+    v2 = ExchangeApiC(2, 0, None, None, None, None, _dltensor_from_py, _current_work_stream)
+    assert registered(_capsule_new(ctypes.addressof(v2), _CAPSULE_NAME, None)) is False
+    v2.prev_api = ctypes.addressof(_EXCHANGE_API)  # a newer table chaining to version 1
+    assert registered(_capsule_new(ctypes.addressof(v2), _CAPSULE_NAME, None)) is True
+    assert registered(None) is False
+
+
+# MoeGemm.run itself is a C method (cubist_ext.cc, RunMethod) over the Python `run`. An op
+# without a runtime (_cubist.MoeGemm._without_gpu) records what it would launch, so the
+# whole call can be followed on the CPU: which path it took, and what it launched.
+def recording_gemm():
+    g = gemm_without_gpu()
+    g._native = cubist._cubist.MoeGemm._without_gpu(0)
+    g._native_run = g._native.run
+    g._fast_run = g._native.fast_run
+    return g
+
+
+class PythonPathTaken(Exception):
+    pass
+
+
+def fast_only(g):
+    """Makes the Python path raise PythonPathTaken (run's body starts with self._args)."""
+    def boom(*args, **kwargs):
+        raise PythonPathTaken()
+    g._args = boom
+    return g
+
+
+def tensors():
+    e, t, n, k = 4, 16, 256, 128
+    return (FakeTensor((t, k), FBF16), FakeTensor((e, n, k), FBF16),
+            FakeTensor((e + 1,), FI32), FakeTensor((t, n // 2), FBF16))
+
+
+def launch_without_count(g):
+    rec = g._native._last_launch()
+    return rec[:7] + (list(rec[7]), rec[8])
+
+
+def python_path_launch(*ts, **kw):
+    """What the Python `run` launches for these arguments (the same op, Python path)."""
+    g = recording_gemm()
+    cubist.MoeGemm._python_run(g, *ts, **kw)
+    return launch_without_count(g)
+
+
+def test_run_launches_from_c_without_the_python_path(any_reader):
+    g = fast_only(recording_gemm())
+    a, b, offsets, out = tensors()
+    g.run(a, b, offsets, out, activation="swiglu", stream=7)
+    rec = g._native._last_launch()
+    assert rec[9] == 1
+    assert launch_without_count(g) == python_path_launch(a, b, offsets, out,
+                                                         activation="swiglu", stream=7)
+    # Keywords in any order, None for the optional tensors (as cubist.ops passes them),
+    # names built at run time (not interned), activation's default.
+    g.run(a, b, offsets, out, stream=9, alpha=None, limit=None, weights=None,
+          **{"".join(["activ", "ation"]): "swiglu"})
+    assert g._native._last_launch()[8:] == (9, 2)
+    g.run(a, b, offsets, FakeTensor((16, 256), FBF16))
+    assert g._native._last_launch()[2] == cubist._ACTIVATION_CODES["identity"]
+    g.run(a, b, offsets, out, activation="swiglu")  # torch's current stream
+    assert g._native._last_launch()[8] == (0x7000 if any_reader == "exchange" else 0x5000)
+
+
+def test_run_hands_other_calls_to_the_python_run(fake_torch):
+    a, b, offsets, out = tensors()
+    want = python_path_launch(a, b, offsets, out, activation="swiglu", stream=7)
+    g = recording_gemm()
+    seen = []
+    real = g._args
+
+    def spy(*args, **kwargs):
+        seen.append(1)
+        return real(*args, **kwargs)
+    g._args = spy
+    # Tensors given by name, a stream object, scale tensors: the Python path, same launch.
+    g.run(a=a, b=b, offsets=offsets, out=out, activation="swiglu", stream=7)
+    assert len(seen) == 1 and launch_without_count(g) == want
+    g.run(a, b, offsets, out, activation="swiglu", stream=type("S", (), {"cuda_stream": 7})())
+    assert len(seen) == 2 and launch_without_count(g) == want
+    # Call errors are the Python function's, word for word.
+    with pytest.raises(TypeError, match=r"^MoeGemm\.run\(\) got an unexpected keyword argument 'activaton'$"):
+        g.run(a, b, offsets, out, activaton="swiglu")
+    with pytest.raises(TypeError, match=r"^MoeGemm\.run\(\) takes 5 positional arguments but 6 were given$"):
+        g.run(a, b, offsets, out, "swiglu")
+    with pytest.raises(TypeError, match=r"missing 1 required positional argument: 'out'"):
+        g.run(a, b, offsets)
+    with pytest.raises(cubist.InvalidArgumentError, match=r"^activation: 'gelu' is not one of"):
+        g.run(a, b, offsets, out, activation="gelu")
+
+
+def test_a_tensor_changed_in_place_is_read_again(any_reader):
+    # Nothing about a tensor is kept between calls: the same object with another dtype,
+    # shape or device is refused on the next call, with the message naming it.
+    g = recording_gemm()
+    a, b, offsets, out = tensors()
+    g.run(a, b, offsets, out, activation="swiglu", stream=7)
+    out.dtype = FF32
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"^out: expected bfloat16 \[T=16, N/2=128\], got float32 \[16, 128\]$"):
+        g.run(a, b, offsets, out, activation="swiglu", stream=7)
+    out.dtype = FBF16
+    b.shape, b.strides = (4, 128, 128), _dense((4, 128, 128))
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"^out: expected bfloat16 \[T=16, N/2=64\], got bfloat16 \[16, 128\]$"):
+        g.run(a, b, offsets, out, activation="swiglu", stream=7)
+    b.shape, b.strides = (4, 256, 128), _dense((4, 256, 128))
+    g.run(a, b, offsets, out, activation="swiglu", stream=7)
+    assert g._native._last_launch()[9] == 2
+    offsets.dtype = FI64
+    with pytest.raises(cubist.InvalidArgumentError, match=r"^offsets: expected int32 \[E\+1\]"):
+        g.run(a, b, offsets, out, activation="swiglu", stream=7)
+
+
+def test_run_keeps_the_python_signature_and_docstring():
+    run = cubist.MoeGemm.run
+    # The same parameters after self (which the C method's signature marks positional-only).
+    params = [list(inspect.signature(f).parameters.values())[1:]
+              for f in (run, cubist.MoeGemm._python_run)]
+    assert params[0] == params[1] and len(params[0]) == 15
+    assert str(inspect.signature(recording_gemm().run)).startswith("(a, b, offsets, out, *, ")
+    assert inspect.getdoc(run) == inspect.getdoc(cubist.MoeGemm._python_run)
+    assert "torch's current" in run.__doc__
 
 
 def test_fast_path_is_off_until_torch_is_registered():

@@ -169,6 +169,40 @@ def test_fast_path_takes_plain_tensors_and_matches_the_python_path(gemm):
     gemm.run(a, b, offsets, slow, activation="swiglu", stream=torch.cuda.current_stream())
     torch.cuda.synchronize()
     assert torch.equal(fast, slow) and rel(fast, reference(a, b, offsets, "swiglu")) < 1e-2
+    # torch's DLPack exchange API (torch.Tensor.__dlpack_c_exchange_api__) is the reader
+    # where torch has it; the attribute reader launches the same.
+    config = cubist._cubist._fast_path_config
+    assert config()["exchange_api"] is hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+    by_attributes = torch.zeros_like(fast)
+    try:
+        config(exchange=False)
+        assert gemm._fast_run(a, b, offsets, by_attributes, "swiglu", *nones, None) is True
+    finally:
+        config(exchange=True)
+    torch.cuda.synchronize()
+    assert torch.equal(by_attributes, fast)
+
+
+def test_tensors_changed_in_place_are_read_again(gemm):
+    # The fast path keeps nothing about a tensor between calls: the same Python object
+    # given another dtype (.data =), shape (resize_) or layout (as_strided_) is refused.
+    a, b, offsets = problem(8, [16] * 8, 512, 256)
+    out = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
+    gemm.run(a, b, offsets, out, activation="swiglu")
+    out.data = torch.empty(128, 256, dtype=torch.float32, device="cuda")
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"^out: expected bfloat16 \[T=128, N/2=256\], got float32 \[128, 256\]$"):
+        gemm.run(a, b, offsets, out, activation="swiglu")
+    out.data = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
+    gemm.run(a, b, offsets, out, activation="swiglu")
+    out.resize_(128, 128)
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"^out: expected bfloat16 \[T=128, N/2=256\], got bfloat16 \[128, 128\]$"):
+        gemm.run(a, b, offsets, out, activation="swiglu")
+    b.as_strided_((8, 256, 512), (512 * 256, 1, 256))  # a transposed view of the same memory
+    with pytest.raises(cubist.InvalidArgumentError, match=r"^b: must be contiguous"):
+        gemm.run(a, b, offsets, out, activation="swiglu")
+    torch.cuda.synchronize()
 
 
 def test_kernel_for_and_tune(gemm, rt):
