@@ -179,7 +179,8 @@ std::string EncodeManifestBinary(const Manifest& m) {
   if (m.expires.has_value()) {
     const int64_t seconds = absl::ToUnixSeconds(*m.expires);
     w.I64(seconds);
-    w.I64(absl::IDivDuration(*m.expires - absl::FromUnixSeconds(seconds), kTick, nullptr));
+    absl::Duration rest;  // zero: the tick is absl::Time's resolution
+    w.I64(absl::IDivDuration(*m.expires - absl::FromUnixSeconds(seconds), kTick, &rest));
   }
   w.U32(static_cast<uint32_t>(m.base_urls.size()));
   for (const std::string& url : m.base_urls) w.Str(url);
