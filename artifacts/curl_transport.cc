@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "artifacts/curl_handles.h"
 #include "base/strings.h"
 
@@ -32,8 +33,11 @@ size_t OnHeader(char* p, size_t size, size_t n, void* user) {
   std::string_view line(p, size * n);
   if (absl::StartsWith(Sv(line), "HTTP/")) {
     response->retry_after.reset();  // a new response (after a redirect)
+    response->etag.clear();
   } else if (auto d = RetryAfterFromHeaderLine(line); d.has_value()) {
     response->retry_after = d;
+  } else if (auto tag = EtagFromHeaderLine(line); tag.has_value()) {
+    response->etag = *std::move(tag);
   }
   return size * n;
 }
@@ -78,6 +82,19 @@ std::optional<absl::Duration> RetryAfterFromHeaderLine(std::string_view line) {
   return absl::Seconds(secs);
 }
 
+std::optional<std::string> EtagFromHeaderLine(std::string_view line) {
+  constexpr std::string_view kName = "etag:";
+  if (!absl::StartsWithIgnoreCase(Sv(line), Sv(kName))) return std::nullopt;
+  absl::string_view tag = absl::StripAsciiWhitespace(Sv(line.substr(kName.size())));
+  // It goes back out as a header line: refuse what could end or bend that line, and
+  // anything too long to be an entity tag.
+  if (tag.empty() || tag.size() > 1024) return std::nullopt;
+  for (char c : tag) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return std::nullopt;
+  }
+  return std::string(tag);
+}
+
 TransportResponse CurlTransport::Get(const TransportRequest& request) {
   EnsureCurlInitialized();
   TransportResponse response;
@@ -95,6 +112,12 @@ TransportResponse CurlTransport::Get(const TransportRequest& request) {
   curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &OnHeader);
   curl_easy_setopt(e, CURLOPT_HEADERDATA, &response);
   curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+  CurlSlist headers;
+  if (!request.if_none_match.empty()) {
+    const std::string header = absl::StrCat("If-None-Match: ", request.if_none_match);
+    headers.reset(curl_slist_append(nullptr, header.c_str()));
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers.get());
+  }
   CURLcode rc = curl_easy_perform(e);
   curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &response.facts.http_status);
   response.facts.is_file = absl::StartsWithIgnoreCase(Sv(request.url), "file://");

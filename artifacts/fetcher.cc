@@ -133,8 +133,7 @@ struct Transfer {
 struct Shared {
   const Store& store;
   const FetchOptions& options;
-  std::vector<Job>& jobs;
-  std::vector<size_t> todo;  // indices into jobs that need work
+  std::vector<Job>& jobs;  // one per artifact that was not cached
   std::atomic<size_t> next{0};
   GroupCommitter& committer;
   FetchProgress* progress;
@@ -175,10 +174,10 @@ class Worker {
       }
       while (active_ < s_.per_worker) {
         size_t k = s_.next.fetch_add(1);
-        if (k >= s_.todo.size()) break;
-        Step(&s_.jobs[s_.todo[k]]);
+        if (k >= s_.jobs.size()) break;
+        Step(&s_.jobs[k]);
       }
-      if (active_ == 0 && waiting_.empty() && s_.next.load() >= s_.todo.size()) return;
+      if (active_ == 0 && waiting_.empty() && s_.next.load() >= s_.jobs.size()) return;
 
       int running = 0;
       curl_multi_perform(multi_.get(), &running);
@@ -692,18 +691,17 @@ FetchReport FetchArtifacts(const Store& store, const std::vector<FetchItem>& ite
   absl::Time start = absl::Now();
   FetchReport report;
   report.results.resize(items.size());
-  std::vector<Job> jobs(items.size());
   std::vector<size_t> todo;
+  const Store::BatchProbe probe(store);
   // Pass one, on this thread: what is already present needs no lock, no thread and no
-  // network (a warm start of an engine takes only this path).
+  // network (a warm start of an engine takes only this path: one lstat per artifact;
+  // Jobs, whose hashers cost an allocation each, exist only for the others).
   for (size_t i = 0; i < items.size(); ++i) {
     const Artifact& a = items[i].artifact;
     ArtifactResult& r = report.results[i];
     r.path = a.path;
     r.sha256 = a.sha256;
-    jobs[i].item = &items[i];
-    jobs[i].result = &r;
-    if (store.Probe(a.sha256, a.size) == ObjectState::kPresent) {
+    if (probe.Probe(a.sha256, a.size) == ObjectState::kPresent) {
       r.outcome = FetchOutcome::kCached;
     } else {
       todo.push_back(i);
@@ -722,13 +720,18 @@ FetchReport FetchArtifacts(const Store& store, const std::vector<FetchItem>& ite
   }
   if (!todo.empty()) {
     EnsureCurlInitialized();
+    std::vector<Job> jobs(todo.size());
+    for (size_t k = 0; k < todo.size(); ++k) {
+      jobs[k].item = &items[todo[k]];
+      jobs[k].result = &report.results[todo[k]];
+    }
     GroupCommitter committer(store, options.durable);
     int threads = options.threads > 0
                       ? options.threads
                       : static_cast<int>(std::min(4u, std::max(1u, std::thread::hardware_concurrency())));
     int jobs_total = std::max(1, options.jobs);
     threads = std::clamp(threads, 1, std::min<int>(jobs_total, static_cast<int>(todo.size())));
-    Shared shared{store, options, jobs, std::move(todo), {}, committer, progress,
+    Shared shared{store, options, jobs, {}, committer, progress,
                   (jobs_total + threads - 1) / threads};
     std::vector<std::thread> pool;
     for (int i = 0; i < threads; ++i) {

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "artifacts/parsed_manifest_cache.h"
 #include "base/file_util.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
@@ -35,6 +36,7 @@ std::vector<std::string> ListDir(const std::string& dir) {
 absl::StatusOr<GcReport> CollectGarbage(const Store& store, const GcOptions& options) {
   GcReport report;
   absl::flat_hash_set<std::string> keep;
+  absl::flat_hash_set<std::string> kept_digests;
   for (const std::string& file : ListDir(store.ManifestsDir())) {
     if (!absl::EndsWith(file, ".json")) continue;
     std::string path = absl::StrCat(store.ManifestsDir(), "/", file);
@@ -50,10 +52,12 @@ absl::StatusOr<GcReport> CollectGarbage(const Store& store, const GcOptions& opt
                                        "); nothing was deleted; remove or fix that file"));
     }
     ++report.kept_manifests;
+    kept_digests.insert(m->digest);
     for (const Artifact& a : m->artifacts) keep.insert(a.sha256);
   }
   for (const Manifest& m : options.extra_keep) {
     ++report.kept_manifests;
+    kept_digests.insert(m.digest);
     for (const Artifact& a : m.artifacts) keep.insert(a.sha256);
   }
 
@@ -96,6 +100,13 @@ absl::StatusOr<GcReport> CollectGarbage(const Store& store, const GcOptions& opt
       }
     }
     if (options.dry_run || ::unlink(path.c_str()) == 0) ++report.temps_removed;
+  }
+  // Parsed manifests (parsed_manifest_cache.h) of manifests no longer kept: each is
+  // named by its manifest's digest; one still wanted is parsed and written again.
+  const ParsedManifestCache parsed(store);
+  for (const std::string& file : ListDir(parsed.dir())) {
+    if (options.dry_run || kept_digests.contains(file.substr(0, 64))) continue;
+    if (::unlink(absl::StrCat(parsed.dir(), "/", file).c_str()) == 0) ++report.parsed_removed;
   }
   // Lock files: taking a free lock and releasing it unlinks the file (FileLock).
   for (const std::string& file : ListDir(store.root() + "/locks")) {

@@ -5,6 +5,7 @@
 // newest fetched per name), plus any the caller passes. If one of them cannot be
 // parsed, nothing is deleted: a collector that guesses deletes what a user needed.
 // An object or partial file whose lock another process holds right now is skipped.
+// Cached parses (parsed_manifest_cache.h) of manifests that are not kept are removed.
 #ifndef CUBIST_ARTIFACTS_GC_H_
 #define CUBIST_ARTIFACTS_GC_H_
 
@@ -29,6 +30,7 @@ struct GcReport {
   uint64_t bytes_freed = 0;
   int temps_removed = 0;
   int locks_removed = 0;
+  int parsed_removed = 0;  // cached parses of manifests no longer kept
   int busy_skipped = 0;
 };
 

@@ -1,6 +1,10 @@
 #include "artifacts/manifest_source.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <optional>
+#include <vector>
 #include <random>
 
 #include "absl/strings/match.h"
@@ -8,6 +12,7 @@
 #include "artifacts/curl_transport.h"
 #include "artifacts/fetch_policy.h"
 #include "artifacts/oci_manifest_source.h"
+#include "artifacts/parsed_manifest_cache.h"
 #include "artifacts/sources.h"
 #include "artifacts/version_guard.h"
 #include "base/clock.h"
@@ -24,6 +29,41 @@ std::string OfflineCopyPath(const Store& store, std::string_view url) {
   return absl::StrCat(store.ManifestsDir(), "/by-url/", Sha256Hex(url));
 }
 
+// Beside the copy of a URL manifest (<copy>.etag): the ETag the server sent with those
+// bytes, and their SHA-256, so that a copy and a tag written by different processes (each
+// file is replaced atomically, the pair is not) are never taken for each other:
+//   cubist.etag/1
+//   <sha256 of the copy>
+//   <etag>
+constexpr std::string_view kEtagHeader = "cubist.etag/1";
+
+struct EtagRecord {
+  std::string sha256;
+  std::string etag;
+};
+
+std::optional<EtagRecord> ReadEtagRecord(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFileToString(path, 4096);
+  if (!text.ok()) return std::nullopt;
+  std::vector<std::string_view> lines;
+  for (size_t start = 0; start < text->size();) {
+    size_t nl = text->find('\n', start);
+    if (nl == std::string::npos) return std::nullopt;  // torn
+    lines.push_back(std::string_view(*text).substr(start, nl - start));
+    start = nl + 1;
+  }
+  if (lines.size() != 3 || lines[0] != kEtagHeader || !IsSha256Hex(lines[1])) {
+    return std::nullopt;
+  }
+  std::optional<std::string> etag = EtagFromHeaderLine(absl::StrCat("ETag: ", Sv(lines[2])));
+  if (!etag.has_value() || *etag != lines[2]) return std::nullopt;
+  return EtagRecord{std::string(lines[1]), *std::move(etag)};
+}
+
+std::string EtagRecordText(std::string_view sha256, std::string_view etag) {
+  return absl::StrCat(Sv(kEtagHeader), "\n", Sv(sha256), "\n", Sv(etag), "\n");
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ReadLocation(std::string_view location, uint64_t max_bytes,
@@ -35,7 +75,20 @@ absl::StatusOr<std::string> ReadLocation(std::string_view location, uint64_t max
 absl::StatusOr<std::string> ReadLocation(std::string_view location, uint64_t max_bytes,
                                          absl::Duration timeout, int attempts,
                                          const ReadSeams& seams) {
-  if (!IsUrl(location)) return ReadFileToString(std::string(location), max_bytes);
+  CUBIST_ASSIGN_OR_RETURN(LocationRead read, ReadLocationIfChanged(location, "", max_bytes,
+                                                                   timeout, attempts, seams));
+  return std::move(read.bytes);
+}
+
+absl::StatusOr<LocationRead> ReadLocationIfChanged(std::string_view location,
+                                                   std::string_view etag, uint64_t max_bytes,
+                                                   absl::Duration timeout, int attempts,
+                                                   const ReadSeams& seams) {
+  LocationRead out;
+  if (!IsUrl(location)) {
+    CUBIST_ASSIGN_OR_RETURN(out.bytes, ReadFileToString(std::string(location), max_bytes));
+    return out;
+  }
   Transport& transport = seams.transport != nullptr ? *seams.transport : DefaultTransport();
   Clock& clock = seams.clock != nullptr ? *seams.clock : Clock::Real();
   RetryPolicy policy = seams.retry;
@@ -45,13 +98,23 @@ absl::StatusOr<std::string> ReadLocation(std::string_view location, uint64_t max
   const std::string url(location);
   AttemptState state;
   for (;;) {
-    TransportResponse r = transport.Get({url, max_bytes, timeout});
+    TransportResponse r = transport.Get({url, max_bytes, timeout, std::string(etag)});
     if (r.too_large) {
       return absl::InvalidArgumentError(absl::StrCat(
           url, ": larger than the limit of ", max_bytes, " bytes; is this a manifest?"));
     }
+    // A 304 is an answer only to the question we asked; unasked, it is an odd status.
+    if (!etag.empty() && r.facts.result == TransportResult::kOk && !r.facts.is_file &&
+        r.facts.http_status == 304) {
+      out.not_modified = true;
+      return out;
+    }
     const FetchEvent event = ClassifyTransfer(r.facts);
-    if (event == FetchEvent::kBodyComplete) return std::move(r.body);
+    if (event == FetchEvent::kBodyComplete) {
+      out.bytes = std::move(r.body);
+      out.etag = std::move(r.etag);
+      return out;
+    }
     std::string why = r.facts.result != TransportResult::kOk
                           ? r.error
                           : absl::StrCat("HTTP ", r.facts.http_status);
@@ -81,12 +144,18 @@ absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
   std::optional<std::string> signature;
   bool want_signature = !options.trust.trusted_keys.empty();
   std::string sig_location = SignatureLocation(location);
+  // The SHA-256 of out.bytes once known (the cached copy's, checked against its record).
+  std::string digest;
+  // The ETag that came with out.bytes, to remember beside the copy.
+  std::string etag;
+  bool not_modified = false;
+  const bool remembered = options.store != nullptr && IsNetworkUrl(location);
+  const std::string copy = remembered ? OfflineCopyPath(*options.store, location) : "";
   if (IsNetworkUrl(location) && options.offline) {
     if (options.store == nullptr) {
       return absl::NotFoundError(absl::StrCat(
           Sv(location), ": --offline and the manifest is a URL; pass a local path"));
     }
-    std::string copy = OfflineCopyPath(*options.store, location);
     auto bytes = ReadFileToString(copy, options.max_bytes);
     if (!bytes.ok()) {
       return absl::NotFoundError(absl::StrCat(
@@ -100,8 +169,33 @@ absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
       if (sig.ok()) signature = *std::move(sig);
     }
   } else {
+    // Conditional GET: when the cache holds the copy that came with an ETag, a server
+    // that still has it answers 304 and the copy is read instead of the body. The copy
+    // is used only if its bytes are the ones the tag came with.
+    std::optional<std::string> cached;
+    std::string if_none_match;
+    if (remembered) {
+      if (std::optional<EtagRecord> rec = ReadEtagRecord(copy + ".etag"); rec.has_value()) {
+        auto bytes = ReadFileToString(copy, options.max_bytes);
+        if (bytes.ok() && Sha256Hex(*bytes) == rec->sha256) {
+          cached = *std::move(bytes);
+          digest = rec->sha256;
+          if_none_match = rec->etag;
+        }
+      }
+    }
     CUBIST_ASSIGN_OR_RETURN(
-        out.bytes, ReadLocation(location, options.max_bytes, options.timeout, options.attempts));
+        LocationRead read, ReadLocationIfChanged(location, if_none_match, options.max_bytes,
+                                                 options.timeout, options.attempts, {}));
+    if (read.not_modified) {
+      out.bytes = *std::move(cached);
+      etag = if_none_match;
+      not_modified = true;
+    } else {
+      out.bytes = std::move(read.bytes);
+      etag = std::move(read.etag);
+      digest.clear();
+    }
     if (want_signature) {
       auto sig = ReadLocation(sig_location, 64 << 10, options.timeout, options.attempts);
       if (sig.ok()) {
@@ -115,7 +209,21 @@ absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
   // Signature first: with trusted keys, not one byte is parsed before it verifies.
   CUBIST_RETURN_IF_ERROR(
       CheckManifestSignature(out.bytes, signature, options.trust, source));
-  CUBIST_ASSIGN_OR_RETURN(out.manifest, ParseManifestOrChecksums(out.bytes, source));
+  // A parse of exactly these bytes from an earlier run (parsed_manifest_cache.h), else a
+  // parse now, remembered for the next run. Both give the same manifest; every check
+  // below is made on it either way.
+  if (digest.empty()) digest = Sha256Hex(out.bytes);
+  std::optional<ParsedManifestCache> parsed;
+  if (options.store != nullptr) parsed.emplace(*options.store);
+  std::optional<Manifest> hit;
+  if (parsed.has_value()) hit = parsed->Find(out.bytes, digest, source);
+  if (hit.has_value()) {
+    out.manifest = *std::move(hit);
+  } else {
+    CUBIST_ASSIGN_OR_RETURN(out.manifest, ParseManifestOrChecksums(out.bytes, source));
+    // Best effort: a cache that cannot be written costs the next run a parse, no more.
+    if (parsed.has_value()) (void)parsed->Put(out.manifest, out.bytes, source);
+  }
   out.manifest.source = source;
   CUBIST_RETURN_IF_ERROR(CheckManifestExpiry(out.manifest, options.trust, absl::Now()));
   if (options.store != nullptr && !out.manifest.name.empty() && out.manifest.version > 0) {
@@ -126,14 +234,21 @@ absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
       CUBIST_RETURN_IF_ERROR(guard.Check(out.manifest, options.trust.allow_rollback));
     }
   }
-  if (options.store != nullptr && IsNetworkUrl(location) && !out.from_offline_copy &&
-      options.record_version) {
-    // Remember it for --offline runs. Best effort: a failure here must not fail a fetch
-    // whose manifest is fine.
-    std::string copy = OfflineCopyPath(*options.store, location);
-    if (MakeDirs(DirName(copy)).ok() && WriteFileAtomically(copy, out.bytes).ok() &&
-        signature.has_value()) {
-      (void)WriteFileAtomically(copy + ".sig", *signature);
+  if (remembered && !out.from_offline_copy && options.record_version) {
+    // Remember it for --offline runs and the next conditional GET. Best effort: a
+    // failure here must not fail a fetch whose manifest is fine. After a 304 the copy
+    // and its tag are already what they should be.
+    const bool copied = not_modified || (MakeDirs(DirName(copy)).ok() &&
+                                         WriteFileIfChanged(copy, out.bytes).ok());
+    if (copied && !not_modified) {
+      if (etag.empty()) {
+        ::unlink((copy + ".etag").c_str());
+      } else {
+        (void)WriteFileIfChanged(copy + ".etag", EtagRecordText(digest, etag));
+      }
+    }
+    if (copied && signature.has_value()) {
+      (void)WriteFileIfChanged(copy + ".sig", *signature);
     }
   }
   return out;

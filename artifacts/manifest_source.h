@@ -30,8 +30,10 @@ struct OpenManifestOptions {
   uint64_t max_bytes = uint64_t{64} << 20;
   absl::Duration timeout = absl::Seconds(60);
   int attempts = 4;  // for 5xx, timeouts and resets
-  // Optional: where URL manifests are remembered for offline use and where the
-  // rollback record lives. Without a store neither happens.
+  // Optional: where URL manifests are remembered (for offline use, and with their ETag
+  // for a conditional GET next time), where parsed manifests are kept
+  // (parsed_manifest_cache.h) and where the rollback record lives. Without a store none
+  // of that happens.
   const Store* store = nullptr;
   // Record the version as the highest verified (fetch does; read-only commands don't,
   // they only compare).
@@ -62,6 +64,13 @@ struct OpenedManifest {
                                                        absl::Duration timeout,
                                                        int attempts);
 
+// What ReadLocationIfChanged read.
+struct LocationRead {
+  std::string bytes;          // empty when not_modified
+  std::string etag;           // the server's ETag for `bytes`, if it sent one
+  bool not_modified = false;  // the server answered 304 to If-None-Match: `etag` given
+};
+
 // What ReadLocation talks to, for tests: a fake transport and a clock that only
 // pretends to sleep run every retry and backoff case in microseconds. Null members
 // mean the real ones; `seed` 0 draws the backoff jitter from std::random_device.
@@ -75,6 +84,14 @@ struct ReadSeams {
                                                        uint64_t max_bytes,
                                                        absl::Duration timeout, int attempts,
                                                        const ReadSeams& seams);
+
+// ReadLocation, conditional: with `etag` non-empty and an http(s) URL, the request
+// carries If-None-Match: `etag`, and a 304 comes back as not_modified (no bytes). A 304
+// to a request without it is an error like any other unexpected status. Paths and
+// file:// URLs are read as ReadLocation reads them.
+[[nodiscard]] absl::StatusOr<LocationRead> ReadLocationIfChanged(
+    std::string_view location, std::string_view etag, uint64_t max_bytes,
+    absl::Duration timeout, int attempts, const ReadSeams& seams = {});
 
 }  // namespace cubist
 

@@ -21,21 +21,34 @@ bool IsUrl(std::string_view location) {
 
 namespace {
 
-std::string PercentEncodePath(std::string_view path) {
+bool KeptAsIs(unsigned char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+         c == '-' || c == '.' || c == '_' || c == '~' || c == '/';
+}
+
+// Appends `path` to `out`, percent-encoding what a URL path may not hold as is. Most
+// paths need nothing encoded: they are appended in one piece (PlanFetch does this once
+// per artifact, 13,000 times for a FlashInfer FMHA set).
+void AppendPercentEncoded(std::string_view path, std::string* out) {
   static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  out.reserve(path.size());
-  for (unsigned char c : path) {
-    bool keep = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                c == '-' || c == '.' || c == '_' || c == '~' || c == '/';
-    if (keep) {
-      out.push_back(static_cast<char>(c));
+  size_t plain = 0;
+  while (plain < path.size() && KeptAsIs(static_cast<unsigned char>(path[plain]))) ++plain;
+  out->append(path.data(), plain);
+  for (unsigned char c : path.substr(plain)) {
+    if (KeptAsIs(c)) {
+      out->push_back(static_cast<char>(c));
     } else {
-      out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
+      out->push_back('%');
+      out->push_back(kHex[c >> 4]);
+      out->push_back(kHex[c & 15]);
     }
   }
+}
+
+std::string PercentEncodePath(std::string_view path) {
+  std::string out;
+  out.reserve(path.size());
+  AppendPercentEncoded(path, &out);
   return out;
 }
 
@@ -72,9 +85,12 @@ std::string LocationBase(std::string_view location) {
 }
 
 std::string JoinUrl(std::string_view base, std::string_view relative_path) {
-  std::string b(base);
-  if (b.empty() || b.back() != '/') b.push_back('/');
-  return b + PercentEncodePath(relative_path);
+  std::string url;
+  url.reserve(base.size() + 1 + relative_path.size());
+  url.append(base);
+  if (url.empty() || url.back() != '/') url.push_back('/');
+  AppendPercentEncoded(relative_path, &url);
+  return url;
 }
 
 std::vector<std::string> ArtifactBases(const Manifest& manifest,

@@ -7,6 +7,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "base/file_util.h"
@@ -65,6 +66,30 @@ ObjectState Store::Probe(std::string_view sha256, std::optional<uint64_t> size,
   return ObjectState::kPresent;
 }
 
+Store::BatchProbe::BatchProbe(const Store& store)
+    : store_(store),
+      dir_(::open((store.root() + "/objects/sha256").c_str(),
+                  O_PATH | O_DIRECTORY | O_CLOEXEC)) {}
+
+ObjectState Store::BatchProbe::Probe(std::string_view sha256,
+                                     std::optional<uint64_t> size) const {
+  // "<2 hex>/<64 hex>": anything else (never a valid artifact hash) takes Probe's path.
+  char name[2 + 1 + 64 + 1];
+  if (!dir_.valid() || sha256.size() != 64) return store_.Probe(sha256, size);
+  name[0] = sha256[0];
+  name[1] = sha256[1];
+  name[2] = '/';
+  std::memcpy(name + 3, sha256.data(), 64);
+  name[67] = '\0';
+  struct stat st;
+  if (::fstatat(dir_.get(), name, &st, AT_SYMLINK_NOFOLLOW) != 0) return ObjectState::kMissing;
+  if (!S_ISREG(st.st_mode)) return ObjectState::kNotRegular;
+  if (size.has_value() && static_cast<uint64_t>(st.st_size) != *size) {
+    return ObjectState::kWrongSize;
+  }
+  return ObjectState::kPresent;
+}
+
 absl::StatusOr<FileLock> Store::LockObject(std::string_view sha256,
                                            absl::Duration timeout) const {
   return FileLock::Acquire(LockPath(sha256), timeout);
@@ -107,8 +132,7 @@ absl::Status Store::Remove(std::string_view sha256) const {
 
 absl::Status Store::KeepManifest(const Manifest& manifest, std::string_view bytes) const {
   if (manifest.name.empty()) return absl::OkStatus();
-  return WriteFileAtomically(absl::StrCat(ManifestsDir(), "/", manifest.name, ".json"),
-                             bytes);
+  return WriteFileIfChanged(absl::StrCat(ManifestsDir(), "/", manifest.name, ".json"), bytes);
 }
 
 absl::StatusOr<std::vector<std::string>> Store::ListObjects() const {

@@ -19,6 +19,9 @@ struct TransportRequest {
   std::string url;
   uint64_t max_bytes = 0;  // a longer body stops there: TransportResponse::too_large
   absl::Duration timeout = absl::Minutes(1);  // the whole transfer
+  // Sent as If-None-Match when not empty: a server whose copy still has this ETag
+  // answers 304 with no body (TransportResponse::facts.http_status).
+  std::string if_none_match;
 };
 
 struct TransportResponse {
@@ -27,6 +30,7 @@ struct TransportResponse {
   bool too_large = false;    // the body passed max_bytes
   std::string error;         // the transport's words when facts.result is not kOk
   std::optional<absl::Duration> retry_after;  // the server's Retry-After, if any
+  std::string etag;          // the final response's ETag, verbatim; empty when none
 };
 
 class Transport {

@@ -100,4 +100,14 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view data,
   return SyncDir(dir);
 }
 
+absl::Status WriteFileIfChanged(const std::string& path, std::string_view data, mode_t mode) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      static_cast<uint64_t>(st.st_size) == data.size()) {
+    absl::StatusOr<std::string> current = ReadFileToString(path, data.size());
+    if (current.ok() && *current == data) return absl::OkStatus();
+  }
+  return WriteFileAtomically(path, data, mode);
+}
+
 }  // namespace cubist

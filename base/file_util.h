@@ -25,6 +25,12 @@ namespace cubist {
 [[nodiscard]] absl::Status WriteFileAtomically(const std::string& path,
                                                std::string_view data, mode_t mode = 0644);
 
+// As WriteFileAtomically, but a file at `path` that already holds exactly `data` is left
+// alone: no write, no fsync. Warm fetches keep the same manifest again and again, and
+// two flushes of a few megabytes cost more than the rest of such a fetch.
+[[nodiscard]] absl::Status WriteFileIfChanged(const std::string& path, std::string_view data,
+                                              mode_t mode = 0644);
+
 // mkdir -p with `mode` for the directories it creates.
 [[nodiscard]] absl::Status MakeDirs(const std::string& path, mode_t mode = 0755);
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Fetch benchmark: cubist against curl, aria2c and sha256sum on a FlashInfer-shaped set.
 
+With --warm-sets N[,N...] it instead times warm fetches (every artifact already cached) of
+large sets in the shape of FlashInfer's trtllm-gen FMHA pin (13,453 files): see warm_sets().
+
 Generates 1,000 files with log-normal sizes around 200-300 KB (about 290 MB), serves
 them with nginx on loopback, and times in one run, median of --runs each:
   cold `cubist fetch` (fresh cache)  vs  `curl --parallel --parallel-max 16` + `sha256sum -c`
@@ -39,7 +42,14 @@ def main():
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--settle", type=float, default=1.0, help="seconds to settle the disk between runs (untimed)")
+    ap.add_argument("--warm-sets", default=None,
+                    help="comma-separated file counts (e.g. 13453,23000): time warm fetches of "
+                         "sets that large instead of the cold benchmark")
+    ap.add_argument("--baseline", default=None,
+                    help="with --warm-sets: another cubist binary (e.g. main's) timed side by side")
     args = ap.parse_args()
+    if args.warm_sets:
+        return warm_sets(args)
 
     work = args.workdir or tempfile.mkdtemp(prefix="cubist-bench.")
     repo = os.path.join(work, "repo")
@@ -180,6 +190,97 @@ def main():
     row("`cubist verify --deep`", deep, shasum, "vs `sha256sum -c` (target <= 0.2x)")
     row("`sha256sum -c`", shasum, shasum, "baseline")
     print("\n".join(rows))
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def warm_sets(args):
+    """Warm `cubist fetch` of large sets, the binaries side by side.
+
+    Each set is N small files (4-16 KB: the warm path never reads them) under a pin
+    directory named like FlashInfer's, with a checksums.txt (sha256 and path, no sizes)
+    and a cubist manifest.json (with sizes) beside them, served by nginx on loopback.
+    Each binary gets its own cache, filled once; then, interleaved round by round, every
+    binary runs `fetch -q` with the manifest as a URL and as a local path, each online and
+    with --offline. Prints the median and the spread of each.
+    """
+    import json
+    counts = [int(c) for c in args.warm_sets.split(",")]
+    bins = [("this", args.cubist)] + ([("baseline", args.baseline)] if args.baseline else [])
+    runs = max(args.runs, 11)
+    work = args.workdir or tempfile.mkdtemp(prefix="cubist-warm.")
+    print(f"warm fetch, nginx on loopback, {os.cpu_count()} cores, median of {runs} interleaved rounds")
+    for name, path in bins:
+        ver = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.strip()
+        print(f"- {name}: {path} ({ver})")
+    print()
+    print("| files | manifest | mode | " + " | ".join(n for n, _ in bins) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in bins) + " |")
+    for n in counts:
+        set_dir = os.path.join(work, f"set-{n}")
+        pin = "d2c5915bf45ae64308a947824c14966c2718a292/fmha/trtllm-gen"
+        repo = os.path.join(set_dir, "repo")
+        root = os.path.join(repo, pin)
+        rng = random.Random(n)
+        entries = []
+        for i in range(n):
+            size = rng.randint(4096, 16384)
+            # Long names like trtllm-gen's (FmhaSm100aKernel_QkvE4m3OBfloat16H128...).
+            rel = (f"FmhaSm100aKernel_Qkv{rng.choice(['E4m3', 'Bfloat16', 'Fp16'])}"
+                   f"O{rng.choice(['Bfloat16', 'E4m3', 'E2m1'])}H{rng.choice([64, 128, 256])}"
+                   f"Paged{rng.choice(['Kv', 'KvCausal', 'KvSliding'])}P{i:05d}"
+                   f"VarSeqQ128Kv128PersistentContext_sm100a.cubin")
+            data = rng.randbytes(size)
+            p = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p, "wb") as f:
+                f.write(data)
+            entries.append((hashlib.sha256(data).hexdigest(), rel, size))
+        with open(os.path.join(root, "checksums.txt"), "w") as f:
+            for h, rel, _ in entries:
+                f.write(f"{h} {rel}\n")
+        with open(os.path.join(root, "manifest.json"), "w") as f:
+            json.dump({"schema": "cubist.manifest/1", "name": f"fmha-{n}", "version": 1,
+                       "artifacts": [{"path": rel, "sha256": h, "size": size}
+                                     for h, rel, size in entries]}, f, indent=1)
+        url = subprocess.run([os.path.join(ROOT, "scripts/serve-nginx"), repo,
+                              os.path.join(set_dir, "nginx")],
+                             check=True, capture_output=True, text=True).stdout.strip()
+        try:
+            cases = []
+            for kind in ("checksums.txt", "manifest.json"):
+                for where in ("URL", "path"):
+                    loc = (url + pin + "/" + kind) if where == "URL" else os.path.join(root, kind)
+                    for offline in (False, True):
+                        cases.append((kind, where, offline, loc))
+            caches = {}
+            for name, path in bins:
+                caches[name] = os.path.join(set_dir, f"cache-{name}")
+                shutil.rmtree(caches[name], ignore_errors=True)
+                # Fill the cache, and let each manifest be read online once (an URL
+                # manifest is remembered for --offline at its first online read).
+                for kind in ("checksums.txt", "manifest.json"):
+                    run([path, "fetch", "-q", "--no-fsync", "--manifest", url + pin + "/" + kind,
+                         "--cache", caches[name]])
+            samples = {(c[:3], b): [] for c in cases for b, _ in bins}
+            for _ in range(runs):
+                for kind, where, offline, loc in cases:
+                    for name, path in bins:
+                        cmd = [path, "fetch", "-q", "--manifest", loc, "--cache", caches[name]]
+                        if offline:
+                            cmd.append("--offline")
+                        t = time.perf_counter()
+                        run(cmd)
+                        samples[((kind, where, offline), name)].append(time.perf_counter() - t)
+            for kind, where, offline, _ in cases:
+                cells = []
+                for name, _ in bins:
+                    v = sorted(samples[((kind, where, offline), name)])
+                    cells.append(f"{statistics.median(v) * 1000:.0f} ms ({v[0] * 1000:.0f}-{v[-1] * 1000:.0f})")
+                mode = "--offline" if offline else "online"
+                print(f"| {n:,} | {kind} by {where} | {mode} | " + " | ".join(cells) + " |", flush=True)
+        finally:
+            subprocess.run(["kill", open(os.path.join(set_dir, "nginx", "nginx.pid")).read().strip()])
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
 

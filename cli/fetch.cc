@@ -22,14 +22,17 @@ struct FetchFlags : FetchRequest {
   bool quiet = false;
 };
 
-// Redraws one status line on stderr while the fetch runs (only on a terminal).
+// Redraws one status line on stderr while the fetch runs (only on a terminal). It draws
+// nothing while there is nothing to download: the fetcher sets files_total to the
+// artifacts it did not find cached, so a warm fetch never shows a bar and the command
+// needs no look at the cache of its own (one stat per object, the fetcher's).
 class ProgressBar {
  public:
   explicit ProgressBar(const FetchProgress& p) : p_(p), thread_([this] { Loop(); }) {}
   ~ProgressBar() {
     stop_ = true;
     thread_.join();
-    std::fprintf(stderr, "\r\033[K");
+    if (drawn_) std::fprintf(stderr, "\r\033[K");
   }
 
  private:
@@ -39,9 +42,11 @@ class ProgressBar {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       ProgressCounts c;
+      c.files_total = p_.files_total.load();
+      if (c.files_total == 0) continue;
+      drawn_ = true;
       c.bytes = p_.bytes_received.load();
       c.files_done = p_.files_done.load() + p_.files_failed.load();
-      c.files_total = p_.files_total.load();
       c.bytes_total = p_.bytes_total.load();
       c.files_unsized = p_.files_unsized.load();
       c.seconds = secs;
@@ -51,6 +56,7 @@ class ProgressBar {
   }
   const FetchProgress& p_;
   std::atomic<bool> stop_{false};
+  bool drawn_ = false;  // written by the thread, read after join
   std::thread thread_;
 };
 
@@ -58,13 +64,8 @@ int RunFetch(const FetchFlags& f) {
   FetchProgress progress;
   FetchReport report;
   std::optional<ProgressBar> bar;
-  auto start = [&](const Store& store, const std::vector<FetchItem>& items) {
-    bool tty = ::isatty(STDERR_FILENO) && !f.quiet && !f.json;
-    // Nothing to draw when everything is cached; the bar starts only when work exists.
-    bool need = std::any_of(items.begin(), items.end(), [&](const FetchItem& it) {
-      return store.Probe(it.artifact.sha256, it.artifact.size) != ObjectState::kPresent;
-    });
-    if (tty && need) bar.emplace(progress);
+  auto start = [&](const Store&, const std::vector<FetchItem>&) {
+    if (::isatty(STDERR_FILENO) && !f.quiet && !f.json) bar.emplace(progress);
   };
   absl::StatusOr<CommandReport> r = RunFetchReport(f, &progress, start, &report);
   bar.reset();
@@ -128,7 +129,10 @@ void RegisterFetch(CLI::App& app, Globals& g) {
   cmd->add_flag("--json", flags->json, "Print a JSON report on stdout");
   cmd->add_flag("-q,--quiet", flags->quiet, "No progress bar and no summary unless failed");
   AddTrustFlags(cmd, &flags->trust);
-  cmd->callback([flags, &g] { g.exit_code = RunFetch(*flags); });
+  cmd->callback([flags, &g] {
+    flags->artifact_entries = flags->json;
+    g.exit_code = RunFetch(*flags);
+  });
 }
 
 }  // namespace cubist::cli

@@ -93,19 +93,21 @@ absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgres
   j["bytes_received"] = report.bytes_received;
   j["counts"] = {{"cached", report.cached}, {"downloaded", report.downloaded},
                  {"reused", report.reused}, {"failed", report.failed}};
-  nlohmann::json arts = nlohmann::json::array();
-  for (const ArtifactResult& r : report.results) {
-    nlohmann::json a = {{"path", r.path}, {"sha256", r.sha256},
-                        {"outcome", FetchOutcomeName(r.outcome)},
-                        {"attempts", r.attempts}, {"bytes_received", r.bytes_received}};
-    if (!r.url.empty()) a["url"] = r.url;
-    if (!r.status.ok()) {
-      a["error"] = std::string(r.status.message());
-      a["code"] = absl::StatusCodeToString(r.status.code());
+  if (f.artifact_entries) {
+    nlohmann::json arts = nlohmann::json::array();
+    for (const ArtifactResult& r : report.results) {
+      nlohmann::json a = {{"path", r.path}, {"sha256", r.sha256},
+                          {"outcome", FetchOutcomeName(r.outcome)},
+                          {"attempts", r.attempts}, {"bytes_received", r.bytes_received}};
+      if (!r.url.empty()) a["url"] = r.url;
+      if (!r.status.ok()) {
+        a["error"] = std::string(r.status.message());
+        a["code"] = absl::StatusCodeToString(r.status.code());
+      }
+      arts.push_back(std::move(a));
     }
-    arts.push_back(std::move(a));
+    j["artifacts"] = std::move(arts);
   }
-  j["artifacts"] = std::move(arts);
   j["ok"] = report.failed == 0;
   out.status = report.status;
   if (report_out != nullptr) *report_out = std::move(report);

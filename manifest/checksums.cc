@@ -120,15 +120,17 @@ absl::StatusOr<Manifest> ParseChecksums(std::string_view bytes, std::string_view
   return m;
 }
 
-absl::StatusOr<Manifest> ParseManifestOrChecksums(std::string_view bytes,
-                                                  std::string_view source,
-                                                  const ManifestParseOptions& options) {
+bool LooksLikeJsonManifest(std::string_view bytes) {
   std::string_view rest = bytes;
   if (rest.substr(0, 3) == "\xEF\xBB\xBF") rest.remove_prefix(3);
   const size_t first = rest.find_first_not_of(" \t\r\n");
-  if (first != std::string_view::npos && rest[first] == '{') {
-    return ParseManifest(bytes, source, options);
-  }
+  return first != std::string_view::npos && rest[first] == '{';
+}
+
+absl::StatusOr<Manifest> ParseManifestOrChecksums(std::string_view bytes,
+                                                  std::string_view source,
+                                                  const ManifestParseOptions& options) {
+  if (LooksLikeJsonManifest(bytes)) return ParseManifest(bytes, source, options);
   return ParseChecksums(bytes, source, options);
 }
 

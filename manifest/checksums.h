@@ -34,8 +34,11 @@ namespace cubist {
                                                       std::string_view source,
                                                       const ManifestParseOptions& options = {});
 
-// JSON (ParseManifest) when the first byte that is not whitespace (after an optional
-// UTF-8 byte order mark) is '{', else checksums.txt (ParseChecksums).
+// True when ParseManifestOrChecksums reads `bytes` as JSON: the first byte that is not
+// whitespace (after an optional UTF-8 byte order mark) is '{'.
+bool LooksLikeJsonManifest(std::string_view bytes);
+
+// JSON (ParseManifest) when LooksLikeJsonManifest, else checksums.txt (ParseChecksums).
 [[nodiscard]] absl::StatusOr<Manifest> ParseManifestOrChecksums(
     std::string_view bytes, std::string_view source, const ManifestParseOptions& options = {});
 

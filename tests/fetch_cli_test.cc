@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "artifacts/store.h"
@@ -151,7 +152,14 @@ TEST_F(FetchCliTest, EightProcessesDownloadEachArtifactOnce) {
   for (const Artifact& a : manifest_.artifacts) {
     EXPECT_EQ(served["/" + a.path], 1) << a.path << " was served " << served["/" + a.path] << " times";
   }
-  EXPECT_EQ(served["/manifest.json"], 8);
+  // Each process asked for the manifest once: 200, or 304 for those that found the copy
+  // (and its ETag) an earlier one had kept.
+  int manifest_reads = 0;
+  for (const std::string& line : server_->AccessLog()) {
+    manifest_reads += absl::StartsWith(line, "GET /manifest.json 200 ") ||
+                      absl::StartsWith(line, "GET /manifest.json 304 ");
+  }
+  EXPECT_EQ(manifest_reads, 8);
   ASSERT_EQ(Cubist(absl::StrCat("verify --deep --manifest ", url_, " --cache ", cache_), &out), 0) << out;
   EXPECT_TRUE(std::filesystem::is_empty(cache_ + "/tmp"));
   EXPECT_TRUE(std::filesystem::is_empty(cache_ + "/locks"));

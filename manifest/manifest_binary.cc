@@ -1,0 +1,225 @@
+#include "manifest/manifest_binary.h"
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
+#include "base/strings.h"
+
+namespace cubist {
+namespace {
+
+constexpr std::string_view kMagic = "cubist.manifest.bin/1\n";
+constexpr size_t kChecksumSize = 32;
+
+// The layout below lists every field of these structs. Their sizes (with libstdc++ on
+// a 64-bit target, where the tests run) change when a field is added or removed: then
+// write the new field, read it back, and bump the version in kMagic.
+#if defined(__GLIBCXX__) && defined(__LP64__)
+static_assert(sizeof(Artifact) == 128, "Artifact changed: update manifest_binary.cc");
+static_assert(sizeof(KernelSpec) == 352, "KernelSpec changed: update manifest_binary.cc");
+static_assert(sizeof(Manifest) == 280, "Manifest changed: update manifest_binary.cc");
+#endif
+
+// A quarter nanosecond, absl::Time's resolution: expiry times round-trip exactly.
+const absl::Duration kTick = absl::Nanoseconds(1) / 4;
+
+class Writer {
+ public:
+  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void U32(uint32_t v) { Raw(&v, sizeof(v)); }
+  void I64(int64_t v) { Raw(&v, sizeof(v)); }
+  void Str(std::string_view s) {
+    U32(static_cast<uint32_t>(s.size()));
+    out_.append(s.data(), s.size());
+  }
+  void Extras(const ExtraFields& extras) {
+    U32(static_cast<uint32_t>(extras.size()));
+    for (const auto& [key, value] : extras) {
+      Str(key);
+      Str(value);
+    }
+  }
+  std::string Take() && { return std::move(out_); }
+  std::string& out() { return out_; }
+
+ private:
+  // Little-endian hosts only (x86-64, aarch64): the bytes never leave the machine.
+  void Raw(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  bool U8(uint8_t* v) { return Raw(v, sizeof(*v)); }
+  bool U32(uint32_t* v) { return Raw(v, sizeof(*v)); }
+  bool I64(int64_t* v) { return Raw(v, sizeof(*v)); }
+  bool Int(int* v) {
+    int64_t x;
+    if (!I64(&x) || x < INT32_MIN || x > INT32_MAX) return false;
+    *v = static_cast<int>(x);
+    return true;
+  }
+  bool Str(std::string* s) {
+    uint32_t n;
+    if (!U32(&n) || n > in_.size() - pos_) return false;
+    s->assign(in_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  // A count of elements that take at least `min_bytes` each: more than the bytes left
+  // could hold is corruption, and refusing it bounds what a reserve() allocates.
+  bool Count(uint32_t* n, size_t min_bytes) {
+    return U32(n) && *n <= (in_.size() - pos_) / min_bytes;
+  }
+  bool Extras(ExtraFields* extras) {
+    uint32_t n;
+    if (!Count(&n, 8)) return false;
+    for (uint32_t i = 0; i < n; ++i) {
+      std::string key, value;
+      if (!Str(&key) || !Str(&value)) return false;
+      if (!extras->emplace(std::move(key), std::move(value)).second) return false;
+    }
+    return true;
+  }
+  bool done() const { return pos_ == in_.size(); }
+
+ private:
+  bool Raw(void* p, size_t n) {
+    if (n > in_.size() - pos_) return false;
+    std::memcpy(p, in_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  std::string_view in_;
+  size_t pos_ = 0;
+};
+
+void WriteKernel(Writer& w, const KernelSpec& k) {
+  for (const std::string* s : {&k.name, &k.artifact, &k.function, &k.arch, &k.op}) w.Str(*s);
+  w.I64(k.abi);
+  for (const std::string* s : {&k.weight_format, &k.activation_format, &k.activation}) {
+    w.Str(*s);
+  }
+  for (int v : {k.tile_m, k.tile_n, k.tile_k, k.cluster[0], k.cluster[1], k.cluster[2],
+                k.stages, k.threads, k.shared_mem_bytes}) {
+    w.I64(v);
+  }
+  w.Extras(k.extras);
+}
+
+bool ReadKernel(Reader& r, KernelSpec* k) {
+  for (std::string* s : {&k->name, &k->artifact, &k->function, &k->arch, &k->op}) {
+    if (!r.Str(s)) return false;
+  }
+  if (!r.Int(&k->abi)) return false;
+  for (std::string* s : {&k->weight_format, &k->activation_format, &k->activation}) {
+    if (!r.Str(s)) return false;
+  }
+  for (int* v : {&k->tile_m, &k->tile_n, &k->tile_k, &k->cluster[0], &k->cluster[1],
+                 &k->cluster[2], &k->stages, &k->threads, &k->shared_mem_bytes}) {
+    if (!r.Int(v)) return false;
+  }
+  return r.Extras(&k->extras);
+}
+
+bool ReadFields(Reader& r, Manifest* m) {
+  uint8_t flag;
+  if (!r.Str(&m->digest) || !r.Str(&m->schema) || !r.Str(&m->name) || !r.I64(&m->version) ||
+      !r.U8(&flag) || flag > 1) {
+    return false;
+  }
+  if (flag == 1) {
+    int64_t seconds, ticks;
+    if (!r.I64(&seconds) || !r.I64(&ticks) || ticks < 0 || ticks >= 4'000'000'000) {
+      return false;
+    }
+    m->expires = absl::FromUnixSeconds(seconds) + ticks * kTick;
+  }
+  uint32_t n;
+  if (!r.Count(&n, 4)) return false;
+  m->base_urls.resize(n);
+  for (std::string& url : m->base_urls) {
+    if (!r.Str(&url)) return false;
+  }
+  if (!r.Count(&n, 4 + 4 + 1 + 4)) return false;
+  m->artifacts.resize(n);
+  for (Artifact& a : m->artifacts) {
+    if (!r.Str(&a.path) || !r.Str(&a.sha256) || !r.U8(&flag) || flag > 1) return false;
+    if (flag == 1) {
+      int64_t size;
+      if (!r.I64(&size) || size < 0) return false;
+      a.size = static_cast<uint64_t>(size);
+    }
+    if (!r.Extras(&a.extras)) return false;
+  }
+  if (!r.Count(&n, 8 * 4 + 10 * 8 + 4)) return false;
+  m->kernels.resize(n);
+  for (KernelSpec& k : m->kernels) {
+    if (!ReadKernel(r, &k)) return false;
+  }
+  return r.Extras(&m->extras) && r.done();
+}
+
+}  // namespace
+
+std::string EncodeManifestBinary(const Manifest& m) {
+  Writer w;
+  w.out().reserve(256 + m.artifacts.size() * 160 + m.kernels.size() * 400);
+  w.out().append(kMagic);
+  w.Str(m.digest);
+  w.Str(m.schema);
+  w.Str(m.name);
+  w.I64(m.version);
+  w.U8(m.expires.has_value() ? 1 : 0);
+  if (m.expires.has_value()) {
+    const int64_t seconds = absl::ToUnixSeconds(*m.expires);
+    w.I64(seconds);
+    absl::Duration rest;  // zero: the tick is absl::Time's resolution
+    w.I64(absl::IDivDuration(*m.expires - absl::FromUnixSeconds(seconds), kTick, &rest));
+  }
+  w.U32(static_cast<uint32_t>(m.base_urls.size()));
+  for (const std::string& url : m.base_urls) w.Str(url);
+  w.U32(static_cast<uint32_t>(m.artifacts.size()));
+  for (const Artifact& a : m.artifacts) {
+    w.Str(a.path);
+    w.Str(a.sha256);
+    w.U8(a.size.has_value() ? 1 : 0);
+    if (a.size.has_value()) w.I64(static_cast<int64_t>(*a.size));
+    w.Extras(a.extras);
+  }
+  w.U32(static_cast<uint32_t>(m.kernels.size()));
+  for (const KernelSpec& k : m.kernels) WriteKernel(w, k);
+  w.Extras(m.extras);
+  Sha256 hasher;
+  hasher.Update(w.out());
+  const Sha256Digest sum = hasher.Finish();
+  w.out().append(reinterpret_cast<const char*>(sum.data()), sum.size());
+  return std::move(w).Take();
+}
+
+absl::StatusOr<Manifest> DecodeManifestBinary(std::string_view bytes) {
+  auto corrupt = [](std::string_view why) { return absl::DataLossError(Sv(why)); };
+  if (bytes.size() < kMagic.size() + kChecksumSize ||
+      bytes.substr(0, kMagic.size()) != kMagic) {
+    return corrupt("not a parsed manifest of this cubist version");
+  }
+  const std::string_view body = bytes.substr(0, bytes.size() - kChecksumSize);
+  Sha256 hasher;
+  hasher.Update(body);
+  const Sha256Digest sum = hasher.Finish();
+  if (std::memcmp(sum.data(), bytes.data() + body.size(), kChecksumSize) != 0) {
+    return corrupt("checksum mismatch (a torn or damaged entry)");
+  }
+  Manifest m;
+  m.schema.clear();
+  Reader r(body.substr(kMagic.size()));
+  if (!ReadFields(r, &m)) return corrupt("malformed entry");
+  return m;
+}
+
+}  // namespace cubist
