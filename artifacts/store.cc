@@ -54,16 +54,27 @@ std::string Store::LockPath(std::string_view sha256) const {
   return absl::StrCat(root_, "/locks/", Sv(sha256), ".lock");
 }
 
-ObjectState Store::Probe(std::string_view sha256, std::optional<uint64_t> size,
-                         uint64_t* actual_size) const {
-  struct stat st;
-  if (::lstat(ObjectPath(sha256).c_str(), &st) != 0) return ObjectState::kMissing;
+namespace {
+
+// What an object's lstat (stat_rc, st) says, for Probe and BatchProbe alike.
+ObjectState StateOf(int stat_rc, const struct stat& st, std::optional<uint64_t> size,
+                    uint64_t* actual_size) {
+  if (stat_rc != 0) return ObjectState::kMissing;
   if (!S_ISREG(st.st_mode)) return ObjectState::kNotRegular;
   if (actual_size != nullptr) *actual_size = static_cast<uint64_t>(st.st_size);
   if (size.has_value() && static_cast<uint64_t>(st.st_size) != *size) {
     return ObjectState::kWrongSize;
   }
   return ObjectState::kPresent;
+}
+
+}  // namespace
+
+ObjectState Store::Probe(std::string_view sha256, std::optional<uint64_t> size,
+                         uint64_t* actual_size) const {
+  struct stat st;
+  const int rc = ::lstat(ObjectPath(sha256).c_str(), &st);
+  return StateOf(rc, st, size, actual_size);
 }
 
 Store::BatchProbe::BatchProbe(const Store& store)
@@ -82,12 +93,8 @@ ObjectState Store::BatchProbe::Probe(std::string_view sha256,
   std::memcpy(name + 3, sha256.data(), 64);
   name[67] = '\0';
   struct stat st;
-  if (::fstatat(dir_.get(), name, &st, AT_SYMLINK_NOFOLLOW) != 0) return ObjectState::kMissing;
-  if (!S_ISREG(st.st_mode)) return ObjectState::kNotRegular;
-  if (size.has_value() && static_cast<uint64_t>(st.st_size) != *size) {
-    return ObjectState::kWrongSize;
-  }
-  return ObjectState::kPresent;
+  const int rc = ::fstatat(dir_.get(), name, &st, AT_SYMLINK_NOFOLLOW);
+  return StateOf(rc, st, size, nullptr);
 }
 
 absl::StatusOr<FileLock> Store::LockObject(std::string_view sha256,

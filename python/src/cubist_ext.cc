@@ -387,6 +387,21 @@ bool CurrentStream(int64_t device, uintptr_t& s) {
   return true;
 }
 
+// A launch as the tests see it: (wf, af, act, E, T, N, K, [11 pointers], extra...), the
+// pointers in MoeGemmArgs' order (a, b, a_scale, b_scale, a_global_scale, b_global_scale,
+// offsets, alpha, beta, limit, out).
+template <typename... Extra>
+nb::object LaunchTuple(const MoeGemmArgs& a, const Extra&... extra) {
+  nb::list ptrs;
+  for (uint64_t x : {a.a, a.b, a.a_scale, a.b_scale, a.a_global_scale, a.b_global_scale,
+                     a.offsets, a.alpha, a.beta, a.limit, a.out}) {
+    ptrs.append(x);
+  }
+  return nb::make_tuple(static_cast<int>(a.weight_format), static_cast<int>(a.activation_format),
+                        static_cast<int>(a.activation), a.experts, a.tokens, a.n, a.k, ptrs,
+                        extra...);
+}
+
 // The fast path of MoeGemm.run (python/cubist/__init__.py). v: run's 15 arguments in its
 // order (a, b, offsets, out, activation, weights, activations, a_scale, b_scale,
 // a_global_scale, b_global_scale, alpha, beta, limit, stream). Accepts plain CUDA torch
@@ -486,14 +501,7 @@ class PyMoeGemm {
   nb::object LastLaunch() const {
     if (launches_ == 0) return nb::none();
     const MoeGemmArgs& a = last_;
-    nb::list ptrs;
-    for (uint64_t x : {a.a, a.b, a.a_scale, a.b_scale, a.a_global_scale, a.b_global_scale,
-                       a.offsets, a.alpha, a.beta, a.limit, a.out}) {
-      ptrs.append(x);
-    }
-    return nb::make_tuple(static_cast<int>(a.weight_format),
-                          static_cast<int>(a.activation_format), static_cast<int>(a.activation),
-                          a.experts, a.tokens, a.n, a.k, ptrs, last_stream_, launches_);
+    return LaunchTuple(a, last_stream_, launches_);
   }
 
   // The runtime's CUDA ordinal, which every tensor of the fast path must be on.
@@ -788,14 +796,7 @@ NB_MODULE(_cubist, m) {
     MoeGemmArgs a;
     uintptr_t stream = 0;
     if (!ReadFastArgs(device, p, a, stream)) return nb::none();
-    nb::list ptrs;
-    for (uint64_t x : {a.a, a.b, a.a_scale, a.b_scale, a.a_global_scale, a.b_global_scale,
-                       a.offsets, a.alpha, a.beta, a.limit, a.out}) {
-      ptrs.append(x);
-    }
-    return nb::make_tuple(static_cast<int>(a.weight_format),
-                          static_cast<int>(a.activation_format), static_cast<int>(a.activation),
-                          a.experts, a.tokens, a.n, a.k, ptrs, stream);
+    return LaunchTuple(a, stream);
   });
   m.def("activation_code", &ActivationCode);
 
