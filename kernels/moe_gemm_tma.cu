@@ -168,23 +168,15 @@ struct MoeGemmTma {
         FenceRegs(acc);
         if (prev >= 0 && signals) release(prev);
       } else if constexpr (F == kFp8Block) {
-        // fp8-block: each 128-deep k-tile is summed by the tensor cores into a fresh
-        // partial and promoted into fp32 with DeepSeek's block scales, loaded one k-tile
-        // ahead. One partial: the scales leave no registers for two.
-        float part[kRegs];
+        // Tiles whose B halves each lie in one 128-row scale block (N a multiple of the
+        // tile's B rows: every tile of the benchmarked shapes) take the uniform loop.
         const uint32_t hi_mask = HiBlockMask(p, t);
-        Scales sc = LoadScales(p, t, ci, 0);
-        for (int kt = 0; kt < num_kt; ++kt) {
-          MbarWait(full_bar + 8 * pipe.s, pipe.phase);
-          Issue(smem_base + pipe.s * L.stage_bytes, a_off, part, false);
-          // The next k-tile's scales load while this one's wgmma runs and is promoted.
-          const Scales next = LoadScales(p, t, ci, kt + 1 < num_kt ? kt + 1 : kt);
-          WgmmaWait<0>();
-          FenceRegs(part);
-          if (signals) release(pipe.s);
-          Promote(hi_mask, sc, acc, part);
-          sc = next;
-          pipe.Advance();
+        if (hi_mask == 0) {
+          BlockLoop<true>(p, t, ci, hi_mask, smem_base, a_off, full_bar, signals, release, pipe,
+                          num_kt, acc);
+        } else {
+          BlockLoop<false>(p, t, ci, hi_mask, smem_base, a_off, full_bar, signals, release, pipe,
+                           num_kt, acc);
         }
       } else {
         // fp8 per tensor: as fp8-block without block scales (the tensor cores' fp8
@@ -297,16 +289,55 @@ struct MoeGemmTma {
   template <int R>
   __device__ __forceinline__ static void Issue(uint32_t stage, uint32_t a_off, float (&d)[R],
                                                bool accumulate) {
-    const uint32_t a_addr = stage + a_off;
-    const uint32_t b_addr = stage + L.a_stage_bytes;
+    // The next k-step is 32 bytes further: 2 in the descriptor's address field (addresses
+    // >> 4, 14 bits), which cannot carry out of it below 256 KiB of shared memory. Adding
+    // to the descriptor, not rebuilding it per k-step, saves about 20 instructions per
+    // k-tile.
+    const uint64_t da = Desc(stage + a_off);
+    const uint64_t db = Desc(stage + L.a_stage_bytes);
     WgmmaFence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {  // 32 bytes of K per wgmma
-      Mma::Mma(d, Desc(a_addr + ks * 32), Desc(b_addr + ks * 32), accumulate || ks > 0 ? 1 : 0);
+      Mma::Mma(d, da + 2 * ks, db + 2 * ks, accumulate || ks > 0 ? 1 : 0);
     }
     WgmmaCommit();
   }
 
+  // The fp8-block main loop: each 128-deep k-tile is summed by the tensor cores into a
+  // fresh partial and promoted into fp32 with DeepSeek's block scales, loaded one k-tile
+  // ahead. kUniform: each B half lies in one 128-row scale block (hi_mask == 0), so every
+  // scale is one load from a pointer computed once per tile (ScaleRows) and the promotion
+  // needs no per-group select; the general loop recomputes the scale addresses and selects
+  // a block per 8-column group, which measured 1.07-1.3x slower on the same tiles
+  // (docs/kernels.md "fp8-block"). One partial: two alternating partials spill (84-104
+  // bytes per thread in 128-row tiles), and splitting the partial into two 64-column
+  // commit groups, so that one half is promoted while the other runs, measured
+  // 1.07-1.18x slower than even the general loop.
+  template <bool kUniform, typename Release>
+  __device__ __forceinline__ static void BlockLoop(const MoeGemmParams& p, const Tile& t,
+                                                   int ci, uint32_t hi_mask, uint32_t smem_base,
+                                                   uint32_t a_off, uint32_t full_bar,
+                                                   bool signals, Release release,
+                                                   StageRing<ST>& pipe, int num_kt,
+                                                   float (&acc)[kRegs]) {
+    float part[kRegs];
+    const ScaleRows rows = ScaleRowsFor(p, t, ci);
+    auto load = [&](int kt) {
+      return kUniform ? LoadUniformScales(rows, kt) : LoadScales(p, t, ci, kt);
+    };
+    Scales sc = load(0);
+    for (int kt = 0; kt < num_kt; ++kt) {
+      MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+      Issue(smem_base + pipe.s * L.stage_bytes, a_off, part, false);
+      const Scales next = load(kt + 1 < num_kt ? kt + 1 : kt);
+      WgmmaWait<0>();
+      FenceRegs(part);
+      if (signals) release(pipe.s);
+      Promote<kUniform>(hi_mask, sc, acc, part);
+      sc = next;
+      pipe.Advance();
+    }
+  }
   // fp8-block scale factors of one k-tile: sa per accumulator row half, and per B half
   // (x0, x1 when gated) the first and the last 128-row block it touches (kBRows
   // consecutive rows span at most two).
@@ -340,6 +371,41 @@ struct MoeGemmTma {
     }
     return sc;
   }
+  // Where this thread's scales of every k-tile are, computed once per tile for tiles whose
+  // B halves each lie in one 128-row block: the A scale rows of its two accumulator rows
+  // (clamped into the tile's rows: rows past the expert's end are computed, never stored)
+  // and the B scale row of each B half.
+  struct ScaleRows {
+    const float* a[2];
+    const float* b[2];
+  };
+  __device__ __forceinline__ static ScaleRows ScaleRowsFor(const MoeGemmParams& p,
+                                                           const Tile& t, int ci) {
+    ScaleRows r;
+    const int kb = (p.k + 127) / 128;
+    const int nb = (p.n + 127) / 128;
+    const float* as = static_cast<const float*>(p.a_scale);
+    const float* bs = static_cast<const float*>(p.b_scale) + static_cast<int64_t>(t.e) * nb * kb;
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = min(t.row_begin + ci * 64 + warp * 16 + lane / 4 + 8 * h, t.row_end - 1);
+      r.a[h] = as + static_cast<int64_t>(row) * kb;
+      const int first = min(t.n_tile * kBRows + (h ? p.n / 2 : 0), p.n - 1);
+      r.b[h] = bs + static_cast<int64_t>(first / 128) * kb;
+    }
+    return r;
+  }
+  __device__ __forceinline__ static Scales LoadUniformScales(const ScaleRows& r, int kt) {
+    Scales sc;
+    sc.sa[0] = __ldg(r.a[0] + kt);
+    sc.sa[1] = __ldg(r.a[1] + kt);
+    sc.sb_lo[0] = __ldg(r.b[0] + kt);
+    sc.sb_lo[1] = kGated ? __ldg(r.b[1] + kt) : 1.0f;
+    sc.sb_hi[0] = sc.sb_lo[0];
+    sc.sb_hi[1] = sc.sb_lo[1];
+    return sc;
+  }
   // Bit g set: 8-column group g takes its B scale from the last block of its half.
   __device__ __forceinline__ static uint32_t HiBlockMask(const MoeGemmParams& p, const Tile& t) {
     uint32_t mask = 0;
@@ -352,12 +418,13 @@ struct MoeGemmTma {
     }
     return mask;
   }
+  template <bool kUniform>
   __device__ __forceinline__ static void Promote(uint32_t hi_mask, const Scales& sc,
                                                  float (&acc)[kRegs], float (&part)[kRegs]) {
 #pragma unroll
     for (int g = 0; g < TN / 8; ++g) {
       const int h = kGated && g * 8 >= kBRows ? 1 : 0;
-      const float sb = (hi_mask >> g) & 1 ? sc.sb_hi[h] : sc.sb_lo[h];
+      const float sb = kUniform || !((hi_mask >> g) & 1) ? sc.sb_lo[h] : sc.sb_hi[h];
       const float s0 = sc.sa[0] * sb, s1 = sc.sa[1] * sb;
       acc[g * 4 + 0] += part[g * 4 + 0] * s0;
       acc[g * 4 + 1] += part[g * 4 + 1] * s0;
