@@ -306,6 +306,12 @@ std::vector<ProblemCase> Problems(MoeFormat w, MoeFormat a) {
   out.push_back({"ragged", {w, a, 384, 320, RaggedCounts(12, 0), true, true, true}});
   out.push_back({"gptoss", {w, a, 1152, 2880, {40, 0, 300, 17, 128, 256}, false, false, false}});
   out.push_back({"last", {w, a, 128, 256, {0, 0, 0, 0, 0, 0, 0, 77}, false, true, false}});
+  if (w == kFp8Block) {
+    // N/2 = 224: a gated tile's 64 gate rows (224.., 288.., ...) straddle two 128-row
+    // scale blocks, so the kernels take their general scale loop (per-group block select)
+    // instead of the per-tile one that every other problem here takes.
+    out.push_back({"straddle", {w, a, 448, 384, {5, 130, 0, 64}, false, true, false}});
+  }
   return out;
 }
 
