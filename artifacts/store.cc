@@ -129,6 +129,26 @@ absl::Status Store::SyncObjectDir(std::string_view sha256) const {
   return SyncDir(DirName(ObjectPath(sha256)));
 }
 
+absl::Status Store::PutBytes(std::string_view sha256, std::string_view bytes,
+                             absl::Duration timeout) const {
+  if (Sha256Hex(bytes) != sha256) {
+    return absl::DataLossError(absl::StrCat("object ", Sv(sha256), ": ", bytes.size(),
+                                            " bytes in memory hash to ", Sha256Hex(bytes)));
+  }
+  if (Probe(sha256, bytes.size()) == ObjectState::kPresent) return absl::OkStatus();
+  CUBIST_ASSIGN_OR_RETURN(FileLock lock, LockObject(sha256, timeout));
+  // A fetch that held the lock may have published it meanwhile.
+  if (Probe(sha256, bytes.size()) == ObjectState::kPresent) return absl::OkStatus();
+  const std::string temp = TempPath(sha256);
+  CUBIST_RETURN_IF_ERROR(MakeDirs(DirName(temp)));
+  CUBIST_RETURN_IF_ERROR(WriteFileAtomically(temp, bytes, 0644));
+  if (absl::Status s = Publish(temp, sha256); !s.ok()) {
+    ::unlink(temp.c_str());
+    return s;
+  }
+  return SyncObjectDir(sha256);
+}
+
 absl::Status Store::Remove(std::string_view sha256) const {
   std::string path = ObjectPath(sha256);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {

@@ -86,6 +86,14 @@ class Store {
                                      std::string_view sha256) const;
   [[nodiscard]] absl::Status SyncObjectDir(std::string_view sha256) const;
 
+  // Adds an object from bytes already in memory (a manifest file that is also one of
+  // its own artifacts, as a FlashInfer pin's checksums.txt is): DataLoss when the bytes
+  // do not hash to `sha256`; a present object is left alone; otherwise written to a
+  // temporary file, fsync()ed and published under the object's lock (waiting up to
+  // `timeout` for a fetch that holds it).
+  [[nodiscard]] absl::Status PutBytes(std::string_view sha256, std::string_view bytes,
+                                      absl::Duration timeout = absl::Seconds(60)) const;
+
   // Removes an object (corrupt, or garbage). Missing is OK.
   [[nodiscard]] absl::Status Remove(std::string_view sha256) const;
 

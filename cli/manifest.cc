@@ -219,6 +219,20 @@ int RunImport(const ImportFlags& f) {
         "directory or the cache: run `cubist fetch --manifest ", checksums_location,
         "` first, then import again")));
   }
+  // The pin's checksums.txt is one of its own artifacts (FLASHINFER_CUBIN_DIR needs it),
+  // but a fetch of the pin by that file downloads only what it lists: keep the bytes read
+  // here, so that the imported manifest fetches offline and exports from the cache.
+  if (store.has_value()) {
+    for (const Artifact& a : m->artifacts) {
+      if (a.path != kFlashinferChecksumsPath) continue;
+      if (absl::Status s = store->PutBytes(a.sha256, *sums); !s.ok()) {
+        std::fprintf(stderr,
+                     "cubist: warning: manifest import: %s not kept in the cache (%s); "
+                     "`cubist fetch` of the manifest will download it\n",
+                     a.path.c_str(), std::string(s.message()).c_str());
+      }
+    }
+  }
   // What select will do with it: refuse here rather than there.
   absl::StatusOr<Registry> registry = Registry::Create(*m);
   if (!registry.ok()) return PrintError(registry.status());

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/test_util.h"
 #include "tests/testlib/flashinfer_pin.h"
+#include "tests/testlib/nginx_server.h"
 
 namespace cubist {
 namespace {
@@ -19,6 +20,7 @@ using ::cubist::testing::ReadFileOrDie;
 using ::cubist::testing::RunCommand;
 using ::cubist::testing::TempDir;
 using ::cubist::testing::WritePin;
+using ::cubist::testing::NginxServer;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
@@ -90,6 +92,51 @@ TEST_F(FlashinferCliTest, ImportRefusesAPinWithoutKernelList) {
   std::string out;
   EXPECT_EQ(Import(&out), 5) << out;
   EXPECT_THAT(out, HasSubstr("manifest import: the pin's kernel list"));
+}
+
+// The pin served by a real nginx, as FlashInfer's artifactory serves it: import by URL needs
+// the sizes that a checksums.txt lacks (its own is known: import just read it), so it asks
+// for a fetch first and names the command; after that fetch it writes a manifest whose
+// artifacts stay at the URL and keeps the checksums.txt it read in the cache, so the
+// manifest fetches offline (the checksums.txt is one of its artifacts) and selects.
+TEST_F(FlashinferCliTest, ImportByUrlFromNginx) {
+  if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
+  NginxServer::Options o;
+  o.root = dir_.Join("wheel");
+  o.workdir = dir_.Join("nginx");
+  auto server = NginxServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string url = (*server)->BaseUrl() + kPin;
+
+  std::string out;
+  EXPECT_EQ(Cubist(absl::StrCat("manifest import flashinfer ", url, " -o ", manifest_), &out), 6)
+      << out;
+  EXPECT_THAT(out, HasSubstr("manifest import: 4 of 5 artifacts have no known size (first: Bmm_"));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("run `cubist fetch --manifest ", url,
+                                          "/checksums.txt` first, then import again")));
+  EXPECT_FALSE(FileExists(manifest_));
+
+  ASSERT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", url, "/checksums.txt"), &out), 0) << out;
+  // The location may name the checksums.txt itself.
+  ASSERT_EQ(Cubist(absl::StrCat("manifest import flashinfer ", url, "/checksums.txt -o ",
+                                manifest_),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, StartsWith(absl::StrCat("wrote ", manifest_,
+                                           ": batched_gemm-91e0ba0-896b90b version 1: 5 "
+                                           "artifacts, ")));
+  EXPECT_THAT(ReadFileOrDie(manifest_), HasSubstr(absl::StrCat("\"", url, "/\"")));
+
+  (*server)->Stop();
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --offline --manifest ", manifest_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("0 downloaded"));
+  EXPECT_THAT(out, HasSubstr("5 already cached"));
+  ASSERT_EQ(Cubist(absl::StrCat("select --manifest ", manifest_, " ", kProblem, " --sm 100f"),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, StartsWith("bmm_Bfloat16_MxE2m1Bfloat16_Fp32_t128x8x256_"));
 }
 
 TEST_F(FlashinferCliTest, FetchThenExportMaterializesThePinByHardLink) {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "base/sha256.h"
 #include "tests/test_util.h"
 
@@ -85,6 +86,29 @@ TEST(StoreTest, PublishRefusesADirectoryPlantedAtTheObjectPath) {
   testing::WriteFileOrDie(store->TempPath(sha), "d");
   EXPECT_THAT(store->Publish(store->TempPath(sha), sha),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("a directory stands where")));
+}
+
+TEST(StoreTest, PutBytesVerifiesPublishesReadOnlyAndLeavesAPresentObjectAlone) {
+  testing::TempDir tmp;
+  auto store = Store::Open(tmp.Join("c"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string sha = Sha256Hex("checksums");
+  EXPECT_THAT(store->PutBytes(sha, "checksumz"),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(absl::StrCat("object ", sha, ": 9 bytes in memory hash to ",
+                                              Sha256Hex("checksumz")))));
+  EXPECT_FALSE(testing::FileExists(store->ObjectPath(sha)));
+
+  ASSERT_TRUE(store->PutBytes(sha, "checksums").ok());
+  EXPECT_EQ(testing::ReadFileOrDie(store->ObjectPath(sha)), "checksums");
+  struct stat st;
+  ASSERT_EQ(::stat(store->ObjectPath(sha).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0444u);
+  EXPECT_FALSE(testing::FileExists(store->TempPath(sha)));
+  const auto inode = st.st_ino;
+  ASSERT_TRUE(store->PutBytes(sha, "checksums").ok());  // present: not rewritten
+  ASSERT_EQ(::stat(store->ObjectPath(sha).c_str(), &st), 0);
+  EXPECT_EQ(st.st_ino, inode);
 }
 
 TEST(StoreTest, ListObjectsFindsEveryShard) {
