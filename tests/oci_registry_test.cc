@@ -43,11 +43,13 @@ class OciRegistryTest : public ::testing::Test {
     repo_ = tmp_.Join("repo");
   }
 
-  void StartRegistry(const std::string& user = "", const std::string& password = "") {
+  void StartRegistry(const std::string& user = "", const std::string& password = "",
+                     const std::string& extra_config = "") {
     RegistryServer::Options o;
     o.workdir = tmp_.Join("registry");
     o.user = user;
     o.password = password;
+    o.extra_config = extra_config;
     auto s = RegistryServer::Start(o);
     ASSERT_TRUE(s.ok()) << s.status();
     registry_ = *std::move(s);
@@ -299,6 +301,66 @@ TEST_F(OciRegistryTest, HtpasswdLoginFromEnvironmentAndDockerConfig) {
   EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("team/k:v1"), " --cache ", tmp_.Join("c2")),
                    &out, "HOME=" + tmp_.path()), 7) << out;
   EXPECT_THAT(out, HasSubstr("requires a login"));
+}
+
+// The README's recipe for a registry that serves blobs with little CPU: the `redirect`
+// storage middleware answers every blob GET with a 307 to nginx serving the registry's
+// storage root. The fetch follows the redirects, verifies every blob, and the login
+// never reaches the storage server (another origin), which logs the Authorization
+// header it gets.
+TEST_F(OciRegistryTest, RedirectMiddlewareBlobsComeFromTheStorageServerWithoutCredentials) {
+  if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
+  if (RegistryServer::HtpasswdPath().empty()) {
+    GTEST_SKIP() << "htpasswd not installed (apache2-utils; scripts/install-deps installs it)";
+  }
+  std::string storage = tmp_.Join("registry") + "/storage";
+  std::filesystem::create_directories(storage);
+  NginxServer::Options n;
+  n.root = storage;
+  n.workdir = tmp_.Join("blob-nginx");
+  n.http_extra = "  log_format auth '$request_method $uri $status \"$http_authorization\"';\n";
+  n.server_extra = absl::StrCat(
+      "    access_log ", n.workdir, "/auth.log auth;\n",
+      "    location ~ \"^/docker/registry/v2/blobs/sha256/[0-9a-f]{2}/[0-9a-f]{64}/data$\" {}\n",
+      "    location / { return 404; }\n");
+  auto blobs = NginxServer::Start(n);
+  ASSERT_TRUE(blobs.ok()) << blobs.status();
+  StartRegistry("alice", "s3cret-pw",
+                absl::StrCat("middleware:\n  storage:\n    - name: redirect\n      options:\n"
+                             "        baseurl: ", (*blobs)->BaseUrl(), "\n"));
+  MakeRepo(12, 1000, 40000);
+  const std::string login = "CUBIST_REGISTRY_USERNAME=alice CUBIST_REGISTRY_PASSWORD=s3cret-pw";
+  Push(Ref("team/k:v1"), login);
+
+  std::string out;
+  std::string cache = tmp_.Join("cache");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("team/k:v1"), " --cache ", cache), &out,
+                   login), 0) << out;
+  EXPECT_THAT(out, HasSubstr("12 downloaded"));
+  ExpectAllCached(cache);
+
+  // The registry redirected every artifact's GET and sent no blob itself.
+  std::map<std::string, int> redirected;
+  for (const std::string& line : registry_->AccessLog()) {
+    std::vector<std::string> p = absl::StrSplit(line, ' ');
+    if (p.size() == 3 && p[0] == "GET" && absl::StrContains(p[1], "/blobs/sha256:")) {
+      EXPECT_EQ(p[2], "307") << line;
+      redirected[p[1].substr(p[1].find("/blobs/") + 7)]++;
+    }
+  }
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_EQ(redirected["sha256:" + a.sha256], 1) << a.path;
+  }
+  // The storage server sent each artifact once and never saw the login.
+  std::string log = testing::ReadFileOrDie(n.workdir + "/auth.log");
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_THAT(log, HasSubstr(absl::StrCat("GET /docker/registry/v2/blobs/sha256/",
+                                            a.sha256.substr(0, 2), "/", a.sha256,
+                                            "/data 200 \"-\"")))
+        << a.path;
+  }
+  EXPECT_THAT(log, Not(HasSubstr("Basic")));
+  EXPECT_THAT(log, Not(HasSubstr("Bearer")));
 }
 
 // The registry bearer-token flow against real servers: nginx in front of the registry
