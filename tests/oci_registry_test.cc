@@ -187,6 +187,57 @@ TEST_F(OciRegistryTest, ChunkedUploadsOfLargeBlobs) {
   ExpectAllCached(cache);
 }
 
+// A proxy whose body limit is smaller than a blob answers the monolithic PUT with 413;
+// the push sends that blob again in chunks under the limit, and the fetch gets the
+// exact bytes back.
+TEST_F(OciRegistryTest, PushFallsBackToChunksWhenAProxyAnswers413) {
+  if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
+  StartRegistry();
+  MakeRepo(3, 150000, 250000);
+  NginxServer::Options o;
+  o.root = tmp_.path();
+  o.workdir = tmp_.Join("nginx");
+  o.server_extra = absl::StrCat(
+      "    client_max_body_size 100k;\n"
+      "    location /v2/ {\n"
+      "      proxy_pass http://", registry_->HostPort(), ";\n"
+      "      proxy_set_header Host $http_host; proxy_http_version 1.1;\n"
+      "      proxy_set_header Connection \"\";\n"
+      "    }\n");
+  auto proxy = NginxServer::Start(o);
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  PushSource source;
+  source.manifest_bytes = testing::ReadFileOrDie(repo_ + "/manifest.json");
+  source.manifest = manifest_;
+  source.artifact_dir = repo_;
+  PushOptions options;  // monolithic first: every blob is far under monolithic_max
+  options.chunk_size = 64000;
+  auto ref = ParseOciReference(absl::StrCat("oci://127.0.0.1:", (*proxy)->port(), "/cubist/limited:v1"));
+  CUBIST_ASSERT_OK(ref);
+  auto report = PushArtifactSet(*ref, source, options);
+  CUBIST_ASSERT_OK(report);
+  EXPECT_EQ(report->blobs_uploaded, 5);
+  int refused = 0, patches = 0;
+  for (const std::string& line : (*proxy)->AccessLog()) {
+    if (absl::StartsWith(line, "PUT /v2/cubist/limited/blobs/uploads/") &&
+        absl::StrContains(line, " 413 ")) {
+      ++refused;
+    }
+    if (absl::StartsWith(line, "PATCH /v2/cubist/limited/blobs/uploads/") &&
+        absl::StrContains(line, " 202 ")) {
+      ++patches;
+    }
+  }
+  EXPECT_EQ(refused, 3) << "one refused monolithic PUT per artifact";
+  int chunks = 0;
+  for (const testing::SampleFile& f : files_) chunks += static_cast<int>((f.data.size() + 63999) / 64000);
+  EXPECT_EQ(patches, chunks) << "every artifact in 64,000-byte chunks";
+  std::string out, cache = tmp_.Join("cache");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("cubist/limited@" + report->digest),
+                                " --cache ", cache), &out), 0) << out;
+  ExpectAllCached(cache);
+}
+
 // A file that changed after the manifest was built is refused by size before upload.
 TEST_F(OciRegistryTest, PushRefusesAFileThatDiffersFromTheManifest) {
   StartRegistry();
