@@ -352,6 +352,30 @@ TEST_F(OciRegistryTest, HtpasswdLoginFromEnvironmentAndDockerConfig) {
   EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("team/k:v1"), " --cache ", tmp_.Join("c2")),
                    &out, "HOME=" + tmp_.path()), 7) << out;
   EXPECT_THAT(out, HasSubstr("requires a login"));
+  // A credential helper named by credHelpers (a script on PATH playing one).
+  std::string bin = tmp_.Join("bin");
+  testing::WriteFileOrDie(bin + "/docker-credential-cubist-test",
+                          "#!/bin/sh\nread -r host\n"
+                          "echo \"{\\\"ServerURL\\\":\\\"$host\\\",\\\"Username\\\":\\\"alice\\\","
+                          "\\\"Secret\\\":\\\"s3cret-pw\\\"}\"\n");
+  ASSERT_EQ(::chmod((bin + "/docker-credential-cubist-test").c_str(), 0755), 0);
+  std::string helpers = tmp_.Join("helpers");
+  testing::WriteFileOrDie(helpers + "/config.json",
+                          absl::StrCat("{\"credHelpers\": {\"", registry_->HostPort(),
+                                       "\": \"cubist-test\"}}"));
+  const std::string path_env = absl::StrCat("PATH=", bin, ":$PATH DOCKER_CONFIG=", helpers);
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("team/k:v1"), " --cache ", tmp_.Join("c3")),
+                   &out, path_env), 0) << out;
+  EXPECT_THAT(out, HasSubstr("4 downloaded"));
+  EXPECT_THAT(out, Not(HasSubstr("s3cret-pw")));
+  // The helper it names is not installed: exit 6, naming it and the fix.
+  testing::WriteFileOrDie(helpers + "/config.json",
+                          absl::StrCat("{\"credHelpers\": {\"", registry_->HostPort(),
+                                       "\": \"absent-xyz\"}}"));
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("team/k:v1"), " --cache ", tmp_.Join("c4")),
+                   &out, path_env), 6) << out;
+  EXPECT_THAT(out, HasSubstr("docker-credential-absent-xyz"));
+  EXPECT_THAT(out, HasSubstr("is not on PATH; install it"));
 }
 
 // The README's recipe for a registry that serves blobs with little CPU: the `redirect`
