@@ -1,6 +1,7 @@
 // The pieces of OCI support that need no registry: oci:// references, authentication
-// challenges, credentials from the environment and docker-style config files, the
-// image manifest a push writes, and the blob URLs a fetch plans.
+// challenges, credentials from the environment, docker-style config files and
+// credential helpers (scripts playing them), the image manifest a push writes, and the
+// blob URLs a fetch plans.
 #include <sys/stat.h>
 
 #include <cstdlib>

@@ -1,9 +1,10 @@
 // OCI registries end to end, against a real registry (Debian's docker-registry,
 // distribution 2.8) on loopback: push, fetch by tag and by digest, offline, tag moves,
 // a pinned digest that does not match, a corrupt blob in the registry's storage,
-// htpasswd (basic) logins, the registry stopped mid-fetch and restarted, 8 processes
-// into one cache, and 16 nodes behind an nginx site cache (every blob leaves the
-// registry once).
+// htpasswd (basic) logins (also through a credential helper), chunked uploads (also
+// after a proxy's 413), the redirect storage middleware, the registry stopped mid-fetch
+// and restarted, 8 processes into one cache, and 16 nodes behind an nginx site cache
+// (every blob leaves the registry once).
 #include <sys/stat.h>
 #include <unistd.h>
 
