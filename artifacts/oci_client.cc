@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "artifacts/credential_helper.h"
 #include "artifacts/curl_options.h"
 #include "artifacts/fetch_policy.h"
 #include "base/clock.h"
@@ -46,6 +47,31 @@ absl::StatusOr<RegistryCredentials> FromConfigFile(const std::string& path,
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": not a JSON object; fix or remove the registry credentials file"));
+  }
+  // Docker's order: a helper for this registry, else the store for all registries,
+  // else the file's own "auths" entry (also when the helper has nothing for the host).
+  std::string helper;
+  if (auto h = j.find("credHelpers"); h != j.end() && h->is_object()) {
+    for (auto it = h->begin(); it != h->end(); ++it) {
+      if (NormalizeConfigKey(it.key()) == host && it->is_string()) helper = it->get<std::string>();
+    }
+  }
+  if (auto s = j.find("credsStore"); helper.empty() && s != j.end() && s->is_string()) {
+    helper = s->get<std::string>();
+  }
+  if (!helper.empty()) {
+    auto got = RunCredentialHelper(helper, host);
+    if (!got.ok()) {
+      return absl::Status(got.status().code(),
+                          absl::StrCat(path, ": ", got.status().message()));
+    }
+    if (got->has_value()) {
+      RegistryCredentials c;
+      c.username = (*got)->username;
+      c.password = (*got)->secret;
+      c.origin = absl::StrCat("docker-credential-", helper, " (", path, ")");
+      return c;
+    }
   }
   auto auths = j.find("auths");
   if (auths == j.end() || !auths->is_object()) return RegistryCredentials{};

@@ -10,8 +10,10 @@
 //                 anonymously otherwise) and uses the token it returns.
 // Credentials for HOST come from CUBIST_REGISTRY_USERNAME and CUBIST_REGISTRY_PASSWORD,
 // else from a docker-style config file: $REGISTRY_AUTH_FILE, else
-// $DOCKER_CONFIG/config.json, else ~/.docker/config.json ("auths": {HOST: {"auth":
-// base64(user:password)}}). Secrets never appear in a message, a log or a URL.
+// $DOCKER_CONFIG/config.json, else ~/.docker/config.json: the credential helper that
+// "credHelpers": {HOST: NAME} or "credsStore": NAME names (docker-credential-NAME,
+// credential_helper.h), else "auths": {HOST: {"auth": base64(user:password)}}. Secrets
+// never appear in a message, a log or a URL.
 //
 // A failed login is PermissionDenied (exit 7) naming the registry, the user and where
 // the credentials came from; the fix is in the message.
@@ -42,7 +44,8 @@ struct RegistryCredentials {
 };
 
 // The credentials for `host` from the environment or a config file (empty when none).
-// InvalidArgument when a config file exists but cannot be read as JSON.
+// InvalidArgument when a config file exists but cannot be read as JSON;
+// FailedPrecondition when the credential helper it names is missing or fails.
 [[nodiscard]] absl::StatusOr<RegistryCredentials> LookUpRegistryCredentials(
     std::string_view host);
 

@@ -5,6 +5,14 @@ Starts Debian's docker-registry (distribution 2.8) and nginx on loopback, then t
 median of --runs each, contenders interleaved per round:
   cold `cubist fetch` from the registry (oci://...:v1)   vs  the same from nginx serving
                                                              the files directly (target <= 1.3x)
+    three registry configurations over the same storage, each its own process:
+      plain     the config of the first measurement (no blob descriptor cache)
+      tuned     storage.cache.blobdescriptor: inmemory, GOGC=400 (README "Many nodes")
+      redirect  tuned, plus the `redirect` storage middleware pointing at an nginx that
+                serves the registry's storage root with sendfile: blob GETs are
+                answered with a 307 to it (README "Many nodes")
+    and the registry's CPU seconds per fetch (from /proc/PID/stat; for `redirect` also
+    the nginx workers' CPU seconds).
   `cubist push` of the set to an empty registry          vs  `skopeo copy` of the same blobs
                                                              from an OCI layout (when skopeo
                                                              is installed: apt-get install skopeo)
@@ -28,25 +36,50 @@ def free_port():
     return p
 
 
+def cpu_seconds(pids):
+    """User + system CPU seconds of these processes so far."""
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 class Registry:
-    def __init__(self, work):
+    """docker-registry over `storage`, in one of three configurations (see the docstring)."""
+
+    def __init__(self, work, storage=None, variant="plain"):
         self.work = work
+        self.storage = storage or os.path.join(work, "storage")
+        self.variant = variant
         self.port = free_port()
         self.proc = None
+        self.nginx_pid = None
 
     def start(self, wipe=False):
-        storage = os.path.join(self.work, "storage")
+        storage = self.storage
         if wipe:
             shutil.rmtree(storage, ignore_errors=True)
         os.makedirs(storage, exist_ok=True)
+        os.makedirs(self.work, exist_ok=True)
+        cache = "  cache:\n    blobdescriptor: inmemory\n" if self.variant != "plain" else ""
+        middleware = ""
+        if self.variant == "redirect":
+            middleware = ("middleware:\n  storage:\n    - name: redirect\n      options:\n"
+                          f"        baseurl: http://127.0.0.1:{self.storage_server()}/\n")
         cfg = os.path.join(self.work, "config.yml")
         with open(cfg, "w") as f:
             f.write("version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\n"
-                    f"storage:\n  filesystem:\n    rootdirectory: {storage}\n"
+                    f"storage:\n  filesystem:\n    rootdirectory: {storage}\n{cache}"
                     "  maintenance:\n    uploadpurging:\n      enabled: false\n"
-                    f"http:\n  addr: 127.0.0.1:{self.port}\n  secret: bench\n")
+                    f"{middleware}http:\n  addr: 127.0.0.1:{self.port}\n  secret: bench\n")
+        env = dict(os.environ)
+        if self.variant != "plain":
+            env["GOGC"] = "400"
         self.proc = subprocess.Popen(["docker-registry", "serve", cfg], stdout=subprocess.DEVNULL,
-                                     stderr=open(os.path.join(self.work, "registry.log"), "a"))
+                                     stderr=open(os.path.join(self.work, "registry.log"), "a"),
+                                     env=env)
         for _ in range(500):  # bounded: 5 s
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()
@@ -55,11 +88,68 @@ class Registry:
                 time.sleep(0.01)
         raise RuntimeError("docker-registry did not start")
 
+    def storage_server(self):
+        """nginx serving the blob data files of the storage root (the README's recipe);
+        returns its port."""
+        nw = os.path.join(self.work, "blob-nginx")
+        if self.nginx_pid is not None:
+            return self.nginx_port
+        os.makedirs(os.path.join(nw, "tmp"), exist_ok=True)
+        self.nginx_port = free_port()
+        user = "user root;" if os.geteuid() == 0 else ""
+        with open(os.path.join(nw, "nginx.conf"), "w") as f:
+            f.write(f"""{user}
+worker_processes 2; pid {nw}/nginx.pid; error_log {nw}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off; sendfile on; tcp_nopush on; tcp_nodelay on;
+  keepalive_requests 100000;
+  client_body_temp_path {nw}/tmp/body; proxy_temp_path {nw}/tmp/proxy;
+  fastcgi_temp_path {nw}/tmp/fastcgi; uwsgi_temp_path {nw}/tmp/uwsgi; scgi_temp_path {nw}/tmp/scgi;
+  server {{
+    listen 127.0.0.1:{self.nginx_port};
+    root {self.storage};
+    location ~ "^/docker/registry/v2/blobs/sha256/[0-9a-f]{{2}}/[0-9a-f]{{64}}/data$" {{
+      default_type application/octet-stream;
+    }}
+    location / {{ return 404; }}
+  }}
+}}
+""")
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        run([nginx, "-p", nw, "-c", os.path.join(nw, "nginx.conf")])
+        for _ in range(500):  # bounded: 5 s for the daemon to write its pid file
+            try:
+                with open(os.path.join(nw, "nginx.pid")) as f:
+                    self.nginx_pid = int(f.read().strip())
+                return self.nginx_port
+            except (OSError, ValueError):
+                time.sleep(0.01)
+        raise RuntimeError("nginx (blob storage server) did not start")
+
+    def pids(self):
+        """The registry and, for `redirect`, its nginx workers: whose CPU a fetch costs."""
+        out = [self.proc.pid]
+        if self.nginx_pid is not None:
+            ps = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.nginx_pid)],
+                                capture_output=True, text=True).stdout.split()
+            out += [int(p) for p in ps]
+        return out
+
     def stop(self):
         if self.proc:
             self.proc.terminate()
             self.proc.wait(timeout=10)
             self.proc = None
+
+    def stop_all(self):
+        self.stop()
+        if self.nginx_pid is not None:
+            try:
+                os.kill(self.nginx_pid, 15)
+            except OSError:
+                pass
+            self.nginx_pid = None
 
 
 def site_cache(work, registry_port):
@@ -166,6 +256,10 @@ def main():
     if skopeo:
         oci_layout(layout, repo, files, manifest, manifest_bytes)
     ref = f"oci://127.0.0.1:{reg.port}/bench/set:v1"
+    # The tuned registries read the storage the plain one was pushed to.
+    tuned = {v: Registry(os.path.join(work, "registry-" + v), reg.storage, v) for v in ("tuned", "redirect")}
+    tuned_t = {v: [] for v in tuned}
+    cpu = {v: [] for v in ("plain", "tuned", "redirect")}
     cache = os.path.join(work, "cache")
     push_t, skopeo_t, reg_t, nginx_t, site_t = [], [], [], [], []
     site_work = os.path.join(work, "site-cache")
@@ -196,17 +290,27 @@ def main():
                 site_port = site_cache(site_work, reg.port)
                 site_ref = f"oci://127.0.0.1:{site_port}/bench/set:v1"
                 run([args.cubist, "fetch", "-q", "--manifest", site_ref, "--cache", os.path.join(work, "prefill")])
-            # Cold fetches (an empty node cache), the three sources interleaved.
-            for name, src, out in (("registry", ref, reg_t), ("nginx", url + "manifest.json", nginx_t),
-                                   ("site", site_ref, site_t)):
+            for t_reg in tuned.values():  # fresh processes over this round's push
+                t_reg.stop()
+                t_reg.start()
+            # Cold fetches (an empty node cache), the sources interleaved.
+            sources = [("nginx", url + "manifest.json", nginx_t, None), ("plain", ref, reg_t, reg)]
+            sources += [(v, f"oci://127.0.0.1:{r.port}/bench/set:v1", tuned_t[v], r) for v, r in tuned.items()]
+            sources += [("site", site_ref, site_t, None)]
+            for name, src, out, server in sources:
                 shutil.rmtree(cache, ignore_errors=True)
                 os.sync()
                 time.sleep(0.5)
+                c = cpu_seconds(server.pids()) if server else 0.0
                 t = time.perf_counter()
                 run([args.cubist, "fetch", "-q", "--manifest", src, "--cache", cache, "-j", str(args.jobs)])
                 out.append(time.perf_counter() - t)
+                if server:
+                    cpu[name].append(cpu_seconds(server.pids()) - c)
     finally:
-        reg.stop()
+        reg.stop_all()
+        for t_reg in tuned.values():
+            t_reg.stop_all()
         try:
             with open(os.path.join(site_work, "nginx.pid")) as f:
                 os.kill(int(f.read().strip()), 15)
@@ -219,18 +323,24 @@ def main():
             pass
 
     med = statistics.median
-    print(f"{args.files} files, {total / 1e6:.0f} MB, median of {args.runs} runs, -j{args.jobs}\n")
-    print("| what | median s | all runs s | ratio |")
-    print("| --- | ---: | --- | ---: |")
+    print(f"{args.files} files, {total / 1e6:.0f} MB, median of {args.runs} runs, -j{args.jobs}, "
+          f"load average at the end {os.getloadavg()[0]:.1f}\n")
+    print("| what | median s | all runs s | server CPU s (median) | ratio |")
+    print("| --- | ---: | --- | ---: | ---: |")
     fmt = lambda ts: " ".join(f"{x:.2f}" for x in ts)
-    print(f"| cold `cubist fetch` from nginx (files) | {med(nginx_t):.2f} | {fmt(nginx_t)} | 1.00x |")
-    print(f"| cold `cubist fetch` from docker-registry (oci://) | {med(reg_t):.2f} | {fmt(reg_t)} | "
-          f"{med(reg_t) / med(nginx_t):.2f}x (target <= 1.3x) |")
-    print(f"| cold `cubist fetch` through the nginx site cache (oci://, cache filled) | {med(site_t):.2f} | {fmt(site_t)} | "
+    print(f"| cold `cubist fetch` from nginx (files) | {med(nginx_t):.2f} | {fmt(nginx_t)} | | 1.00x |")
+    rows = [("plain", "docker-registry, plain config", reg_t),
+            ("tuned", "docker-registry, blobdescriptor inmemory + GOGC=400", tuned_t["tuned"]),
+            ("redirect", "docker-registry, tuned + redirect to nginx over its storage (CPU: both)",
+             tuned_t["redirect"])]
+    for v, what, ts in rows:
+        print(f"| cold `cubist fetch` from {what} (oci://) | {med(ts):.2f} | {fmt(ts)} | "
+              f"{med(cpu[v]):.2f} | {med(ts) / med(nginx_t):.2f}x (target <= 1.3x) |")
+    print(f"| cold `cubist fetch` through the nginx site cache (oci://, cache filled) | {med(site_t):.2f} | {fmt(site_t)} | | "
           f"{med(site_t) / med(nginx_t):.2f}x |")
-    print(f"| `cubist push` to an empty registry | {med(push_t):.2f} | {fmt(push_t)} | 1.00x |")
+    print(f"| `cubist push` to an empty registry (plain config) | {med(push_t):.2f} | {fmt(push_t)} | | 1.00x |")
     if skopeo_t:
-        print(f"| `skopeo copy` oci-layout -> registry (Debian skopeo) | {med(skopeo_t):.2f} | {fmt(skopeo_t)} | "
+        print(f"| `skopeo copy` oci-layout -> registry (Debian skopeo) | {med(skopeo_t):.2f} | {fmt(skopeo_t)} | | "
               f"{med(skopeo_t) / med(push_t):.2f}x of cubist |")
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)

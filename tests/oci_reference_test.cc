@@ -1,11 +1,15 @@
 // The pieces of OCI support that need no registry: oci:// references, authentication
-// challenges, credentials from the environment and docker-style config files, the
-// image manifest a push writes, and the blob URLs a fetch plans.
+// challenges, credentials from the environment, docker-style config files and
+// credential helpers (scripts playing them), the image manifest a push writes, and the
+// blob URLs a fetch plans.
+#include <sys/stat.h>
+
 #include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "artifacts/credential_helper.h"
 #include "artifacts/fetcher.h"
 #include "artifacts/oci_client.h"
 #include "artifacts/oci_manifest_source.h"
@@ -153,6 +157,113 @@ TEST(RegistryCredentialsTest, EnvironmentThenDockerConfig) {
   EXPECT_THAT(LookUpRegistryCredentials("reg.example:5000"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a JSON object")));
   ::unsetenv("DOCKER_CONFIG");
+}
+
+// Docker credential helpers, played by shell scripts on PATH: docker-credential-cubist-test
+// knows reg.example:5000 and nothing else, and records what it read on stdin.
+class CredentialHelperTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ::unsetenv("CUBIST_REGISTRY_USERNAME");
+    ::unsetenv("CUBIST_REGISTRY_PASSWORD");
+    ::unsetenv("REGISTRY_AUTH_FILE");
+    bin_ = tmp_.Join("bin");
+    Script("cubist-test",
+           "read -r host; printf %s \"$host\" > " + tmp_.Join("stdin") + "\n"
+           "if [ \"$1\" = get ] && [ \"$host\" = reg.example:5000 ]; then\n"
+           "  echo '{\"ServerURL\":\"reg.example:5000\",\"Username\":\"carol\",\"Secret\":\"helper-secret\"}'\n"
+           "else echo 'credentials not found in native keychain'; exit 1; fi\n");
+    Script("locked", "echo 'keychain is locked' >&2; exit 3\n");
+    Script("leaky", "echo 'Secret=leaky-secret, not JSON'\n");
+    Script("token", "echo '{\"Username\":\"<token>\",\"Secret\":\"refresh-token\"}'\n");
+    Script("slow", "exec sleep 5\n");
+    Script("silent", "exec >&- 2>&-; exec sleep 5\n");  // closes its outputs, stays
+    old_path_ = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
+    ::setenv("PATH", (bin_ + ":" + old_path_).c_str(), 1);
+    ::setenv("DOCKER_CONFIG", tmp_.path().c_str(), 1);
+  }
+  void TearDown() override {
+    ::setenv("PATH", old_path_.c_str(), 1);
+    ::unsetenv("DOCKER_CONFIG");
+  }
+  void Script(const std::string& name, const std::string& body) {
+    std::string path = bin_ + "/docker-credential-" + name;
+    testing::WriteFileOrDie(path, "#!/bin/sh\n" + body);
+    ASSERT_EQ(::chmod(path.c_str(), 0755), 0);
+  }
+  void Config(const std::string& json) { testing::WriteFileOrDie(tmp_.Join("config.json"), json); }
+
+  testing::TempDir tmp_;
+  std::string bin_;
+  std::string old_path_;
+};
+
+TEST_F(CredentialHelperTest, CredHelpersWinOverAuthsAndGetTheHostOnStdin) {
+  Config("{\"credHelpers\": {\"reg.example:5000\": \"cubist-test\"}, \"auths\": "
+         "{\"reg.example:5000\": {\"auth\": \"YWxpY2U6cHc=\"}}}");
+  auto c = LookUpRegistryCredentials("reg.example:5000");
+  CUBIST_ASSERT_OK(c);
+  EXPECT_EQ(c->username, "carol");
+  EXPECT_EQ(c->password, "helper-secret");
+  EXPECT_EQ(c->origin, absl::StrCat("docker-credential-cubist-test (", tmp_.Join("config.json"), ")"));
+  EXPECT_EQ(testing::ReadFileOrDie(tmp_.Join("stdin")), "reg.example:5000");
+}
+
+TEST_F(CredentialHelperTest, CredsStoreWithNothingForTheHostFallsBackToAuths) {
+  Config("{\"credsStore\": \"cubist-test\", \"auths\": {\"other.example\": {\"auth\": "
+         "\"YWxpY2U6cHc=\"}}}");
+  auto store = LookUpRegistryCredentials("reg.example:5000");
+  CUBIST_ASSERT_OK(store);
+  EXPECT_EQ(store->username, "carol");
+  auto other = LookUpRegistryCredentials("other.example");  // "credentials not found"
+  CUBIST_ASSERT_OK(other);
+  EXPECT_EQ(other->username, "alice");
+  EXPECT_EQ(other->origin, tmp_.Join("config.json"));
+  auto none = LookUpRegistryCredentials("unknown.example");
+  CUBIST_ASSERT_OK(none);
+  EXPECT_TRUE(none->empty());
+}
+
+TEST_F(CredentialHelperTest, MissingHelperNamesItAndTheFix) {
+  Config("{\"credHelpers\": {\"reg.example:5000\": \"not-installed-xyz\"}}");
+  EXPECT_THAT(LookUpRegistryCredentials("reg.example:5000"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("asks docker-credential-not-installed-xyz for the credentials "
+                                 "of reg.example:5000, but it is not on PATH; install it")));
+  // Another host does not need it.
+  CUBIST_EXPECT_OK(LookUpRegistryCredentials("other.example"));
+}
+
+TEST_F(CredentialHelperTest, FailuresNeverQuoteTheSecret) {
+  Config("{\"credHelpers\": {\"a\": \"locked\", \"b\": \"leaky\", \"c\": \"token\", "
+         "\"d\": \"../evil\"}}");
+  EXPECT_THAT(LookUpRegistryCredentials("a"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("docker-credential-locked (for a): exited with status 3: "
+                                 "keychain is locked; log in again")));
+  absl::Status leaky = LookUpRegistryCredentials("b").status();
+  EXPECT_THAT(leaky, StatusIs(absl::StatusCode::kFailedPrecondition,
+                              HasSubstr("not the helper protocol's JSON")));
+  EXPECT_THAT(std::string(leaky.message()), ::testing::Not(HasSubstr("leaky-secret")));
+  absl::Status token = LookUpRegistryCredentials("c").status();
+  EXPECT_THAT(token, StatusIs(absl::StatusCode::kFailedPrecondition,
+                              HasSubstr("holds an identity token")));
+  EXPECT_THAT(std::string(token.message()), ::testing::Not(HasSubstr("refresh-token")));
+  EXPECT_THAT(LookUpRegistryCredentials("d"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a plain name")));
+}
+
+TEST_F(CredentialHelperTest, HungHelperIsKilledAtTheDeadline) {
+  absl::Time start = absl::Now();
+  EXPECT_THAT(RunCredentialHelper("slow", "reg.example", absl::Milliseconds(300)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("docker-credential-slow (for reg.example): no answer within "
+                                 "300ms (killed)")));
+  EXPECT_THAT(RunCredentialHelper("silent", "reg.example", absl::Milliseconds(300)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("docker-credential-silent (for reg.example): no answer within "
+                                 "300ms (killed)")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
 }
 
 TEST(OciPushTest, ImageManifestFollowsOrasConventions) {

@@ -1,9 +1,10 @@
 // OCI registries end to end, against a real registry (Debian's docker-registry,
 // distribution 2.8) on loopback: push, fetch by tag and by digest, offline, tag moves,
 // a pinned digest that does not match, a corrupt blob in the registry's storage,
-// htpasswd (basic) logins, the registry stopped mid-fetch and restarted, 8 processes
-// into one cache, and 16 nodes behind an nginx site cache (every blob leaves the
-// registry once).
+// htpasswd (basic) logins (also through a credential helper), chunked uploads (also
+// after a proxy's 413), the redirect storage middleware, the registry stopped mid-fetch
+// and restarted, 8 processes into one cache, and 16 nodes behind an nginx site cache
+// (every blob leaves the registry once).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -43,11 +44,13 @@ class OciRegistryTest : public ::testing::Test {
     repo_ = tmp_.Join("repo");
   }
 
-  void StartRegistry(const std::string& user = "", const std::string& password = "") {
+  void StartRegistry(const std::string& user = "", const std::string& password = "",
+                     const std::string& extra_config = "") {
     RegistryServer::Options o;
     o.workdir = tmp_.Join("registry");
     o.user = user;
     o.password = password;
+    o.extra_config = extra_config;
     auto s = RegistryServer::Start(o);
     ASSERT_TRUE(s.ok()) << s.status();
     registry_ = *std::move(s);
@@ -185,6 +188,57 @@ TEST_F(OciRegistryTest, ChunkedUploadsOfLargeBlobs) {
   ExpectAllCached(cache);
 }
 
+// A proxy whose body limit is smaller than a blob answers the monolithic PUT with 413;
+// the push sends that blob again in chunks under the limit, and the fetch gets the
+// exact bytes back.
+TEST_F(OciRegistryTest, PushFallsBackToChunksWhenAProxyAnswers413) {
+  if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
+  StartRegistry();
+  MakeRepo(3, 150000, 250000);
+  NginxServer::Options o;
+  o.root = tmp_.path();
+  o.workdir = tmp_.Join("nginx");
+  o.server_extra = absl::StrCat(
+      "    client_max_body_size 100k;\n"
+      "    location /v2/ {\n"
+      "      proxy_pass http://", registry_->HostPort(), ";\n"
+      "      proxy_set_header Host $http_host; proxy_http_version 1.1;\n"
+      "      proxy_set_header Connection \"\";\n"
+      "    }\n");
+  auto proxy = NginxServer::Start(o);
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  PushSource source;
+  source.manifest_bytes = testing::ReadFileOrDie(repo_ + "/manifest.json");
+  source.manifest = manifest_;
+  source.artifact_dir = repo_;
+  PushOptions options;  // monolithic first: every blob is far under monolithic_max
+  options.chunk_size = 64000;
+  auto ref = ParseOciReference(absl::StrCat("oci://127.0.0.1:", (*proxy)->port(), "/cubist/limited:v1"));
+  CUBIST_ASSERT_OK(ref);
+  auto report = PushArtifactSet(*ref, source, options);
+  CUBIST_ASSERT_OK(report);
+  EXPECT_EQ(report->blobs_uploaded, 5);
+  int refused = 0, patches = 0;
+  for (const std::string& line : (*proxy)->AccessLog()) {
+    if (absl::StartsWith(line, "PUT /v2/cubist/limited/blobs/uploads/") &&
+        absl::StrContains(line, " 413 ")) {
+      ++refused;
+    }
+    if (absl::StartsWith(line, "PATCH /v2/cubist/limited/blobs/uploads/") &&
+        absl::StrContains(line, " 202 ")) {
+      ++patches;
+    }
+  }
+  EXPECT_EQ(refused, 3) << "one refused monolithic PUT per artifact";
+  int chunks = 0;
+  for (const testing::SampleFile& f : files_) chunks += static_cast<int>((f.data.size() + 63999) / 64000);
+  EXPECT_EQ(patches, chunks) << "every artifact in 64,000-byte chunks";
+  std::string out, cache = tmp_.Join("cache");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("cubist/limited@" + report->digest),
+                                " --cache ", cache), &out), 0) << out;
+  ExpectAllCached(cache);
+}
+
 // A file that changed after the manifest was built is refused by size before upload.
 TEST_F(OciRegistryTest, PushRefusesAFileThatDiffersFromTheManifest) {
   StartRegistry();
@@ -299,6 +353,90 @@ TEST_F(OciRegistryTest, HtpasswdLoginFromEnvironmentAndDockerConfig) {
   EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("team/k:v1"), " --cache ", tmp_.Join("c2")),
                    &out, "HOME=" + tmp_.path()), 7) << out;
   EXPECT_THAT(out, HasSubstr("requires a login"));
+  // A credential helper named by credHelpers (a script on PATH playing one).
+  std::string bin = tmp_.Join("bin");
+  testing::WriteFileOrDie(bin + "/docker-credential-cubist-test",
+                          "#!/bin/sh\nread -r host\n"
+                          "echo \"{\\\"ServerURL\\\":\\\"$host\\\",\\\"Username\\\":\\\"alice\\\","
+                          "\\\"Secret\\\":\\\"s3cret-pw\\\"}\"\n");
+  ASSERT_EQ(::chmod((bin + "/docker-credential-cubist-test").c_str(), 0755), 0);
+  std::string helpers = tmp_.Join("helpers");
+  testing::WriteFileOrDie(helpers + "/config.json",
+                          absl::StrCat("{\"credHelpers\": {\"", registry_->HostPort(),
+                                       "\": \"cubist-test\"}}"));
+  const std::string path_env = absl::StrCat("PATH=", bin, ":$PATH DOCKER_CONFIG=", helpers);
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("team/k:v1"), " --cache ", tmp_.Join("c3")),
+                   &out, path_env), 0) << out;
+  EXPECT_THAT(out, HasSubstr("4 downloaded"));
+  EXPECT_THAT(out, Not(HasSubstr("s3cret-pw")));
+  // The helper it names is not installed: exit 6, naming it and the fix.
+  testing::WriteFileOrDie(helpers + "/config.json",
+                          absl::StrCat("{\"credHelpers\": {\"", registry_->HostPort(),
+                                       "\": \"absent-xyz\"}}"));
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("team/k:v1"), " --cache ", tmp_.Join("c4")),
+                   &out, path_env), 6) << out;
+  EXPECT_THAT(out, HasSubstr("docker-credential-absent-xyz"));
+  EXPECT_THAT(out, HasSubstr("is not on PATH; install it"));
+}
+
+// The README's recipe for a registry that serves blobs with little CPU: the `redirect`
+// storage middleware answers every blob GET with a 307 to nginx serving the registry's
+// storage root. The fetch follows the redirects, verifies every blob, and the login
+// never reaches the storage server (another origin), which logs the Authorization
+// header it gets.
+TEST_F(OciRegistryTest, RedirectMiddlewareBlobsComeFromTheStorageServerWithoutCredentials) {
+  if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
+  if (RegistryServer::HtpasswdPath().empty()) {
+    GTEST_SKIP() << "htpasswd not installed (apache2-utils; scripts/install-deps installs it)";
+  }
+  std::string storage = tmp_.Join("registry") + "/storage";
+  std::filesystem::create_directories(storage);
+  NginxServer::Options n;
+  n.root = storage;
+  n.workdir = tmp_.Join("blob-nginx");
+  n.http_extra = "  log_format auth '$request_method $uri $status \"$http_authorization\"';\n";
+  n.server_extra = absl::StrCat(
+      "    access_log ", n.workdir, "/auth.log auth;\n",
+      "    location ~ \"^/docker/registry/v2/blobs/sha256/[0-9a-f]{2}/[0-9a-f]{64}/data$\" {}\n",
+      "    location / { return 404; }\n");
+  auto blobs = NginxServer::Start(n);
+  ASSERT_TRUE(blobs.ok()) << blobs.status();
+  StartRegistry("alice", "s3cret-pw",
+                absl::StrCat("middleware:\n  storage:\n    - name: redirect\n      options:\n"
+                             "        baseurl: ", (*blobs)->BaseUrl(), "\n"));
+  MakeRepo(12, 1000, 40000);
+  const std::string login = "CUBIST_REGISTRY_USERNAME=alice CUBIST_REGISTRY_PASSWORD=s3cret-pw";
+  Push(Ref("team/k:v1"), login);
+
+  std::string out;
+  std::string cache = tmp_.Join("cache");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("team/k:v1"), " --cache ", cache), &out,
+                   login), 0) << out;
+  EXPECT_THAT(out, HasSubstr("12 downloaded"));
+  ExpectAllCached(cache);
+
+  // The registry redirected every artifact's GET and sent no blob itself.
+  std::map<std::string, int> redirected;
+  for (const std::string& line : registry_->AccessLog()) {
+    std::vector<std::string> p = absl::StrSplit(line, ' ');
+    if (p.size() == 3 && p[0] == "GET" && absl::StrContains(p[1], "/blobs/sha256:")) {
+      EXPECT_EQ(p[2], "307") << line;
+      redirected[p[1].substr(p[1].find("/blobs/") + 7)]++;
+    }
+  }
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_EQ(redirected["sha256:" + a.sha256], 1) << a.path;
+  }
+  // The storage server sent each artifact once and never saw the login.
+  std::string log = testing::ReadFileOrDie(n.workdir + "/auth.log");
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_THAT(log, HasSubstr(absl::StrCat("GET /docker/registry/v2/blobs/sha256/",
+                                            a.sha256.substr(0, 2), "/", a.sha256,
+                                            "/data 200 \"-\"")))
+        << a.path;
+  }
+  EXPECT_THAT(log, Not(HasSubstr("Basic")));
+  EXPECT_THAT(log, Not(HasSubstr("Bearer")));
 }
 
 // The registry bearer-token flow against real servers: nginx in front of the registry

@@ -73,6 +73,7 @@ absl::Status RegistryServer::Launch() {
   if (!options_.user.empty()) {
     c << "auth:\n  htpasswd:\n    realm: cubist-test\n    path: " << w << "/htpasswd\n";
   }
+  c << options_.extra_config;
   std::string config = w + "/config.yml";
   {
     std::ofstream f(config);

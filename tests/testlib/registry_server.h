@@ -25,6 +25,8 @@ class RegistryServer {
     // apache2-utils' htpasswd.
     std::string user;
     std::string password;
+    // Raw top-level YAML appended to the config (a `middleware:` section, say).
+    std::string extra_config;
   };
 
   // The registry binary, or "" when none is installed.
