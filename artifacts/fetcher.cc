@@ -44,6 +44,26 @@ const char* FetchOutcomeName(FetchOutcome outcome) {
   return "?";
 }
 
+bool SelectedByFilters(const std::string& path, const std::vector<std::string>& filters) {
+  return filters.empty() ||
+         std::any_of(filters.begin(), filters.end(), [&](const std::string& g) {
+           return ::fnmatch(g.c_str(), path.c_str(), 0) == 0;
+         });
+}
+
+CacheCheck CheckAllCached(const Store& store, const Manifest& manifest,
+                          const std::vector<std::string>& filters) {
+  CacheCheck out;
+  const Store::BatchProbe probe(store);
+  for (const Artifact& a : manifest.artifacts) {
+    if (!SelectedByFilters(a.path, filters)) continue;
+    if (probe.Probe(a.sha256, a.size) != ObjectState::kPresent) return out;
+    ++out.selected;
+  }
+  out.all_present = true;
+  return out;
+}
+
 std::vector<FetchItem> PlanFetch(const Manifest& manifest,
                                  const std::vector<std::string>& mirrors,
                                  const std::vector<std::string>& filters) {
@@ -57,12 +77,7 @@ std::vector<FetchItem> PlanFetch(const Manifest& manifest,
   std::vector<FetchItem> items;
   items.reserve(manifest.artifacts.size());
   for (const Artifact& a : manifest.artifacts) {
-    if (!filters.empty()) {
-      bool match = std::any_of(filters.begin(), filters.end(), [&](const std::string& g) {
-        return ::fnmatch(g.c_str(), a.path.c_str(), 0) == 0;
-      });
-      if (!match) continue;
-    }
+    if (!SelectedByFilters(a.path, filters)) continue;
     FetchItem item;
     item.artifact = a;
     for (const std::string& b : bases) {

@@ -105,8 +105,10 @@ absl::StatusOr<GcReport> CollectGarbage(const Store& store, const GcOptions& opt
   // named by its manifest's digest; one still wanted is parsed and written again.
   const ParsedManifestCache parsed(store);
   for (const std::string& file : ListDir(parsed.dir())) {
-    if (options.dry_run || kept_digests.contains(file.substr(0, 64))) continue;
-    if (::unlink(absl::StrCat(parsed.dir(), "/", file).c_str()) == 0) ++report.parsed_removed;
+    if (kept_digests.contains(file.substr(0, 64))) continue;
+    if (options.dry_run || ::unlink(absl::StrCat(parsed.dir(), "/", file).c_str()) == 0) {
+      ++report.parsed_removed;
+    }
   }
   // Lock files: taking a free lock and releasing it unlinks the file (FileLock).
   for (const std::string& file : ListDir(store.root() + "/locks")) {

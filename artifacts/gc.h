@@ -30,7 +30,7 @@ struct GcReport {
   uint64_t bytes_freed = 0;
   int temps_removed = 0;
   int locks_removed = 0;
-  int parsed_removed = 0;  // cached parses of manifests no longer kept
+  int parsed_removed = 0;  // cached parses of manifests no longer kept (dry run: would be)
   int busy_skipped = 0;
 };
 

@@ -64,6 +64,64 @@ std::string EtagRecordText(std::string_view sha256, std::string_view etag) {
   return absl::StrCat(Sv(kEtagHeader), "\n", Sv(sha256), "\n", Sv(etag), "\n");
 }
 
+// A URL read through the copy remembered for it (the manifest, or its signature).
+struct RememberedRead {
+  std::string bytes;
+  std::string digest;  // SHA-256 of bytes, when known without hashing (a 304's copy)
+  std::string etag;    // the tag that came with bytes
+  bool not_modified = false;
+};
+
+// Conditional GET: when `copy` holds the bytes an ETag came with (its record says so),
+// the request carries If-None-Match and a server that still has them answers 304; the
+// copy is then the answer. Without a usable copy (or with `copy` empty) a plain GET.
+absl::StatusOr<RememberedRead> ReadThroughCopy(std::string_view url, const std::string& copy,
+                                               uint64_t max_bytes,
+                                               const OpenManifestOptions& options) {
+  RememberedRead out;
+  std::optional<std::string> cached;
+  std::string if_none_match;
+  if (!copy.empty()) {
+    if (std::optional<EtagRecord> rec = ReadEtagRecord(copy + ".etag"); rec.has_value()) {
+      auto bytes = ReadFileToString(copy, max_bytes);
+      if (bytes.ok() && Sha256Hex(*bytes) == rec->sha256) {
+        cached = *std::move(bytes);
+        out.digest = rec->sha256;
+        if_none_match = rec->etag;
+      }
+    }
+  }
+  CUBIST_ASSIGN_OR_RETURN(LocationRead read,
+                          ReadLocationIfChanged(url, if_none_match, max_bytes,
+                                                options.timeout, options.attempts, {}));
+  if (read.not_modified) {
+    out.bytes = *std::move(cached);
+    out.etag = std::move(if_none_match);
+    out.not_modified = true;
+  } else {
+    out.bytes = std::move(read.bytes);
+    out.etag = std::move(read.etag);
+    out.digest.clear();
+  }
+  return out;
+}
+
+// Remembers `bytes`, what ReadThroughCopy read (`read`, its bytes moved out), at `copy`
+// with its tag record, for --offline and the next conditional GET. After a 304 both are
+// what they should be already. Best effort; false when the copy could not be written.
+bool RememberCopy(const std::string& copy, std::string_view bytes,
+                  const RememberedRead& read) {
+  if (read.not_modified) return true;
+  if (!MakeDirs(DirName(copy)).ok() || !WriteFileIfChanged(copy, bytes).ok()) return false;
+  if (read.etag.empty()) {
+    ::unlink((copy + ".etag").c_str());
+  } else {
+    const std::string digest = read.digest.empty() ? Sha256Hex(bytes) : read.digest;
+    (void)WriteFileIfChanged(copy + ".etag", EtagRecordText(digest, read.etag));
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ReadLocation(std::string_view location, uint64_t max_bytes,
@@ -146,11 +204,12 @@ absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
   std::string sig_location = SignatureLocation(location);
   // The SHA-256 of out.bytes once known (the cached copy's, checked against its record).
   std::string digest;
-  // The ETag that came with out.bytes, to remember beside the copy.
-  std::string etag;
-  bool not_modified = false;
   const bool remembered = options.store != nullptr && IsNetworkUrl(location);
   const std::string copy = remembered ? OfflineCopyPath(*options.store, location) : "";
+  // The signature's copy sits beside the manifest's, with a tag record of its own.
+  const std::string sig_copy = remembered ? copy + ".sig" : "";
+  std::optional<RememberedRead> read;      // the manifest, read online by URL
+  std::optional<RememberedRead> sig_read;  // its signature, likewise
   if (IsNetworkUrl(location) && options.offline) {
     if (options.store == nullptr) {
       return absl::NotFoundError(absl::StrCat(
@@ -165,41 +224,20 @@ absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
     out.bytes = *std::move(bytes);
     out.from_offline_copy = true;
     if (want_signature) {
-      auto sig = ReadFileToString(copy + ".sig", 64 << 10);
+      auto sig = ReadFileToString(sig_copy, 64 << 10);
       if (sig.ok()) signature = *std::move(sig);
     }
   } else {
-    // Conditional GET: when the cache holds the copy that came with an ETag, a server
-    // that still has it answers 304 and the copy is read instead of the body. The copy
-    // is used only if its bytes are the ones the tag came with.
-    std::optional<std::string> cached;
-    std::string if_none_match;
-    if (remembered) {
-      if (std::optional<EtagRecord> rec = ReadEtagRecord(copy + ".etag"); rec.has_value()) {
-        auto bytes = ReadFileToString(copy, options.max_bytes);
-        if (bytes.ok() && Sha256Hex(*bytes) == rec->sha256) {
-          cached = *std::move(bytes);
-          digest = rec->sha256;
-          if_none_match = rec->etag;
-        }
-      }
-    }
-    CUBIST_ASSIGN_OR_RETURN(
-        LocationRead read, ReadLocationIfChanged(location, if_none_match, options.max_bytes,
-                                                 options.timeout, options.attempts, {}));
-    if (read.not_modified) {
-      out.bytes = *std::move(cached);
-      etag = if_none_match;
-      not_modified = true;
-    } else {
-      out.bytes = std::move(read.bytes);
-      etag = std::move(read.etag);
-      digest.clear();
-    }
+    // Conditional GETs (ReadThroughCopy) of the manifest and, with trusted keys, of its
+    // signature: an unchanged pair costs two 304s and no body.
+    CUBIST_ASSIGN_OR_RETURN(read, ReadThroughCopy(location, copy, options.max_bytes, options));
+    out.bytes = std::move(read->bytes);
+    digest = read->digest;
     if (want_signature) {
-      auto sig = ReadLocation(sig_location, 64 << 10, options.timeout, options.attempts);
+      auto sig = ReadThroughCopy(sig_location, sig_copy, 64 << 10, options);
       if (sig.ok()) {
-        signature = *std::move(sig);
+        signature = std::move(sig->bytes);
+        sig_read = *std::move(sig);
       } else if (sig.status().code() != absl::StatusCode::kNotFound) {
         return Annotate(sig.status(), "read the manifest's signature");
       }
@@ -234,21 +272,12 @@ absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
       CUBIST_RETURN_IF_ERROR(guard.Check(out.manifest, options.trust.allow_rollback));
     }
   }
-  if (remembered && !out.from_offline_copy && options.record_version) {
-    // Remember it for --offline runs and the next conditional GET. Best effort: a
-    // failure here must not fail a fetch whose manifest is fine. After a 304 the copy
-    // and its tag are already what they should be.
-    const bool copied = not_modified || (MakeDirs(DirName(copy)).ok() &&
-                                         WriteFileIfChanged(copy, out.bytes).ok());
-    if (copied && !not_modified) {
-      if (etag.empty()) {
-        ::unlink((copy + ".etag").c_str());
-      } else {
-        (void)WriteFileIfChanged(copy + ".etag", EtagRecordText(digest, etag));
-      }
-    }
-    if (copied && signature.has_value()) {
-      (void)WriteFileIfChanged(copy + ".sig", *signature);
+  if (remembered && read.has_value() && options.record_version) {
+    // Remember them for --offline runs and the next conditional GETs. Best effort: a
+    // failure here must not fail a fetch whose manifest is fine.
+    read->digest = digest;
+    if (RememberCopy(copy, out.bytes, *read) && sig_read.has_value()) {
+      (void)RememberCopy(sig_copy, *signature, *sig_read);
     }
   }
   return out;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -100,13 +101,37 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view data,
   return SyncDir(dir);
 }
 
-absl::Status WriteFileIfChanged(const std::string& path, std::string_view data, mode_t mode) {
+namespace {
+
+// Whether the file at `path` is a regular file holding exactly `data`. Compared through
+// a buffer on the stack: a warm fetch asks this of a manifest of a few megabytes on
+// every run, and a copy of it in memory would cost as much again as the comparison.
+bool FileHolds(const std::string& path, std::string_view data) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-      static_cast<uint64_t>(st.st_size) == data.size()) {
-    absl::StatusOr<std::string> current = ReadFileToString(path, data.size());
-    if (current.ok() && *current == data) return absl::OkStatus();
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<uint64_t>(st.st_size) != data.size()) {
+    return false;
   }
+  char buf[1 << 16];
+  size_t off = 0;
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    if (n == 0) return off == data.size();
+    const size_t got = static_cast<size_t>(n);
+    if (got > data.size() - off || std::memcmp(buf, data.data() + off, got) != 0) {
+      return false;
+    }
+    off += got;
+  }
+}
+
+}  // namespace
+
+absl::Status WriteFileIfChanged(const std::string& path, std::string_view data, mode_t mode) {
+  if (FileHolds(path, data)) return absl::OkStatus();
   return WriteFileAtomically(path, data, mode);
 }
 

@@ -202,9 +202,12 @@ def warm_sets(args):
     and a cubist manifest.json (with sizes) beside them, served by nginx on loopback.
     Each binary gets its own cache, filled once; then, interleaved round by round, every
     binary runs `fetch -q` with the manifest as a URL and as a local path, each online and
-    with --offline. Prints the median and the spread of each.
+    with --offline. Prints the median and the spread of the wall time of each, and the
+    median CPU time (user + system, from the kernel's accounting of the finished child):
+    on a machine shared with other work the wall time follows the load, the CPU time
+    much less.
     """
-    import json
+    import json, resource
     counts = [int(c) for c in args.warm_sets.split(",")]
     bins = [("this", args.cubist)] + ([("baseline", args.baseline)] if args.baseline else [])
     runs = max(args.runs, 11)
@@ -263,20 +266,27 @@ def warm_sets(args):
                     run([path, "fetch", "-q", "--no-fsync", "--manifest", url + pin + "/" + kind,
                          "--cache", caches[name]])
             samples = {(c[:3], b): [] for c in cases for b, _ in bins}
+            cpu = {(c[:3], b): [] for c in cases for b, _ in bins}
             for _ in range(runs):
                 for kind, where, offline, loc in cases:
                     for name, path in bins:
                         cmd = [path, "fetch", "-q", "--manifest", loc, "--cache", caches[name]]
                         if offline:
                             cmd.append("--offline")
+                        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                         t = time.perf_counter()
                         run(cmd)
                         samples[((kind, where, offline), name)].append(time.perf_counter() - t)
+                        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                        cpu[((kind, where, offline), name)].append(
+                            (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime))
             for kind, where, offline, _ in cases:
                 cells = []
                 for name, _ in bins:
                     v = sorted(samples[((kind, where, offline), name)])
-                    cells.append(f"{statistics.median(v) * 1000:.0f} ms ({v[0] * 1000:.0f}-{v[-1] * 1000:.0f})")
+                    c = statistics.median(cpu[((kind, where, offline), name)])
+                    cells.append(f"{statistics.median(v) * 1000:.0f} ms ({v[0] * 1000:.0f}-{v[-1] * 1000:.0f}), "
+                                 f"CPU {c * 1000:.0f} ms")
                 mode = "--offline" if offline else "online"
                 print(f"| {n:,} | {kind} by {where} | {mode} | " + " | ".join(cells) + " |", flush=True)
         finally:

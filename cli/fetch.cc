@@ -87,7 +87,9 @@ int RunFetch(const FetchFlags& f) {
       std::printf(
           "%s %zu artifacts of %s v%lld (%s received) in %.2f s: %d downloaded, %d reused "
           "from another process, %d already cached, %d failed; cache %s\n",
-          report.failed == 0 ? "fetched" : "FAILED to fetch", report.results.size(),
+          report.failed == 0 ? "fetched" : "FAILED to fetch",
+          static_cast<size_t>(report.cached + report.downloaded + report.reused +
+                              report.failed),
           name.empty() ? f.manifest.c_str() : name.c_str(),
           static_cast<long long>(r->json["version"].get<int64_t>()),
           HumanBytes(report.bytes_received).c_str(), absl::ToDoubleSeconds(report.elapsed),

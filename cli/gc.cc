@@ -29,11 +29,12 @@ int RunGc(const GcFlags& f) {
   }
   auto report = CollectGarbage(*store, options);
   if (!report.ok()) return PrintError(report.status());
-  std::printf("%s %d objects (%s), %d partial downloads, %d lock files; kept %d objects of "
-              "%d manifests; %d busy, skipped; cache %s\n",
+  std::printf("%s %d objects (%s), %d partial downloads, %d lock files, %d parsed "
+              "manifests; kept %d objects of %d manifests; %d busy, skipped; cache %s\n",
               f.dry_run ? "would remove" : "removed", report->objects_removed,
               HumanBytes(report->bytes_freed).c_str(), report->temps_removed,
-              report->locks_removed, report->objects_kept, report->kept_manifests,
+              report->locks_removed, report->parsed_removed, report->objects_kept,
+              report->kept_manifests,
               report->busy_skipped, store->root().c_str());
   return kExitOk;
 }

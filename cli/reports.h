@@ -50,11 +50,14 @@ struct FetchRequest {
 };
 
 // Called once the work is known, before anything is downloaded (the command starts its
-// progress bar there when an artifact is not cached yet).
+// progress bar there when an artifact is not cached yet). `items` is empty when every
+// artifact was found cached: the warm path plans nothing.
 using FetchStartHook =
     std::function<void(const Store& store, const std::vector<FetchItem>& items)>;
 
-// `report` (optional) receives the raw report, for the command's text summary.
+// `report` (optional) receives the raw report, for the command's text summary. Its
+// `results` are left empty when everything was cached and `artifact_entries` is false;
+// its counts are always complete.
 [[nodiscard]] absl::StatusOr<CommandReport> RunFetchReport(
     const FetchRequest& request, FetchProgress* progress = nullptr,
     const FetchStartHook& on_start = nullptr, FetchReport* report = nullptr);

@@ -104,6 +104,54 @@ TEST_F(FetchCliTest, FetchVerifyListPathAndExitCodes) {
   EXPECT_THAT(out, HasSubstr("no/such is neither an artifact path nor a kernel name"));
 }
 
+// The warm path (everything cached: no per-artifact plan) must still see each object:
+// truncated, deleted or replaced by a directory, it is fetched again, and its answers
+// (--json entries, --filter, the summary) are the full path's.
+TEST_F(FetchCliTest, AWarmFetchStillChecksEveryObjectAndReportsLikeAFullOne) {
+  Serve(6, 1000, 5000);
+  std::string out;
+  const std::string fetch = absl::StrCat("fetch --manifest ", url_, " --cache ", cache_);
+  ASSERT_EQ(Cubist(fetch, &out), 0) << out;
+  ASSERT_EQ(Cubist(fetch, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("fetched 6 artifacts of cli-sample v3"));
+  EXPECT_THAT(out, HasSubstr("0 downloaded, 0 reused from another process, 6 already cached"));
+
+  ASSERT_EQ(Cubist(fetch + " --json", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("\"cached\": 6"));
+  size_t entries = 0;
+  for (size_t at = 0; (at = out.find("\"outcome\": \"cached\"", at)) != std::string::npos; ++at) {
+    ++entries;
+  }
+  EXPECT_EQ(entries, 6u);
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("\"path\": \"", a.path, "\",\n      \"sha256\": \"",
+                                            a.sha256, "\"")));
+  }
+
+  const std::string one = absl::StrCat(fetch, " --filter '", manifest_.artifacts[1].path, "'");
+  ASSERT_EQ(Cubist(one, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("fetched 1 artifacts of cli-sample v3"));
+  EXPECT_THAT(out, HasSubstr("1 already cached"));
+  EXPECT_EQ(Cubist(fetch + " --filter 'no/such/*'", &out), 5) << out;
+  EXPECT_THAT(out, HasSubstr("matches --filter no/such/*"));
+
+  // Truncated by one byte, deleted, and a directory in an object's place.
+  ::chmod(ObjectPath(0).c_str(), 0644);
+  ASSERT_EQ(::truncate(ObjectPath(0).c_str(), static_cast<off_t>(files_[0].data.size() - 1)), 0);
+  ASSERT_EQ(::unlink(ObjectPath(3).c_str()), 0);
+  ASSERT_EQ(Cubist(fetch, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("2 downloaded, 0 reused from another process, 4 already cached"));
+  EXPECT_EQ(testing::ReadFileOrDie(ObjectPath(0)), files_[0].data);
+  EXPECT_EQ(testing::ReadFileOrDie(ObjectPath(3)), files_[3].data);
+  ASSERT_EQ(::unlink(ObjectPath(5).c_str()), 0);
+  ASSERT_EQ(::mkdir(ObjectPath(5).c_str(), 0755), 0);
+  // Not taken for the object: the full path sees it, and cannot remove it.
+  EXPECT_NE(Cubist(fetch, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("fetch ", manifest_.artifacts[5].path, ": remove ",
+                                          ObjectPath(5), ": Is a directory")));
+  EXPECT_THAT(out, HasSubstr("5 already cached, 1 failed"));
+}
+
 TEST_F(FetchCliTest, CorruptServerFileExitsWithIntegrityCode) {
   Serve(5, 1000, 5000);
   testing::WriteFileOrDie(repo_ + "/" + manifest_.artifacts[1].path, "tampered");
@@ -214,11 +262,18 @@ TEST_F(FetchCliTest, GcRemovesWhatNoKeptManifestNeeds) {
   std::string orphan = std::string(64, 'a');
   testing::WriteFileOrDie(absl::StrCat(cache_, "/objects/sha256/aa/", orphan), "orphan");
   testing::WriteFileOrDie(absl::StrCat(cache_, "/tmp/", std::string(64, 'b'), ".part"), "partial");
+  // And the cached parse of a manifest no longer kept (the fetched one's parse stays).
+  const std::string stale_parse = absl::StrCat(cache_, "/manifests/parsed/", std::string(64, 'd'));
+  testing::WriteFileOrDie(stale_parse, "stale");
   ASSERT_EQ(Cubist(absl::StrCat("gc --dry-run --cache ", cache_), &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("would remove 1 objects"));
+  EXPECT_THAT(out, HasSubstr("lock files, 1 parsed manifests; kept"));
   EXPECT_TRUE(testing::FileExists(absl::StrCat(cache_, "/objects/sha256/aa/", orphan)));
+  EXPECT_TRUE(testing::FileExists(stale_parse));
   ASSERT_EQ(Cubist(absl::StrCat("gc --cache ", cache_), &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("removed 1 objects (6 B), 1 partial downloads"));
+  EXPECT_THAT(out, HasSubstr("lock files, 1 parsed manifests; kept"));
+  EXPECT_FALSE(testing::FileExists(stale_parse));
   EXPECT_THAT(out, HasSubstr("kept 4 objects of 1 manifests"));
   EXPECT_FALSE(testing::FileExists(absl::StrCat(cache_, "/objects/sha256/aa/", orphan)));
   ASSERT_EQ(Cubist(absl::StrCat("verify --manifest ", url_, " --cache ", cache_), &out), 0) << out;

@@ -292,10 +292,14 @@ class ConditionalGetTest : public ParsedManifestCacheTest {
   }
 
   // The statuses nginx answered GET /manifest.json with, in order.
-  std::vector<std::string> ManifestStatuses() {
+  std::vector<std::string> ManifestStatuses() { return Statuses("/manifest.json"); }
+
+  // The statuses nginx answered GET `path` with, in order.
+  std::vector<std::string> Statuses(const std::string& path) {
+    const std::string request = absl::StrCat("GET ", path, " ");
     std::vector<std::string> out;
     for (const std::string& line : server_->AccessLog()) {
-      if (absl::StartsWith(line, "GET /manifest.json ")) out.push_back(line.substr(19, 3));
+      if (absl::StartsWith(line, request)) out.push_back(line.substr(request.size(), 3));
     }
     return out;
   }
@@ -353,6 +357,36 @@ TEST_F(ConditionalGetTest, ACopyThatIsNotTheOneTheTagCameWithIsNotUsed) {
   EXPECT_TRUE(SameContent(opened->manifest, manifest_));
   EXPECT_EQ(ManifestStatuses(), (std::vector<std::string>{"200", "200"}));  // no If-None-Match
   EXPECT_EQ(testing::ReadFileOrDie(copy), opened->bytes);                // repaired
+}
+
+TEST_F(ConditionalGetTest, AnUnchangedSignatureIsAnswered304AndAChangedOneReadAndChecked) {
+  auto key = PrivateKey::Generate();
+  ASSERT_TRUE(key.ok());
+  const std::string bytes = testing::ReadFileOrDie(path_);
+  auto sig = key->Sign(bytes);
+  ASSERT_TRUE(sig.ok());
+  const std::string sig_line = FormatSignatureLine(key->public_key(), *sig);
+  testing::WriteFileOrDie(path_ + ".sig", sig_line);
+  TrustPolicy trust;
+  trust.trusted_keys = {key->public_key()};
+  ASSERT_TRUE(Open(url_, trust).ok());
+  auto second = Open(url_, trust);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(ManifestStatuses(), (std::vector<std::string>{"200", "304"}));
+  EXPECT_EQ(Statuses("/manifest.json.sig"), (std::vector<std::string>{"200", "304"}));
+  const std::string copy =
+      absl::StrCat(store_->ManifestsDir(), "/by-url/", Sha256Hex(url_));
+  EXPECT_EQ(testing::ReadFileOrDie(copy + ".sig"), sig_line);
+  // The server's signature replaced by one of an untrusted key: read (200), and refused.
+  auto other = PrivateKey::Generate();
+  ASSERT_TRUE(other.ok());
+  auto other_sig = other->Sign(bytes);
+  ASSERT_TRUE(other_sig.ok());
+  testing::WriteFileOrDie(path_ + ".sig" + ".new",
+                          FormatSignatureLine(other->public_key(), *other_sig) + "\n# other\n");
+  ASSERT_EQ(::rename((path_ + ".sig.new").c_str(), (path_ + ".sig").c_str()), 0);
+  EXPECT_THAT(Open(url_, trust), StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+  EXPECT_EQ(Statuses("/manifest.json.sig"), (std::vector<std::string>{"200", "304", "200"}));
 }
 
 TEST(EtagHeaderTest, ReadsTheTagAndRefusesWhatCouldBendAHeaderLine) {
