@@ -187,8 +187,11 @@ int RunImport(const ImportFlags& f) {
   }
   absl::StatusOr<Manifest> m = ImportFlashinferPin(*checksums, *header, header_location, options);
   if (!m.ok()) return PrintError(m.status());
+  std::string checksums_sha256;  // the pin's checksums.txt, one of its own artifacts
   for (Artifact& a : m->artifacts) {
-    if (a.path == kFlashinferChecksumsPath) a.size = sums->size();
+    if (a.path != kFlashinferChecksumsPath) continue;
+    a.size = sums->size();
+    checksums_sha256 = a.sha256;
   }
   // A JSON manifest states every size. A local pin has them on disk; for a URL pin they
   // come from the cache, where `cubist fetch` of its checksums.txt put the files.
@@ -222,15 +225,12 @@ int RunImport(const ImportFlags& f) {
   // The pin's checksums.txt is one of its own artifacts (FLASHINFER_CUBIN_DIR needs it),
   // but a fetch of the pin by that file downloads only what it lists: keep the bytes read
   // here, so that the imported manifest fetches offline and exports from the cache.
-  if (store.has_value()) {
-    for (const Artifact& a : m->artifacts) {
-      if (a.path != kFlashinferChecksumsPath) continue;
-      if (absl::Status s = store->PutBytes(a.sha256, *sums); !s.ok()) {
-        std::fprintf(stderr,
-                     "cubist: warning: manifest import: %s not kept in the cache (%s); "
-                     "`cubist fetch` of the manifest will download it\n",
-                     a.path.c_str(), std::string(s.message()).c_str());
-      }
+  if (store.has_value() && !checksums_sha256.empty()) {
+    if (absl::Status s = store->PutBytes(checksums_sha256, *sums); !s.ok()) {
+      std::fprintf(stderr,
+                   "cubist: warning: manifest import: %s not kept in the cache (%s); "
+                   "`cubist fetch` of the manifest will download it\n",
+                   kFlashinferChecksumsPath, std::string(s.message()).c_str());
     }
   }
   // What select will do with it: refuse here rather than there.
