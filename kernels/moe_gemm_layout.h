@@ -279,6 +279,75 @@ CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int
   return l;
 }
 
+// ---------------------------------------------------------------------------------
+// Version-2 mxfp4 x mxfp8 kernels on FP8 wgmma: kernels/moe_gemm_fp4_fp8.cu. Tokens are
+// the MMA's M (tile_m, 64 per consumer warpgroup), weight rows its N (tile_n), as in
+// kernels/moe_gemm_tma.cu. A pipeline stage is a k-tile of 128 elements: one 128-byte TMA
+// box of mxfp8 activations per token row (the panel wgmma reads) and the weights of that
+// k-tile decoded into one e4m3 panel, with each row's block scales folded in, by
+// converters (the producer warpgroup's three other warps and a warpgroup after the
+// consumers). The packed weights arrive 256
+// elements (one 128-byte box) per row at a time in a ring of their own, each slot feeding
+// two stages:
+//   [stages x (activations TM x 128 B, decoded weights TN x 128 B, weight scales 4 x TN
+//              fp32 (general loop only), column factors TN fp32, mode)]
+//   [packed weight slots x TN x 128 B]
+//   [mbarriers: full, empty, converted per stage; full, empty per packed slot]
+//   [offsets, tile prefix] [row refs TN x 4 B]
+//   [epilogue: per consumer 64 rows x 64 columns of bf16, rows padded to 144 B]
+// The tokens' block scales are read by the consumers from global memory.
+inline constexpr int kFp4Fp8PackedSlots = 2;
+
+struct MoeGemmFp4Fp8Layout {
+  int tile_m = 0, tile_n = 0, stages = 0;
+  int consumers = 0, threads = 0, ctas_per_sm = 1;
+  // Warps 1-3 of the producer warpgroup and a warpgroup of their own.
+  int converters = 96 + 128;
+  // setmaxnreg targets: the consumers keep an accumulator and a partial; the producer's
+  // and the converters' warpgroups share the rest of the register file.
+  int consumer_regs = 176, producer_regs = 80;
+  // Offsets within a stage.
+  int a_offset = 0, dec_offset = 0;
+  int wscale_offset = 0, col_offset = 0, mode_offset = 0;
+  int stage_bytes = 0;
+  int packed_offset = 0, packed_bytes = 0;  // the packed ring, and one slot
+  int barrier_offset = 0, sched_offset = 0, ref_offset = 0, epilogue_offset = 0;
+  int smem_bytes = 0;
+  const char* error = nullptr;
+};
+
+CUBIST_HD constexpr MoeGemmFp4Fp8Layout MakeFp4Fp8Layout(int tile_m, int tile_n, int stages) {
+  MoeGemmFp4Fp8Layout l;
+  l.tile_m = tile_m;
+  l.tile_n = tile_n;
+  l.stages = stages;
+  l.consumers = tile_m / 64;
+  l.threads = 128 * (l.consumers + 2);
+  l.a_offset = 0;
+  l.dec_offset = tile_m * kMoeGemmTmaBoxBytes;
+  l.wscale_offset = l.dec_offset + tile_n * kMoeGemmTmaBoxBytes;
+  l.col_offset = l.wscale_offset + 4 * tile_n * 4;
+  l.mode_offset = l.col_offset + tile_n * 4;
+  l.stage_bytes = RoundUp(l.mode_offset + 16, kSmemAlign);
+  l.packed_bytes = tile_n * kMoeGemmTmaBoxBytes;
+  l.packed_offset = stages * l.stage_bytes;
+  l.barrier_offset = l.packed_offset + kFp4Fp8PackedSlots * l.packed_bytes;
+  l.sched_offset = l.barrier_offset + RoundUp((3 * stages + 2 * kFp4Fp8PackedSlots) * 8, 128);
+  l.ref_offset = l.sched_offset + kMoeGemmTmaSchedBytes;
+  l.epilogue_offset = RoundUp(l.ref_offset + tile_n * 4, 128);
+  l.smem_bytes = kSmemAlign + l.epilogue_offset + l.consumers * kMoeGemmTmaEpilogueBytes;
+  if (tile_m != 128) {
+    l.error = "mxfp4 x mxfp8 fp8-MMA kernels take tile_m 128 (two consumer warpgroups)";
+  } else if (tile_n != 128) {
+    l.error = "mxfp4 x mxfp8 fp8-MMA kernels take tile_n 128";
+  } else if (stages < 2) {
+    l.error = "stages must be at least 2";
+  } else if (l.smem_bytes > kMaxDynamicSmem) {
+    l.error = "shared memory exceeds 227 KB; use fewer stages";
+  }
+  return l;
+}
+
 }  // namespace cubist::moe
 
 #endif  // CUBIST_KERNELS_MOE_GEMM_LAYOUT_H_

@@ -6,7 +6,8 @@
 // Input, one configuration per line on stdin:  WFMT AFMT ACT TILE_M TILE_N TILE_K STAGES [tma]
 //   (names as in the manifest: mxfp4 bf16 swiglu 64 128 128 0; STAGES 0 = the deepest
 //   pipeline, at most 6, that fits in shared memory; "tma" = a generation-2 kernel,
-//   kernels/moe_gemm_tma.cu, whose tile_k must be 128 bytes of K)
+//   kernels/moe_gemm_tma.cu, whose tile_k must be 128 bytes of K; fp4 weights:
+//   kernels/moe_gemm_fp4.cu, or for mxfp4 x mxfp8 with 128 tokens kernels/moe_gemm_fp4_fp8.cu)
 // Output, one line each: {"ok":true,"stages":5,"threads":128,"shared_mem_bytes":...,
 //   "k_align":32,"n_align":8,"gated":true,"mma":"wgmma.bf16","decode_a":false,
 //   "decode_b":true} or {"ok":false,"error":"..."}; generation-2 lines add "ctas_per_sm"
@@ -96,8 +97,32 @@ void PrintFp4(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int 
            l.ctas_per_sm, ",\"fp4\":true"});
 }
 
+// An mxfp4 x mxfp8 configuration on fp8 wgmma (kernels/moe_gemm_fp4_fp8.cu): tile_k 128;
+// stages 0 = the deepest pipeline (at most 6) that fits.
+void PrintFp4Fp8(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int tk,
+                 int stages) {
+  MoeGemmFp4Fp8Layout l;
+  if (tk != 128) return PrintError("mxfp4 x mxfp8 fp8-MMA kernels take tile_k 128");
+  if (stages != 0) {
+    l = MakeFp4Fp8Layout(tm, tn, stages);
+  } else {
+    for (int s = 6; s >= 2; --s) {
+      l = MakeFp4Fp8Layout(tm, tn, s);
+      if (l.error == nullptr) break;
+    }
+  }
+  if (l.error != nullptr) return PrintError(l.error);
+  PrintOk(wf, af, ac,
+          {l.stages, l.threads, l.smem_bytes, "wgmma.e4m3 (weights decoded to e4m3)", false,
+           true, l.ctas_per_sm, ",\"fp4_fp8\":true"});
+}
+
 void PrintTma(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int tk,
               int stages) {
+  if (wf == kMxfp4 && af == kMxfp8 && tm >= 128) {
+    PrintFp4Fp8(wf, af, ac, tm, tn, tk, stages);
+    return;
+  }
   if (wf == kMxfp4 || wf == kNvfp4) {
     PrintFp4(wf, af, ac, tm, tn, tk, stages);
     return;

@@ -220,68 +220,13 @@ struct MoeGemmTma {
       // Tiles with fewer rows than the consumer's 64 (decode steps, an expert's last tile)
       // store directly: staging would move all 64 rows through shared memory.
       if (L.staged_epilogue && t.row_end - (t.row_begin + ci * 64) >= 64) {
-        StoreStaged(p, t, ci, acc, smem + L.epilogue_offset + ci * kMoeGemmTmaEpilogueBytes);
+        StoreStaged<F, ACT, TN>(p, t, ci, acc,
+                                smem + L.epilogue_offset + ci * kMoeGemmTmaEpilogueBytes);
       } else {
         StoreTile<F, ACT, TN>(p, t.e, t.row_begin + ci * 64, t.row_end, t.n_tile, acc);
       }
     }
     if constexpr (CL > 1) ClusterSync();
-  }
-
-  // The epilogue of one-CTA-per-SM kernels (moe_gemm_layout.h): each 64-column chunk of
-  // this consumer's 64 output rows goes through its shared-memory buffer (rows padded to
-  // 144 bytes, so that neither the 4-byte writes of the accumulator layout nor the 16-byte
-  // reads conflict on banks) and out to global memory as whole 128-byte row pieces.
-  // Named barrier 1 + ci orders the consumer's 128 threads around the buffer.
-  __device__ __forceinline__ static void StoreStaged(const MoeGemmParams& p, const Tile& t,
-                                                     int ci, const float (&acc)[kRegs],
-                                                     uint8_t* buf) {
-    constexpr int kTileCols = kGated ? TN / 2 : TN;
-    constexpr int kChunkCols =
-        kTileCols < kMoeGemmTmaEpilogueCols ? kTileCols : kMoeGemmTmaEpilogueCols;
-    constexpr int kGroups = kChunkCols / 8;  // 8-column groups (16-byte pieces) per row
-    constexpr int kRowB = kMoeGemmTmaEpilogueRowBytes;
-    static_assert(64 * kGroups % 128 == 0, "whole pieces per thread");
-    const TileEpilogue<F, ACT> ep(p, t.e);
-    const int tid = threadIdx.x % 128, lane = tid % 32, warp = tid / 32;
-    const int row0 = t.row_begin + ci * 64;
-    const int n_out = MoeGemmOutCols(p.n, ACT);
-    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-    const uint32_t base = SmemAddr(buf);
-#pragma unroll
-    for (int c = 0; c < kTileCols / kChunkCols; ++c) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t row_addr = base + (warp * 16 + lane / 4 + 8 * h) * kRowB + (lane % 4) * 4;
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) {
-          const __nv_bfloat162 v = ep.template Pair<TN>(acc, c * kGroups + g, h);
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_addr + g * 16),
-                       "r"(*reinterpret_cast<const uint32_t*>(&v))
-                       : "memory");
-        }
-      }
-      NamedBarrier(1 + ci);
-#pragma unroll
-      for (int i = 0; i < 64 * kGroups / 128; ++i) {
-        const int piece = i * 128 + tid;
-        const int r = piece / kGroups, q = piece % kGroups;
-        uint4 v;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(base + r * kRowB + q * 16)
-                     : "memory");
-        const int row = row0 + r;
-        const int col = t.n_tile * kTileCols + c * kChunkCols + q * 8;
-        if (row < t.row_end && col < n_out) {
-          *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * n_out + col) = v;
-        }
-      }
-      NamedBarrier(1 + ci);  // the buffer is free for the next chunk (or tile)
-    }
-  }
-  __device__ __forceinline__ static void NamedBarrier(int id) {
-    asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
   }
 
   // Issues the wgmma of one stage (at `stage`; this consumer's A rows at a_off) into d,

@@ -1,7 +1,8 @@
-// Device code of the TMA (ABI version 2) kernels: kernels/moe_gemm_tma.cu (bf16, fp8)
-// and kernels/moe_gemm_fp4.cu (fp4 weights decoded into wgmma's A registers). mbarrier
-// and TMA wrappers, and the persistent tile scheduler both walk the same way. Include only
-// from a .cu file compiled for sm_90a.
+// Device code of the TMA (ABI version 2) kernels: kernels/moe_gemm_tma.cu (bf16, fp8),
+// kernels/moe_gemm_fp4.cu (fp4 weights decoded into wgmma's A registers) and
+// kernels/moe_gemm_fp4_fp8.cu (mxfp4 x mxfp8 on fp8 wgmma). mbarrier and TMA wrappers,
+// the persistent tile scheduler all of them walk the same way, and the staged epilogue.
+// Include only from a .cu file compiled for sm_90a.
 #ifndef CUBIST_KERNELS_MOE_GEMM_TMA_COMMON_CUH_
 #define CUBIST_KERNELS_MOE_GEMM_TMA_COMMON_CUH_
 
@@ -9,6 +10,7 @@
 
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_device.cuh"
+#include "kernels/moe_gemm_layout.h"
 
 namespace cubist::moe {
 namespace {
@@ -196,6 +198,68 @@ struct StageRing {
     }
   }
 };
+
+// ---------------------------------------------------------------------------------
+// The staged epilogue (kernels/moe_gemm_tma.cu, kernels/moe_gemm_fp4_fp8.cu).
+
+// Synchronises the 128 threads of one warpgroup on named barrier `id`.
+__device__ __forceinline__ void NamedBarrier128(int id) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+
+// The epilogue of one-CTA-per-SM kernels (moe_gemm_layout.h): each 64-column chunk of
+// this consumer's 64 output rows goes through its shared-memory buffer (rows padded to
+// 144 bytes, so that neither the 4-byte writes of the accumulator layout nor the 16-byte
+// reads conflict on banks) and out to global memory as whole 128-byte row pieces.
+// Named barrier 1 + ci orders the consumer's 128 threads around the buffer.
+template <MoeFormat F, MoeActivation ACT, int TN, int R>
+__device__ __forceinline__ void StoreStaged(const MoeGemmParams& p, const MoeTile& t, int ci,
+                                            const float (&acc)[R], uint8_t* buf) {
+  constexpr bool kGated = IsGated(ACT);
+  constexpr int kTileCols = kGated ? TN / 2 : TN;
+  constexpr int kChunkCols =
+      kTileCols < kMoeGemmTmaEpilogueCols ? kTileCols : kMoeGemmTmaEpilogueCols;
+  constexpr int kGroups = kChunkCols / 8;  // 8-column groups (16-byte pieces) per row
+  constexpr int kRowB = kMoeGemmTmaEpilogueRowBytes;
+  static_assert(64 * kGroups % 128 == 0, "whole pieces per thread");
+  const TileEpilogue<F, ACT> ep(p, t.e);
+  const int tid = threadIdx.x % 128, lane = tid % 32, warp = tid / 32;
+  const int row0 = t.row_begin + ci * 64;
+  const int n_out = MoeGemmOutCols(p.n, ACT);
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+  const uint32_t base = SmemAddr(buf);
+#pragma unroll
+  for (int c = 0; c < kTileCols / kChunkCols; ++c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t row_addr = base + (warp * 16 + lane / 4 + 8 * h) * kRowB + (lane % 4) * 4;
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        const __nv_bfloat162 v = ep.template Pair<TN>(acc, c * kGroups + g, h);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_addr + g * 16),
+                     "r"(*reinterpret_cast<const uint32_t*>(&v))
+                     : "memory");
+      }
+    }
+    NamedBarrier128(1 + ci);
+#pragma unroll
+    for (int i = 0; i < 64 * kGroups / 128; ++i) {
+      const int piece = i * 128 + tid;
+      const int r = piece / kGroups, q = piece % kGroups;
+      uint4 v;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(base + r * kRowB + q * 16)
+                   : "memory");
+      const int row = row0 + r;
+      const int col = t.n_tile * kTileCols + c * kChunkCols + q * 8;
+      if (row < t.row_end && col < n_out) {
+        *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * n_out + col) = v;
+      }
+    }
+    NamedBarrier128(1 + ci);  // the buffer is free for the next chunk (or tile)
+  }
+}
 
 }  // namespace
 }  // namespace cubist::moe

@@ -295,7 +295,22 @@ struct DeviceProblem {
 struct ProblemCase {
   std::string name;
   MoeProblemShape shape;
+  void (*mutate)(MoeProblemData*) = nullptr;  // applied after MakeRandomProblem
 };
+
+// mxfp4 weights whose block scales span more than 11 binades in one row of each expert
+// (row 3: block 1 raised by 2^13) and one NaN scale (expert 2, row 10, block 0): tiles
+// holding those rows take the general loop of kernels/moe_gemm_fp4_fp8.cu, which applies
+// both block scales per block; every other row of those tiles checks that loop with
+// ordinary data.
+void WidenScales(MoeProblemData* p) {
+  const int kb = p->k / 32;
+  for (int e = 0; e < p->num_experts; ++e) {
+    uint8_t& s = p->b_scale[(static_cast<size_t>(e) * p->n + 3) * kb + 1];
+    s = static_cast<uint8_t>(std::min(254, s + 13));
+  }
+  if (p->num_experts > 2) p->b_scale[(2 * static_cast<size_t>(p->n) + 10) * kb] = 0xFF;
+}
 
 std::vector<ProblemCase> Problems(MoeFormat w, MoeFormat a) {
   // ragged: 12 experts with 0, 1, 7, 63..65, 127..129, 200 rows; N with a tail for
@@ -311,6 +326,10 @@ std::vector<ProblemCase> Problems(MoeFormat w, MoeFormat a) {
     // scale blocks, so the kernels take their general scale loop (per-group block select)
     // instead of the per-tile one that every other problem here takes.
     out.push_back({"straddle", {w, a, 448, 384, {5, 130, 0, 64}, false, true, false}});
+  }
+  if (w == kMxfp4 && a == kMxfp8) {
+    out.push_back({"widescale", {w, a, 256, 512, {70, 0, 130, 5}, false, true, false},
+                   WidenScales});
   }
   return out;
 }
@@ -340,7 +359,8 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
   for (const auto& [pair, kernels] : by_pair) {
     for (const ProblemCase& pc : Problems(pair.first, pair.second)) {
       SCOPED_TRACE(pc.name);
-      const MoeProblemData prob = MakeRandomProblem(pc.shape, ++seed);
+      MoeProblemData prob = MakeRandomProblem(pc.shape, ++seed);
+      if (pc.mutate != nullptr) pc.mutate(&prob);
       const std::vector<double> c = ReferenceGemm(prob);
       const double c_max = MaxAbs(c);
       DeviceProblem dev;

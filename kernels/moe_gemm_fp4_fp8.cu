@@ -1,0 +1,535 @@
+// The mxfp4 x mxfp8 moe_gemm kernels of ABI version 2 for sm_90a on FP8 tensor cores
+// (wgmma ...k32.e4m3.e4m3). One kernel per cubin, built by scripts/build-artifacts with
+//   -DMOE_ACT=kSwiglu -DMOE_TM=128 -DMOE_TN=128 -DMOE_STAGES=4
+//   -DMOE_NAME=moe_gemm_tma_mxfp4_mxfp8_swiglu_m128n128k128
+// and -gencode=arch=compute_90a,code=sm_90a. Contract: kernels/moe_gemm_abi.h (version 2,
+// the same tensor maps as every version-2 kernel); shared memory: MakeFp4Fp8Layout in
+// kernels/moe_gemm_layout.h; docs/kernels.md explains the design and the measurements.
+//
+// The fp4 kernels (kernels/moe_gemm_fp4.cu) multiply in bf16, so half the FP8 rate is
+// their ceiling. Here the activations stay e4m3 and the weights become e4m3:
+//   - the producer (one thread) copies each 128-element k-tile of activations with TMA as
+//     the 128-byte-swizzled panel wgmma reads, and every other k-tile the packed weights
+//     of two (128 bytes per row) into a ring of staging slots of their own;
+//   - converters (the producer warpgroup's other three warps and a warpgroup of their
+//     own) decode each k-tile's packed weights into an e4m3 panel of its stage. e2m1 x 2^v
+//     is exact in e4m3 for v in [-5, 6] (every nonzero value stays normal, the largest is
+//     384), so each row's ue8m0 block scale is folded into its elements relative to the
+//     row's largest scale: v = scale - ref + 6. A wgmma of one 32-element block then needs
+//     only the tokens' block scale, applied in fp32 when the block's partial sum is
+//     promoted into the accumulators (one FFMA per element and block), and 2^(ref - 133)
+//     per column at the end. The converters find ref (and the smallest scale) of each of
+//     the tile's weight rows in one pass over its scale bytes before the tile's first
+//     k-tile (prefetched into L2 during the previous tile);
+//   - tiles with a row whose scales span more than 11 binades (or that holds a NaN scale)
+//     take the general loop instead: weights decoded as e2m1 x 2^6, and both block scales
+//     applied at promotion (two FP32 operations per element and block). Exact either way:
+//     every product of an e4m3 activation and a decoded weight is exact, and the tensor
+//     cores sum 32 of them per partial;
+//   - the converters signal a third barrier per stage, which the consumers wait on
+//     besides the full one;
+//   - two consumer warpgroups each own 64 token rows and all 128 weight columns: per
+//     32-element block one wgmma m64n128k32 into a fresh partial, then the promotion. One
+//     warpgroup's promotion runs while the other's wgmma does. The tokens' scale bytes
+//     come from global memory one k-tile ahead;
+//   - the epilogue is generation 2's staged one (kernels/moe_gemm_tma_common.cuh).
+// Measured on the H200 (docs/kernels.md): the conversion bounds these kernels. Converters
+// in the producer warpgroup alone, two stages of 256 elements, or scale bytes packed right
+// after their load each left the consumers waiting on the converted barrier.
+// Scheduling is generation 2's persistent one over (token tile, weight-row tile).
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "kernels/moe_gemm_abi.h"
+#include "kernels/moe_gemm_device.cuh"
+#include "kernels/moe_gemm_layout.h"
+#include "kernels/moe_gemm_tma_common.cuh"
+#include "kernels/wgmma_ops.cuh"
+
+#if !defined(MOE_ACT) || !defined(MOE_TM) || !defined(MOE_TN) || !defined(MOE_STAGES) || \
+    !defined(MOE_NAME)
+#error "define MOE_ACT MOE_TM MOE_TN MOE_STAGES MOE_NAME"
+#endif
+
+namespace cubist::moe {
+namespace {
+
+__device__ __forceinline__ uint4 LdShared128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void StShared128(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ float4 LdSharedF4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float2 LdSharedF2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+
+// The converters' own barrier (named barrier 3).
+template <int kConverters>
+__device__ __forceinline__ void ConverterSync() {
+  asm volatile("bar.sync 3, %0;\n" ::"n"(kConverters) : "memory");
+}
+// The same barrier, returning whether `bad` held in any converter thread.
+template <int kConverters>
+__device__ __forceinline__ bool ConverterAny(bool bad) {
+  uint32_t any;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\n"
+      "barrier.cta.red.or.pred q, 3, %2, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(bad ? 1u : 0u), "n"(kConverters)
+      : "memory");
+  return any != 0;
+}
+
+// ue8m0 byte s -> 2^(s-127) in fp32: 0 is 2^-127 (an fp32 subnormal), 0xFF NaN.
+__device__ __forceinline__ float Ue8m0ToFloat(uint32_t s) {
+  const uint32_t bits = s == 0u ? 0x00400000u : s == 0xFFu ? 0x7FC00000u : s << 23;
+  return __uint_as_float(bits);
+}
+
+// 2^e in fp32 for e in [-149, 127], subnormals included.
+__device__ __forceinline__ float Pow2(int e) {
+  return __uint_as_float(e >= -126 ? static_cast<uint32_t>(e + 127) << 23
+                                   : 1u << (e + 149));
+}
+
+// The e4m3 bytes of the eight e2m1 magnitudes times 2^v, v in [-5, 6], as a prmt table
+// (0, 0.5, 1, 1.5 | 2, 3, 4, 6): every entry but zero's is a normal e4m3 whose exponent
+// field grows by v. No byte borrows or carries: the smallest nonzero entry is 0x30 and
+// v >= -5 subtracts 0x28; the largest is 0x4C and v <= 6 adds 0x30 (384, below 448).
+struct E4m3Table {
+  uint32_t lo, hi;
+};
+__device__ __forceinline__ E4m3Table TableFor(int v) {
+  const uint32_t u = static_cast<uint32_t>(v);
+  return {0x3C383000u + u * 0x08080800u, 0x4C484440u + u * 0x08080808u};
+}
+// 8 e2m1 (one word, low nibble first) -> 8 e4m3 bytes in the same order (two words):
+// prmt looks up four magnitudes at once; the signs come from bit 3 of each byte (even
+// elements: bit 7 of the same byte of w << 4) and bit 7 (odd elements), moved into place
+// by one prmt per output word. 9 instructions per 8 elements.
+__device__ __forceinline__ uint2 DecodeE2m1ToE4m3x8(uint32_t w, E4m3Table t) {
+  const uint32_t idx = w & 0x77777777u;
+  const uint32_t m0 = Prmt(t.lo, t.hi, idx), m1 = Prmt(t.lo, t.hi, idx >> 16);
+  const uint32_t w4 = w << 4;
+  const uint32_t s0 = Prmt(w, w4, 0x1504u), s1 = Prmt(w, w4, 0x3726u);
+  return make_uint2(m0 | (s0 & 0x80808080u), m1 | (s1 & 0x80808080u));
+}
+
+template <MoeActivation ACT, int TM, int TN, int ST>
+struct MoeGemmFp4Fp8 {
+  static constexpr MoeGemmFp4Fp8Layout L = MakeFp4Fp8Layout(TM, TN, ST);
+  static_assert(L.error == nullptr, "invalid moe_gemm_fp4_fp8 configuration (moe_gemm_layout.h)");
+  static constexpr int kThreads = L.threads;
+  static constexpr int kConsumers = L.consumers;
+  static constexpr int kConverters = L.converters;
+  static constexpr bool kGated = IsGated(ACT);
+  using Mma = Wgmma<WgmmaKind::kE4m3, TN>;
+  static constexpr int kRegs = Mma::kRegs;
+  static constexpr int kKTile = 128;                      // elements of K per stage
+  static constexpr int kWRows = MoeGemmTmaBRows(TN, ACT);  // weight rows per TMA box
+  // A weight row's block scales may span this many binades for the folded (uniform) loop.
+  static constexpr int kMaxSpan = 11;
+
+  __device__ static void Run(const MoeGemmParamsV2& pv) {
+    const MoeGemmParams& p = pv.g;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* smem = reinterpret_cast<uint8_t*>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) & ~uintptr_t{kSmemAlign - 1});
+    const uint32_t smem_base = SmemAddr(smem);
+    const uint32_t full_bar = smem_base + L.barrier_offset;
+    const uint32_t empty_bar = full_bar + 8 * ST;
+    const uint32_t conv_bar = empty_bar + 8 * ST;
+    const uint32_t pfull_bar = conv_bar + 8 * ST;  // packed slots
+    const uint32_t pempty_bar = pfull_bar + 8 * kFp4Fp8PackedSlots;
+    int* off = reinterpret_cast<int*>(smem + L.sched_offset);
+    int* pre = off + kMoeGemmTmaMaxExperts + 1;
+    const int E = p.num_experts;
+    if (E < 1 || E > kMoeGemmTmaMaxExperts) return;
+
+    if (threadIdx.x == 0) {  // before the prologue's fence and barrier, by the same thread
+      for (int s = 0; s < ST; ++s) MbarInit(conv_bar + 8 * s, kConverters);
+      for (int s = 0; s < kFp4Fp8PackedSlots; ++s) {
+        MbarInit(pfull_bar + 8 * s, 1);
+        MbarInit(pempty_bar + 8 * s, kConverters);
+      }
+    }
+    const int64_t m_tiles = PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers, TM, off, pre);
+    const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, TN);
+    const int64_t tiles = m_tiles * n_tiles;
+    const int num_kt = (p.k + kKTile - 1) / kKTile;
+    const int wg = threadIdx.x / 128;
+
+    if (wg == 0 || wg > kConsumers) {
+      SetMaxRegsDec<L.producer_regs>();
+      if (threadIdx.x >= 32) {
+        // Converters: warps 1-3 of warpgroup 0, then the warpgroup after the consumers.
+        const int ct = wg == 0 ? threadIdx.x - 32 : threadIdx.x - 128 * (kConsumers + 1) + 96;
+        Convert(p, tiles, m_tiles, n_tiles, num_kt, off, pre, smem, smem_base, full_bar,
+                conv_bar, pfull_bar, pempty_bar, ct);
+        return;
+      }
+      if (threadIdx.x != 0) return;
+      StageRing<ST> ring;
+      StageRing<kFp4Fp8PackedSlots> slot;
+      for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const MoeTile t = TileAt(tile, m_tiles, n_tiles, E, TM, off, pre);
+        const int w_row = t.e * p.n + t.n_tile * kWRows;
+        for (int kt = 0; kt < num_kt; ++kt) {
+          if (kt % 2 == 0) {
+            // The packed weights of k-tiles kt and kt + 1: 128 bytes (256 elements) per row;
+            // the gate half N/2 rows further down the expert's B.
+            MbarWait(pempty_bar + 8 * slot.s, slot.phase ^ 1);
+            const uint32_t pfull = pfull_bar + 8 * slot.s;
+            const uint32_t dst = smem_base + L.packed_offset + slot.s * L.packed_bytes;
+            MbarArriveExpectTx(pfull, TN * kMoeGemmTmaBoxBytes);
+            TmaLoad2d(dst, &pv.b_map, kt / 2 * kMoeGemmTmaBoxBytes, w_row, pfull);
+            if constexpr (kGated) {
+              TmaLoad2d(dst + kWRows * kMoeGemmTmaBoxBytes, &pv.b_map, kt / 2 * kMoeGemmTmaBoxBytes,
+                        w_row + p.n / 2, pfull);
+            }
+          }
+          if (kt % 2 == 1 || kt == num_kt - 1) slot.Advance();
+          MbarWait(empty_bar + 8 * ring.s, ring.phase ^ 1);
+          const uint32_t full = full_bar + 8 * ring.s;
+          MbarArriveExpectTx(full, TM * kMoeGemmTmaBoxBytes);
+          TmaLoad2d(smem_base + ring.s * L.stage_bytes + L.a_offset, &pv.a_map, kt * kKTile,
+                    t.row_begin, full);
+          ring.Advance();
+        }
+      }
+      return;
+    }
+
+    SetMaxRegsInc<L.consumer_regs>();
+    const int ci = wg - 1;  // this consumer's token rows: ci*64 .. ci*64+63 of the tile
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+    const bool signals = threadIdx.x % 128 == 0;
+    // This thread's two token rows (tile-relative) and its first column pair.
+    const int row_a = ci * 64 + warp * 16 + lane / 4;
+    const int col0 = 2 * (lane % 4);
+    const int kb = p.k / 32;
+    StageRing<ST> pipe;
+    float acc[kRegs];
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const MoeTile t = TileAt(tile, m_tiles, n_tiles, E, TM, off, pre);
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
+      // The mode is the same in every stage of a tile; read it from the first.
+      MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+      MbarWait(conv_bar + 8 * pipe.s, pipe.phase);
+      const bool uniform =
+          *reinterpret_cast<const int*>(smem + pipe.s * L.stage_bytes + L.mode_offset) != 0;
+      // The tokens' scale rows of this thread's two rows (null past the last token: those
+      // rows hold zeros, TMA's fill).
+      const uint8_t* a_scale = static_cast<const uint8_t*>(p.a_scale);
+      const int ra = t.row_begin + row_a, rb = ra + 8;
+      const uint8_t* ts_a = ra < p.num_tokens ? a_scale + static_cast<int64_t>(ra) * kb : nullptr;
+      const uint8_t* ts_b = rb < p.num_tokens ? a_scale + static_cast<int64_t>(rb) * kb : nullptr;
+      if (uniform) {
+        MainLoop<true>(smem_base, full_bar, conv_bar, empty_bar, signals, pipe, num_kt, kb, ci,
+                       ts_a, ts_b, col0, acc);
+      } else {
+        MainLoop<false>(smem_base, full_bar, conv_bar, empty_bar, signals, pipe, num_kt, kb, ci,
+                        ts_a, ts_b, col0, acc);
+      }
+      // Tiles with fewer rows than the consumer's 64 store directly (as generation 2).
+      if (t.row_end - (t.row_begin + ci * 64) >= 64) {
+        StoreStaged<kMxfp4, ACT, TN>(p, t, ci, acc,
+                                     smem + L.epilogue_offset + ci * kMoeGemmTmaEpilogueBytes);
+      } else {
+        StoreTile<kMxfp4, ACT, TN>(p, t.e, t.row_begin + ci * 64, t.row_end, t.n_tile, acc);
+      }
+    }
+  }
+
+  // The ue8m0 bytes of k-tile kt's four blocks in a token's scale row, one per register
+  // (0 past K or for a missing row). Not packed: a shift would wait for the load at once,
+  // where the bytes are needed only a k-tile later.
+  __device__ __forceinline__ static void TokenScales(const uint8_t* row, int kt, int kb,
+                                                     uint32_t (&b)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      b[j] = row != nullptr && kt * 4 + j < kb ? __ldg(row + kt * 4 + j) : 0u;
+    }
+  }
+
+  // One tile's k-tiles. The first stage's barriers have been waited on already. kUniform:
+  // weights carry their block scales (relative to the row's largest) and the column factors
+  // of the last stage finish them; otherwise both block scales are applied per block. The
+  // tokens' scale bytes are read from global memory one k-tile ahead.
+  template <bool kUniform>
+  __device__ __forceinline__ static void MainLoop(uint32_t smem_base, uint32_t full_bar,
+                                                  uint32_t conv_bar, uint32_t empty_bar,
+                                                  bool signals, StageRing<ST>& pipe,
+                                                  int num_kt, int kb, int ci,
+                                                  const uint8_t* ts_a, const uint8_t* ts_b,
+                                                  int col0, float (&acc)[kRegs]) {
+    float part[kRegs];
+    uint32_t bytes_a[4], bytes_b[4], next_a[4], next_b[4];
+    TokenScales(ts_a, 0, kb, bytes_a);
+    TokenScales(ts_b, 0, kb, bytes_b);
+    for (int kt = 0; kt < num_kt; ++kt) {
+      TokenScales(ts_a, kt + 1 < num_kt ? kt + 1 : kt, kb, next_a);
+      TokenScales(ts_b, kt + 1 < num_kt ? kt + 1 : kt, kb, next_b);
+      if (kt > 0) {
+        MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+        MbarWait(conv_bar + 8 * pipe.s, pipe.phase);
+      }
+      const uint32_t stage = smem_base + pipe.s * L.stage_bytes;
+      float sa[4], sb[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        sa[j] = Ue8m0ToFloat(bytes_a[j]);
+        sb[j] = Ue8m0ToFloat(bytes_b[j]);
+      }
+      const int blocks = min(4, kb - kt * 4);
+      const uint64_t da0 = Desc(stage + L.a_offset + ci * 64 * kMoeGemmTmaBoxBytes);
+      const uint64_t db0 = Desc(stage + L.dec_offset);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j >= blocks) break;
+        // Block j: 32 bytes further into both panels (2 in the descriptor's address field).
+        WgmmaFence();
+        Mma::Mma(part, da0 + 2 * j, db0 + 2 * j, 0);
+        WgmmaCommit();
+        WgmmaWait<0>();
+        FenceRegs(part);
+        if constexpr (kUniform) {
+#pragma unroll
+          for (int g = 0; g < TN / 8; ++g) {
+            acc[g * 4 + 0] += part[g * 4 + 0] * sa[j];
+            acc[g * 4 + 1] += part[g * 4 + 1] * sa[j];
+            acc[g * 4 + 2] += part[g * 4 + 2] * sb[j];
+            acc[g * 4 + 3] += part[g * 4 + 3] * sb[j];
+          }
+        } else {
+          const uint32_t ws = stage + L.wscale_offset + j * TN * 4 + col0 * 4;
+#pragma unroll
+          for (int g = 0; g < TN / 8; ++g) {
+            const float2 w = LdSharedF2(ws + g * 32);
+            acc[g * 4 + 0] += part[g * 4 + 0] * sa[j] * w.x;
+            acc[g * 4 + 1] += part[g * 4 + 1] * sa[j] * w.y;
+            acc[g * 4 + 2] += part[g * 4 + 2] * sb[j] * w.x;
+            acc[g * 4 + 3] += part[g * 4 + 3] * sb[j] * w.y;
+          }
+        }
+      }
+      if constexpr (kUniform) {
+        if (kt == num_kt - 1) {
+          // 2^(ref - 133) per weight column: the row's largest scale and the 2^6 of the
+          // fold.
+          const uint32_t cs = stage + L.col_offset + col0 * 4;
+#pragma unroll
+          for (int g = 0; g < TN / 8; ++g) {
+            const float2 c = LdSharedF2(cs + g * 32);
+            acc[g * 4 + 0] *= c.x;
+            acc[g * 4 + 1] *= c.y;
+            acc[g * 4 + 2] *= c.x;
+            acc[g * 4 + 3] *= c.y;
+          }
+        }
+      }
+      if (signals) MbarArrive(empty_bar + 8 * pipe.s);
+      pipe.Advance();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        bytes_a[j] = next_a[j];
+        bytes_b[j] = next_b[j];
+      }
+    }
+  }
+
+  // The converters (ct = 0 .. kConverters - 1: warps 1-3 of the producer warpgroup and a
+  // warpgroup of their own): per tile one pass over the scale bytes of its weight rows,
+  // then per stage the weights decoded into an e4m3 panel. An item is one 32-element block
+  // of one weight row; converter ct takes block ct % 4 of rows ct / 4 + kStep i, so that it
+  // keeps each row's scale pointer and ref in registers for the tile and reads the scale
+  // bytes of the next stage while this one is decoded. (Measured: with only the three
+  // warps, and the tokens' scales converted here too, the converters were the bottleneck
+  // at about 700 instructions per warp and stage; docs/kernels.md.)
+  __device__ static void Convert(const MoeGemmParams& p, int64_t tiles, int64_t m_tiles,
+                                 int64_t n_tiles, int num_kt, const int* off, const int* pre,
+                                 uint8_t* smem, uint32_t smem_base, uint32_t full_bar,
+                                 uint32_t conv_bar, uint32_t pfull_bar, uint32_t pempty_bar,
+                                 int ct) {
+    constexpr int kStep = kConverters / 4;  // rows between a converter's items
+    constexpr int kItems = (TN + kStep - 1) / kStep;
+    static_assert(kItems <= 8, "one scale byte per item in one 64-bit word");
+    const int kb = p.k / 32;
+    const int j = ct % 4, r0 = ct / 4;
+    const uint8_t* b_scale = static_cast<const uint8_t*>(p.b_scale);
+    const int64_t weight_rows = static_cast<int64_t>(p.num_experts) * p.n;
+    int* ref_s = reinterpret_cast<int*>(smem + L.ref_offset);  // per weight row of the tile
+    StageRing<ST> ring;
+    StageRing<kFp4Fp8PackedSlots> slot;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const MoeTile t = TileAt(tile, m_tiles, n_tiles, p.num_experts, TM, off, pre);
+      // Scale row of weight row r of the tile: the up half from g0, the gate half N/2 rows
+      // further; rows past the last expert are clamped (their outputs are never stored).
+      const int64_t g0 = static_cast<int64_t>(t.e) * p.n + t.n_tile * kWRows;
+      auto scale_row = [&](int r) {
+        int64_t g = kGated && r >= kWRows ? g0 + p.n / 2 + (r - kWRows) : g0 + r;
+        g = g < weight_rows ? g : weight_rows - 1;
+        return b_scale + g * kb;
+      };
+      // Every converter is done with the previous tile's refs.
+      ConverterSync<kConverters>();
+      bool bad = false;
+      for (int r = ct; r < TN; r += kConverters) {
+        int lo = 255, hi = 0;
+        RowScaleRange(scale_row(r), kb, &lo, &hi);
+        ref_s[r] = hi;
+        bad |= hi - lo > kMaxSpan || hi == 255;
+      }
+      // One barrier: the mode, and ref_s[] published to every converter.
+      const bool uniform = !ConverterAny<kConverters>(bad);
+      // The scale bytes of stage kt, block 4 kt + j of each item, one per register: packed
+      // (byte i of a 64-bit word) only a stage later, when the loads have landed, since a
+      // shift right after the load would wait for it.
+      auto load_scales = [&](int kt, uint32_t (&b)[kItems]) {
+        const int blk = kt * 4 + j;
+#pragma unroll
+        for (int i = 0; i < kItems; ++i) {
+          b[i] = r0 + i * kStep < TN && blk < kb ? __ldg(scale_row(r0 + i * kStep) + blk) : 0u;
+        }
+      };
+      auto pack = [](const uint32_t (&b)[kItems]) {
+        uint64_t w = 0;
+#pragma unroll
+        for (int i = 0; i < kItems; ++i) w |= static_cast<uint64_t>(b[i]) << (8 * i);
+        return w;
+      };
+      uint32_t next[kItems];
+      load_scales(0, next);
+      uint64_t scales = pack(next);
+
+      for (int kt = 0; kt < num_kt; ++kt) {
+        if (kt + 1 < num_kt) load_scales(kt + 1, next);
+        // The packed slot holds k-tiles kt & ~1 and its odd successor: this k-tile is its
+        // half kt % 2, 16-byte chunks 4 (kt % 2) .. + 3 of each 128-byte row.
+        MbarWait(pfull_bar + 8 * slot.s, slot.phase);
+        MbarWait(full_bar + 8 * ring.s, ring.phase);  // the stage is this k-tile's again
+        uint8_t* st = smem + ring.s * L.stage_bytes;
+        const uint32_t stage = smem_base + ring.s * L.stage_bytes;
+        const uint32_t packed = smem_base + L.packed_offset + slot.s * L.packed_bytes;
+        const int chunk = 4 * (kt % 2) + j;
+        // Not unrolled: items in flight together would take more registers than the
+        // converters keep (setmaxnreg).
+#pragma unroll 1
+        for (int i = 0; i < kItems; ++i) {
+          const int r = r0 + i * kStep;
+          if (r >= TN) break;
+          const int sw = static_cast<int>((scales >> (8 * i)) & 0xFFu);
+          // Blocks past K hold zeros (TMA fill): any table decodes them to 0.
+          const E4m3Table tab = TableFor(uniform ? sw - ref_s[r] + 6 : 6);
+          const uint4 q = LdShared128(packed + r * 128 + ((chunk ^ (r & 7)) << 4));
+          const uint2 d0 = DecodeE2m1ToE4m3x8(q.x, tab), d1 = DecodeE2m1ToE4m3x8(q.y, tab);
+          const uint2 d2 = DecodeE2m1ToE4m3x8(q.z, tab), d3 = DecodeE2m1ToE4m3x8(q.w, tab);
+          StShared128(stage + L.dec_offset + SwizzledChunk(TN, r, 2 * j),
+                      make_uint4(d0.x, d0.y, d1.x, d1.y));
+          StShared128(stage + L.dec_offset + SwizzledChunk(TN, r, 2 * j + 1),
+                      make_uint4(d2.x, d2.y, d3.x, d3.y));
+          if (!uniform) {
+            // 2^(scale - 127) / 2^6: the decoded elements carry 2^6.
+            reinterpret_cast<float*>(st + L.wscale_offset)[j * TN + r] =
+                Ue8m0ToFloat(sw) * 0.015625f;
+          }
+        }
+        if (kt == num_kt - 1) {
+          for (int r = ct; r < TN; r += kConverters) {
+            reinterpret_cast<float*>(st + L.col_offset)[r] =
+                uniform ? Pow2(ref_s[r] - 133) : 1.0f;
+          }
+        }
+        if (kt == max(num_kt - 3, 0) && tile + gridDim.x < tiles) {
+          // The next tile's pass over its scale rows reads them from L2, not from memory.
+          const MoeTile nt =
+              TileAt(tile + gridDim.x, m_tiles, n_tiles, p.num_experts, TM, off, pre);
+          const int64_t ng0 = static_cast<int64_t>(nt.e) * p.n + nt.n_tile * kWRows;
+          for (int r = ct; r < TN; r += kConverters) {
+            int64_t g = kGated && r >= kWRows ? ng0 + p.n / 2 + (r - kWRows) : ng0 + r;
+            g = g < weight_rows ? g : weight_rows - 1;
+            const uint8_t* row = b_scale + g * kb;
+            for (int o = 0; o < kb + 127; o += 128) {
+              asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + min(o, kb - 1)));
+            }
+          }
+        }
+        if (ct == 0) *reinterpret_cast<int*>(st + L.mode_offset) = uniform ? 1 : 0;
+        FenceProxyAsync();  // the decoded panel is read by wgmma
+        MbarArrive(conv_bar + 8 * ring.s);
+        ring.Advance();
+        if (kt % 2 == 1 || kt == num_kt - 1) {
+          MbarArrive(pempty_bar + 8 * slot.s);  // this converter is done with the slot
+          slot.Advance();
+        }
+        scales = pack(next);
+      }
+    }
+  }
+
+  // The smallest and largest of a row's kb scale bytes, read as aligned words (scale rows
+  // need no alignment), eight loads in flight, bytes compared four at a time. A word that
+  // starts at or past the row's end is not read: a read never goes more than 3 bytes past
+  // the row.
+  __device__ __forceinline__ static void RowScaleRange(const uint8_t* row, int kb, int* lo,
+                                                       int* hi) {
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
+    const uint32_t* wp = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
+    const int lead = static_cast<int>(addr & 3);
+    const int words = (lead + kb + 3) / 4;
+    const int tail = lead + kb - 4 * (words - 1);  // valid bytes of the last word, 1..4
+    uint32_t mn4 = 0xFFFFFFFFu, mx4 = 0;
+    for (int i0 = 0; i0 < words; i0 += 8) {
+      uint32_t w[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = i0 + i < words ? __ldg(wp + i0 + i) : 0u;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int k = i0 + i;
+        if (k >= words) break;
+        uint32_t valid = 0xFFFFFFFFu;
+        if (k == 0) valid <<= 8 * lead;
+        if (k == words - 1) valid &= 0xFFFFFFFFu >> (8 * (4 - tail));
+        mx4 = __vmaxu4(mx4, w[i] & valid);
+        mn4 = __vminu4(mn4, w[i] | ~valid);
+      }
+    }
+    int mn = *lo, mx = *hi;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      mn = min(mn, static_cast<int>((mn4 >> (8 * b)) & 0xFFu));
+      mx = max(mx, static_cast<int>((mx4 >> (8 * b)) & 0xFFu));
+    }
+    *lo = mn;
+    *hi = mx;
+  }
+};
+
+}  // namespace
+}  // namespace cubist::moe
+
+using MoeFp4Fp8Kernel =
+    cubist::moe::MoeGemmFp4Fp8<cubist::moe::MOE_ACT, MOE_TM, MOE_TN, MOE_STAGES>;
+
+extern "C" __global__ void __launch_bounds__(MoeFp4Fp8Kernel::kThreads, 1)
+    MOE_NAME(const __grid_constant__ cubist::moe::MoeGemmParamsV2 p) {
+  MoeFp4Fp8Kernel::Run(p);
+}
