@@ -147,7 +147,12 @@ absl::StatusOr<LocationRead> ReadLocationIfChanged(std::string_view location,
     CUBIST_ASSIGN_OR_RETURN(out.bytes, ReadFileToString(std::string(location), max_bytes));
     return out;
   }
-  Transport& transport = seams.transport != nullptr ? *seams.transport : DefaultTransport();
+  Transport* transport = seams.transport;
+  if (transport == nullptr) {
+    absl::StatusOr<Transport*> curl = DefaultTransport();
+    if (!curl.ok()) return Annotate(curl.status(), location);
+    transport = *curl;
+  }
   Clock& clock = seams.clock != nullptr ? *seams.clock : Clock::Real();
   RetryPolicy policy = seams.retry;
   policy.attempts_per_source = std::max(1, attempts);
@@ -156,7 +161,7 @@ absl::StatusOr<LocationRead> ReadLocationIfChanged(std::string_view location,
   const std::string url(location);
   AttemptState state;
   for (;;) {
-    TransportResponse r = transport.Get({url, max_bytes, timeout, std::string(etag)});
+    TransportResponse r = transport->Get({url, max_bytes, timeout, std::string(etag)});
     if (r.too_large) {
       return absl::InvalidArgumentError(absl::StrCat(
           url, ": larger than the limit of ", max_bytes, " bytes; is this a manifest?"));
