@@ -45,24 +45,52 @@ const char* FetchOutcomeName(FetchOutcome outcome) {
   return "?";
 }
 
-bool SelectedByFilters(const std::string& path, const std::vector<std::string>& filters) {
-  return filters.empty() ||
-         std::any_of(filters.begin(), filters.end(), [&](const std::string& g) {
-           return ::fnmatch(g.c_str(), path.c_str(), 0) == 0;
-         });
+bool SelectedByFilters(std::string_view path, const std::vector<std::string>& filters) {
+  if (filters.empty()) return true;
+  const std::string terminated(path);  // fnmatch wants a C string
+  return std::any_of(filters.begin(), filters.end(), [&](const std::string& g) {
+    return ::fnmatch(g.c_str(), terminated.c_str(), 0) == 0;
+  });
 }
+
+namespace {
+
+// CheckAllCached over whatever `for_each` walks: it calls its argument on each
+// artifact's (path, sha256, size) until that returns false.
+template <typename ForEach>
+CacheCheck CheckEach(const Store& store, const std::vector<std::string>& filters,
+                     ForEach for_each) {
+  CacheCheck out;
+  const Store::BatchProbe probe(store);
+  const bool all = for_each([&](std::string_view path, std::string_view sha256,
+                                std::optional<uint64_t> size) {
+    if (!SelectedByFilters(path, filters)) return true;
+    if (probe.Probe(sha256, size) != ObjectState::kPresent) return false;
+    ++out.selected;
+    return true;
+  });
+  out.all_present = all;
+  return out;
+}
+
+}  // namespace
 
 CacheCheck CheckAllCached(const Store& store, const Manifest& manifest,
                           const std::vector<std::string>& filters) {
-  CacheCheck out;
-  const Store::BatchProbe probe(store);
-  for (const Artifact& a : manifest.artifacts) {
-    if (!SelectedByFilters(a.path, filters)) continue;
-    if (probe.Probe(a.sha256, a.size) != ObjectState::kPresent) return out;
-    ++out.selected;
-  }
-  out.all_present = true;
-  return out;
+  return CheckEach(store, filters, [&](auto visit) {
+    for (const Artifact& a : manifest.artifacts) {
+      if (!visit(a.path, a.sha256, a.size)) return false;
+    }
+    return true;
+  });
+}
+
+CacheCheck CheckAllCached(const Store& store, const PackedArtifacts& artifacts,
+                          const std::vector<std::string>& filters) {
+  return CheckEach(store, filters, [&](auto visit) {
+    return artifacts.ForEach(
+        [&](const ArtifactRef& a) { return visit(a.path, a.sha256, a.size); });
+  });
 }
 
 std::vector<FetchItem> PlanFetch(const Manifest& manifest,

@@ -200,6 +200,12 @@ absl::StatusOr<LocationRead> ReadLocationIfChanged(std::string_view location,
   }
 }
 
+void OpenedManifest::UnpackArtifacts() {
+  if (!packed_artifacts.has_value()) return;
+  manifest.artifacts = packed_artifacts->Unpack();
+  packed_artifacts.reset();
+}
+
 absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
                                             const OpenManifestOptions& options) {
   if (IsOciReference(location)) return OpenOciManifest(location, options);
@@ -259,9 +265,13 @@ absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
   std::optional<ParsedManifestCache> parsed;
   if (options.store != nullptr) parsed.emplace(*options.store);
   std::optional<Manifest> hit;
-  if (parsed.has_value()) hit = parsed->Find(out.bytes, digest, source);
+  PackedArtifacts packed;
+  if (parsed.has_value()) {
+    hit = parsed->Find(out.bytes, digest, source, options.pack_artifacts ? &packed : nullptr);
+  }
   if (hit.has_value()) {
     out.manifest = *std::move(hit);
+    if (options.pack_artifacts) out.packed_artifacts = std::move(packed);
   } else {
     CUBIST_ASSIGN_OR_RETURN(out.manifest, ParseManifestOrChecksums(out.bytes, source));
     // Best effort: a cache that cannot be written costs the next run a parse, no more.
