@@ -1,15 +1,19 @@
 #include "artifacts/curl_handles.h"
 
-#include <cstdlib>
-#include <mutex>
+#include "artifacts/curl_library.h"
 
 namespace cubist {
 
-void EnsureCurlInitialized() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) std::abort();
-  });
+void CurlEasyDeleter::operator()(CURL* h) const {
+  if (absl::StatusOr<const CurlApi*> curl = LoadCurl(); curl.ok()) (*curl)->easy_cleanup(h);
+}
+
+void CurlMultiDeleter::operator()(CURLM* h) const {
+  if (absl::StatusOr<const CurlApi*> curl = LoadCurl(); curl.ok()) (*curl)->multi_cleanup(h);
+}
+
+void CurlSlistDeleter::operator()(curl_slist* l) const {
+  if (absl::StatusOr<const CurlApi*> curl = LoadCurl(); curl.ok()) (*curl)->slist_free_all(l);
 }
 
 }  // namespace cubist

@@ -1,4 +1,6 @@
-// Move-only owners for libcurl handles, and libcurl's one-time global initialisation.
+// Move-only owners for libcurl handles.
+//
+// Internal to the library (not installed): it exposes libcurl types.
 #ifndef CUBIST_ARTIFACTS_CURL_HANDLES_H_
 #define CUBIST_ARTIFACTS_CURL_HANDLES_H_
 
@@ -8,22 +10,20 @@
 
 namespace cubist {
 
+// The deleters call through the process's libcurl (LoadCurl, curl_library.h): a handle
+// can only have come from that table, so it is loaded whenever there is one to free.
 struct CurlEasyDeleter {
-  void operator()(CURL* h) const { curl_easy_cleanup(h); }
+  void operator()(CURL* h) const;
 };
 struct CurlMultiDeleter {
-  void operator()(CURLM* h) const { curl_multi_cleanup(h); }
+  void operator()(CURLM* h) const;
 };
 struct CurlSlistDeleter {
-  void operator()(curl_slist* l) const { curl_slist_free_all(l); }
+  void operator()(curl_slist* l) const;
 };
 using CurlEasy = std::unique_ptr<CURL, CurlEasyDeleter>;
 using CurlMulti = std::unique_ptr<CURLM, CurlMultiDeleter>;
 using CurlSlist = std::unique_ptr<curl_slist, CurlSlistDeleter>;
-
-// curl_global_init, exactly once per process, before any other libcurl call. It is
-// not thread-safe in libcurl versions we support, hence call_once.
-void EnsureCurlInitialized();
 
 }  // namespace cubist
 

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "artifacts/curl_library.h"
 
 namespace cubist {
 
@@ -40,9 +41,10 @@ struct CurlOptions {
   CaSettings ca;
 };
 
-// Sets the options above, NOSIGNAL and the user agent ("cubist/<version>") on `easy`.
-// Callers set the URL, callbacks and method-specific options after it.
-void ApplyCurlOptions(CURL* easy, const CurlOptions& options);
+// Sets the options above, NOSIGNAL and the user agent ("cubist/<version>") on `easy`,
+// through `curl` (the table `easy` came from). Callers set the URL, callbacks and
+// method-specific options after it.
+void ApplyCurlOptions(const CurlApi& curl, CURL* easy, const CurlOptions& options);
 
 }  // namespace cubist
 

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "artifacts/curl_handles.h"
+#include "base/status_macros.h"
 #include "base/strings.h"
 
 namespace cubist {
@@ -96,39 +97,39 @@ std::optional<std::string> EtagFromHeaderLine(std::string_view line) {
 }
 
 TransportResponse CurlTransport::Get(const TransportRequest& request) {
-  EnsureCurlInitialized();
   TransportResponse response;
-  CurlEasy easy(curl_easy_init());
+  CurlEasy easy(curl_.easy_init());
   CURL* e = easy.get();
   CurlOptions options;
   options.total_timeout = request.timeout;
   options.ca = CaSettings::FromEnvironment();
-  ApplyCurlOptions(e, options);
+  ApplyCurlOptions(curl_, e, options);
   Sink sink{&response, request.max_bytes};
   char errbuf[CURL_ERROR_SIZE] = {0};
-  curl_easy_setopt(e, CURLOPT_URL, request.url.c_str());
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &OnBody);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, &sink);
-  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &OnHeader);
-  curl_easy_setopt(e, CURLOPT_HEADERDATA, &response);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+  curl_.easy_setopt(e, CURLOPT_URL, request.url.c_str());
+  curl_.easy_setopt(e, CURLOPT_WRITEFUNCTION, &OnBody);
+  curl_.easy_setopt(e, CURLOPT_WRITEDATA, &sink);
+  curl_.easy_setopt(e, CURLOPT_HEADERFUNCTION, &OnHeader);
+  curl_.easy_setopt(e, CURLOPT_HEADERDATA, &response);
+  curl_.easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
   CurlSlist headers;
   if (!request.if_none_match.empty()) {
     const std::string header = absl::StrCat("If-None-Match: ", request.if_none_match);
-    headers.reset(curl_slist_append(nullptr, header.c_str()));
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers.get());
+    headers.reset(curl_.slist_append(nullptr, header.c_str()));
+    curl_.easy_setopt(e, CURLOPT_HTTPHEADER, headers.get());
   }
-  CURLcode rc = curl_easy_perform(e);
-  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &response.facts.http_status);
+  CURLcode rc = curl_.easy_perform(e);
+  curl_.easy_getinfo(e, CURLINFO_RESPONSE_CODE, &response.facts.http_status);
   response.facts.is_file = absl::StartsWithIgnoreCase(Sv(request.url), "file://");
   response.facts.result = TransportResultOf(rc);
-  if (rc != CURLE_OK) response.error = errbuf[0] != '\0' ? errbuf : curl_easy_strerror(rc);
+  if (rc != CURLE_OK) response.error = errbuf[0] != '\0' ? errbuf : curl_.easy_strerror(rc);
   return response;
 }
 
-Transport& DefaultTransport() {
-  static CurlTransport* const transport = new CurlTransport();
-  return *transport;
+absl::StatusOr<Transport*> DefaultTransport() {
+  CUBIST_ASSIGN_OR_RETURN(const CurlApi* curl, LoadCurl());
+  static CurlTransport* const transport = new CurlTransport(*curl);
+  return transport;
 }
 
 }  // namespace cubist

@@ -11,7 +11,9 @@
 #include <string>
 #include <string_view>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "artifacts/curl_library.h"
 #include "artifacts/curl_options.h"
 #include "artifacts/fetch_policy.h"
 #include "artifacts/transport.h"
@@ -37,11 +39,16 @@ std::optional<std::string> EtagFromHeaderLine(std::string_view line);
 // have changed since the last). Protocols http, https and file.
 class CurlTransport final : public Transport {
  public:
+  explicit CurlTransport(const CurlApi& curl) : curl_(curl) {}
   TransportResponse Get(const TransportRequest& request) override;
+
+ private:
+  const CurlApi& curl_;
 };
 
-// A process-wide CurlTransport, created on first use.
-Transport& DefaultTransport();
+// A process-wide CurlTransport over LoadCurl()'s libcurl, created on first use (the
+// first read of a URL loads libcurl). Errors: LoadCurl()'s.
+[[nodiscard]] absl::StatusOr<Transport*> DefaultTransport();
 
 }  // namespace cubist
 

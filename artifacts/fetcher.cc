@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "artifacts/curl_handles.h"
+#include "artifacts/curl_library.h"
 #include "artifacts/curl_options.h"
 #include "artifacts/curl_transport.h"
 #include "artifacts/fetch_policy.h"
@@ -44,24 +45,52 @@ const char* FetchOutcomeName(FetchOutcome outcome) {
   return "?";
 }
 
-bool SelectedByFilters(const std::string& path, const std::vector<std::string>& filters) {
-  return filters.empty() ||
-         std::any_of(filters.begin(), filters.end(), [&](const std::string& g) {
-           return ::fnmatch(g.c_str(), path.c_str(), 0) == 0;
-         });
+bool SelectedByFilters(std::string_view path, const std::vector<std::string>& filters) {
+  if (filters.empty()) return true;
+  const std::string terminated(path);  // fnmatch wants a C string
+  return std::any_of(filters.begin(), filters.end(), [&](const std::string& g) {
+    return ::fnmatch(g.c_str(), terminated.c_str(), 0) == 0;
+  });
 }
+
+namespace {
+
+// CheckAllCached over whatever `for_each` walks: it calls its argument on each
+// artifact's (path, sha256, size) until that returns false.
+template <typename ForEach>
+CacheCheck CheckEach(const Store& store, const std::vector<std::string>& filters,
+                     ForEach for_each) {
+  CacheCheck out;
+  const Store::BatchProbe probe(store);
+  const bool all = for_each([&](std::string_view path, std::string_view sha256,
+                                std::optional<uint64_t> size) {
+    if (!SelectedByFilters(path, filters)) return true;
+    if (probe.Probe(sha256, size) != ObjectState::kPresent) return false;
+    ++out.selected;
+    return true;
+  });
+  out.all_present = all;
+  return out;
+}
+
+}  // namespace
 
 CacheCheck CheckAllCached(const Store& store, const Manifest& manifest,
                           const std::vector<std::string>& filters) {
-  CacheCheck out;
-  const Store::BatchProbe probe(store);
-  for (const Artifact& a : manifest.artifacts) {
-    if (!SelectedByFilters(a.path, filters)) continue;
-    if (probe.Probe(a.sha256, a.size) != ObjectState::kPresent) return out;
-    ++out.selected;
-  }
-  out.all_present = true;
-  return out;
+  return CheckEach(store, filters, [&](auto visit) {
+    for (const Artifact& a : manifest.artifacts) {
+      if (!visit(a.path, a.sha256, a.size)) return false;
+    }
+    return true;
+  });
+}
+
+CacheCheck CheckAllCached(const Store& store, const PackedArtifacts& artifacts,
+                          const std::vector<std::string>& filters) {
+  return CheckEach(store, filters, [&](auto visit) {
+    return artifacts.ForEach(
+        [&](const ArtifactRef& a) { return visit(a.path, a.sha256, a.size); });
+  });
 }
 
 std::vector<FetchItem> PlanFetch(const Manifest& manifest,
@@ -127,6 +156,7 @@ struct Job {
 // One HTTP(S) or file transfer of a Job.
 struct Transfer {
   Job* job = nullptr;
+  const CurlApi* curl = nullptr;  // the table `easy` came from
   CurlEasy easy;
   std::string url;
   uint64_t start_offset = 0;
@@ -153,6 +183,7 @@ struct Shared {
   GroupCommitter& committer;
   FetchProgress* progress;
   int per_worker;
+  const CurlApi* curl;  // null with --offline: nothing is transferred, libcurl not loaded
 };
 
 class Worker {
@@ -160,13 +191,16 @@ class Worker {
   explicit Worker(Shared& shared)
       : s_(shared),
         clock_(shared.options.clock != nullptr ? *shared.options.clock : Clock::Real()),
-        multi_(curl_multi_init()),
+        curl_(shared.curl),
         rng_(std::random_device{}()) {
     policy_.attempts_per_source = s_.options.attempts_per_source;
     policy_.backoff_base = s_.options.backoff_base;
     policy_.backoff_max = s_.options.backoff_max;
     policy_.retry_after_max = s_.options.retry_after_max;
-    curl_multi_setopt(multi_.get(), CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
+    if (curl_ != nullptr) {
+      multi_.reset(curl_->multi_init());
+      curl_->multi_setopt(multi_.get(), CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
+    }
     curl_options_.max_redirects = s_.options.max_redirects;
     curl_options_.connect_timeout = s_.options.connect_timeout;
     curl_options_.low_speed_bytes = s_.options.low_speed_bytes;
@@ -194,19 +228,8 @@ class Worker {
       }
       if (active_ == 0 && waiting_.empty() && s_.next.load() >= s_.jobs.size()) return;
 
-      int running = 0;
-      curl_multi_perform(multi_.get(), &running);
-      int queued = 0;
-      while (CURLMsg* msg = curl_multi_info_read(multi_.get(), &queued)) {
-        if (msg->msg != CURLMSG_DONE) continue;
-        Transfer* t = nullptr;
-        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, reinterpret_cast<char**>(&t));
-        CURLcode rc = msg->data.result;
-        curl_multi_remove_handle(multi_.get(), msg->easy_handle);
-        --active_;
-        std::unique_ptr<Transfer> owned(t);
-        OnDone(*owned, rc);
-      }
+      // Without libcurl (--offline) no transfer was started: nothing to drive.
+      if (curl_ != nullptr) DriveTransfers();
       int timeout_ms = 100;
       if (!waiting_.empty()) {
         absl::Time soonest = absl::InfiniteFuture();
@@ -215,7 +238,7 @@ class Worker {
             absl::ToInt64Milliseconds(soonest - clock_.Now()), 0, 100));
       }
       if (active_ > 0) {
-        curl_multi_poll(multi_.get(), nullptr, 0, timeout_ms, nullptr);
+        curl_->multi_poll(multi_.get(), nullptr, 0, timeout_ms, nullptr);
       } else if (!waiting_.empty() && timeout_ms > 0) {
         // Nothing in flight and every remaining job is waiting (backoff or another
         // process's lock): sleep until the first is due. With nothing waiting either,
@@ -227,6 +250,23 @@ class Worker {
 
  private:
   const Artifact& A(const Job* job) const { return job->item->artifact; }
+
+  // One turn of the multi handle: moves data, then handles every finished transfer.
+  void DriveTransfers() {
+    int running = 0;
+    curl_->multi_perform(multi_.get(), &running);
+    int queued = 0;
+    while (CURLMsg* msg = curl_->multi_info_read(multi_.get(), &queued)) {
+      if (msg->msg != CURLMSG_DONE) continue;
+      Transfer* t = nullptr;
+      curl_->easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, reinterpret_cast<char**>(&t));
+      CURLcode rc = msg->data.result;
+      curl_->multi_remove_handle(multi_.get(), msg->easy_handle);
+      --active_;
+      std::unique_ptr<Transfer> owned(t);
+      OnDone(*owned, rc);
+    }
+  }
 
   void Finish(Job* job, FetchOutcome outcome) {
     job->result->outcome = outcome;
@@ -457,7 +497,7 @@ class Worker {
     if (t->status_checked) return true;
     t->status_checked = true;
     long code = 0;
-    curl_easy_getinfo(t->easy.get(), CURLINFO_RESPONSE_CODE, &code);
+    t->curl->easy_getinfo(t->easy.get(), CURLINFO_RESPONSE_CODE, &code);
     bool is_file = absl::StartsWithIgnoreCase(Sv(t->url), "file://");
     if (!is_file && (code < 200 || code >= 300)) {
       t->discard = true;
@@ -517,29 +557,30 @@ class Worker {
     t->progress = s_.progress;
     const Artifact& a = A(job);
     t->limit = a.size.has_value() ? *a.size : s_.options.max_unknown_size;
-    t->easy.reset(curl_easy_init());
+    t->curl = curl_;
+    t->easy.reset(curl_->easy_init());
     CURL* e = t->easy.get();
-    curl_easy_setopt(e, CURLOPT_URL, t->url.c_str());
-    curl_easy_setopt(e, CURLOPT_PRIVATE, t.get());
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &Worker::OnWrite);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, t.get());
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &Worker::OnHeader);
-    curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get());
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
-    ApplyCurlOptions(e, curl_options_);
-    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 256L * 1024L);
+    curl_->easy_setopt(e, CURLOPT_URL, t->url.c_str());
+    curl_->easy_setopt(e, CURLOPT_PRIVATE, t.get());
+    curl_->easy_setopt(e, CURLOPT_WRITEFUNCTION, &Worker::OnWrite);
+    curl_->easy_setopt(e, CURLOPT_WRITEDATA, t.get());
+    curl_->easy_setopt(e, CURLOPT_HEADERFUNCTION, &Worker::OnHeader);
+    curl_->easy_setopt(e, CURLOPT_HEADERDATA, t.get());
+    curl_->easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
+    ApplyCurlOptions(*curl_, e, curl_options_);
+    curl_->easy_setopt(e, CURLOPT_BUFFERSIZE, 256L * 1024L);
     if (s_.options.authorization) {
       std::string header = s_.options.authorization(t->url);
       if (!header.empty()) {
-        t->headers.reset(curl_slist_append(nullptr, header.c_str()));
-        curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->headers.get());
+        t->headers.reset(curl_->slist_append(nullptr, header.c_str()));
+        curl_->easy_setopt(e, CURLOPT_HTTPHEADER, t->headers.get());
       }
     }
     if (job->offset > 0) {
-      curl_easy_setopt(e, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(job->offset));
+      curl_->easy_setopt(e, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(job->offset));
     }
     job->result->attempts++;
-    if (curl_multi_add_handle(multi_.get(), e) != CURLM_OK) {
+    if (curl_->multi_add_handle(multi_.get(), e) != CURLM_OK) {
       Fail(job, absl::InternalError(absl::StrCat("fetch ", a.path, ": curl_multi_add_handle")));
       return;
     }
@@ -556,7 +597,7 @@ class Worker {
     TransferFacts facts;
     facts.result = TransportResultOf(rc);
     facts.is_file = absl::StartsWithIgnoreCase(Sv(t.url), "file://");
-    curl_easy_getinfo(t.easy.get(), CURLINFO_RESPONSE_CODE, &facts.http_status);
+    curl_->easy_getinfo(t.easy.get(), CURLINFO_RESPONSE_CODE, &facts.http_status);
     facts.oversize = t.oversize;
     facts.bad_range = t.bad_range;
     const std::string from = absl::StrCat("from ", t.url);
@@ -651,7 +692,7 @@ class Worker {
         !(f.result == TransportResult::kRangeError && !f.is_file &&
           (f.http_status < 200 || f.http_status >= 300))) {
       return absl::StrCat(from, ": ", t.errbuf[0] != '\0' ? t.errbuf
-                                                          : curl_easy_strerror(rc));
+                                                          : t.curl->easy_strerror(rc));
     }
     const bool not_found = f.http_status == 404 || f.http_status == 410;
     return absl::StrCat(from, ": HTTP ", f.http_status, not_found ? " (not found)" : "");
@@ -691,6 +732,7 @@ class Worker {
   Shared& s_;
   Clock& clock_;
   RetryPolicy policy_;
+  const CurlApi* curl_;
   CurlMulti multi_;
   std::mt19937_64 rng_;
   std::uniform_real_distribution<double> jitter_{0.0, 1.0};
@@ -733,8 +775,26 @@ FetchReport FetchArtifacts(const Store& store, const std::vector<FetchItem>& ite
     progress->files_unsized = unsized;
     progress->files_total = todo.size();
   }
-  if (!todo.empty()) {
-    EnsureCurlInitialized();
+  // libcurl is loaded only now that something is to be transferred (curl_library.h),
+  // and not at all --offline, where a missing artifact fails without a transfer.
+  const CurlApi* curl = nullptr;
+  absl::Status no_curl;
+  if (!todo.empty() && !options.offline) {
+    absl::StatusOr<const CurlApi*> loaded = LoadCurl();
+    if (loaded.ok()) {
+      curl = *loaded;
+    } else {
+      no_curl = loaded.status();
+    }
+  }
+  if (!no_curl.ok()) {
+    for (size_t i : todo) {
+      ArtifactResult& r = report.results[i];
+      r.outcome = FetchOutcome::kFailed;
+      r.status = Annotate(no_curl, absl::StrCat("fetch ", items[i].artifact.path));
+      if (progress != nullptr) progress->files_failed.fetch_add(1);
+    }
+  } else if (!todo.empty()) {
     std::vector<Job> jobs(todo.size());
     for (size_t k = 0; k < todo.size(); ++k) {
       jobs[k].item = &items[todo[k]];
@@ -747,7 +807,7 @@ FetchReport FetchArtifacts(const Store& store, const std::vector<FetchItem>& ite
     int jobs_total = std::max(1, options.jobs);
     threads = std::clamp(threads, 1, std::min<int>(jobs_total, static_cast<int>(todo.size())));
     Shared shared{store, options, jobs, {}, committer, progress,
-                  (jobs_total + threads - 1) / threads};
+                  (jobs_total + threads - 1) / threads, curl};
     std::vector<std::thread> pool;
     for (int i = 0; i < threads; ++i) {
       pool.emplace_back([&shared] { Worker(shared).Run(); });

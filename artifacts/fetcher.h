@@ -37,6 +37,7 @@
 #include "artifacts/store.h"
 #include "base/clock.h"
 #include "manifest/manifest.h"
+#include "manifest/manifest_binary.h"
 
 namespace cubist {
 
@@ -132,9 +133,13 @@ struct CacheCheck {
 };
 CacheCheck CheckAllCached(const Store& store, const Manifest& manifest,
                           const std::vector<std::string>& filters);
+// The same check of artifacts still packed in a parsed-manifest entry (manifest_binary.h,
+// OpenManifestOptions::pack_artifacts): not even an Artifact is built per artifact.
+CacheCheck CheckAllCached(const Store& store, const PackedArtifacts& artifacts,
+                          const std::vector<std::string>& filters);
 
 // Whether `path` matches one of `filters` (fnmatch globs); an empty list selects all.
-bool SelectedByFilters(const std::string& path, const std::vector<std::string>& filters);
+bool SelectedByFilters(std::string_view path, const std::vector<std::string>& filters);
 
 // Builds the items for a manifest: each artifact whose path matches one of `filters`
 // (fnmatch globs; empty = all), with its URLs from ArtifactBases; for a manifest

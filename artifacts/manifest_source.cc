@@ -147,7 +147,12 @@ absl::StatusOr<LocationRead> ReadLocationIfChanged(std::string_view location,
     CUBIST_ASSIGN_OR_RETURN(out.bytes, ReadFileToString(std::string(location), max_bytes));
     return out;
   }
-  Transport& transport = seams.transport != nullptr ? *seams.transport : DefaultTransport();
+  Transport* transport = seams.transport;
+  if (transport == nullptr) {
+    absl::StatusOr<Transport*> curl = DefaultTransport();
+    if (!curl.ok()) return Annotate(curl.status(), location);
+    transport = *curl;
+  }
   Clock& clock = seams.clock != nullptr ? *seams.clock : Clock::Real();
   RetryPolicy policy = seams.retry;
   policy.attempts_per_source = std::max(1, attempts);
@@ -156,7 +161,7 @@ absl::StatusOr<LocationRead> ReadLocationIfChanged(std::string_view location,
   const std::string url(location);
   AttemptState state;
   for (;;) {
-    TransportResponse r = transport.Get({url, max_bytes, timeout, std::string(etag)});
+    TransportResponse r = transport->Get({url, max_bytes, timeout, std::string(etag)});
     if (r.too_large) {
       return absl::InvalidArgumentError(absl::StrCat(
           url, ": larger than the limit of ", max_bytes, " bytes; is this a manifest?"));
@@ -193,6 +198,12 @@ absl::StatusOr<LocationRead> ReadLocationIfChanged(std::string_view location,
                                             " attempts)")
                              : absl::StrCat(url, ": ", why));
   }
+}
+
+void OpenedManifest::UnpackArtifacts() {
+  if (!packed_artifacts.has_value()) return;
+  manifest.artifacts = packed_artifacts->Unpack();
+  packed_artifacts.reset();
 }
 
 absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
@@ -254,9 +265,13 @@ absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
   std::optional<ParsedManifestCache> parsed;
   if (options.store != nullptr) parsed.emplace(*options.store);
   std::optional<Manifest> hit;
-  if (parsed.has_value()) hit = parsed->Find(out.bytes, digest, source);
+  PackedArtifacts packed;
+  if (parsed.has_value()) {
+    hit = parsed->Find(out.bytes, digest, source, options.pack_artifacts ? &packed : nullptr);
+  }
   if (hit.has_value()) {
     out.manifest = *std::move(hit);
+    if (options.pack_artifacts) out.packed_artifacts = std::move(packed);
   } else {
     CUBIST_ASSIGN_OR_RETURN(out.manifest, ParseManifestOrChecksums(out.bytes, source));
     // Best effort: a cache that cannot be written costs the next run a parse, no more.

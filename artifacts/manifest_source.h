@@ -18,6 +18,7 @@
 #include "artifacts/transport.h"
 #include "base/clock.h"
 #include "manifest/manifest.h"
+#include "manifest/manifest_binary.h"
 #include "manifest/trust.h"
 
 namespace cubist {
@@ -38,6 +39,10 @@ struct OpenManifestOptions {
   // Record the version as the highest verified (fetch does; read-only commands don't,
   // they only compare).
   bool record_version = false;
+  // When the parse comes from the cache, leave the artifacts packed in the cached entry
+  // (OpenedManifest::packed_artifacts) instead of building manifest.artifacts: for a
+  // warm fetch, which needs no more than a look at each (manifest_binary.h).
+  bool pack_artifacts = false;
 };
 
 struct OpenedManifest {
@@ -46,6 +51,12 @@ struct OpenedManifest {
   bool from_offline_copy = false;
   // Things the user should hear about that are not errors (an OCI tag that moved).
   std::vector<std::string> notices;
+  // Set only with OpenManifestOptions::pack_artifacts and a parse from the cache: the
+  // artifacts, read in place, and manifest.artifacts empty until UnpackArtifacts().
+  std::optional<PackedArtifacts> packed_artifacts;
+
+  // Moves packed artifacts, if any, into manifest.artifacts.
+  void UnpackArtifacts();
 };
 
 // Reads `location` (http(s):// or file:// URL, an oci:// reference (oci_manifest_source.h),

@@ -14,10 +14,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "artifacts/credential_helper.h"
+#include "artifacts/curl_library.h"
 #include "artifacts/curl_options.h"
 #include "artifacts/fetch_policy.h"
 #include "base/clock.h"
 #include "base/file_util.h"
+#include "base/status_macros.h"
 #include "base/strings.h"
 
 namespace cubist {
@@ -149,13 +151,13 @@ size_t ReadBody(char* buf, size_t size, size_t n, void* user) {
 }
 
 // Registries speak HTTP(S) only; redirects are enabled per request (SendOnce).
-void CommonOptions(CURL* e, absl::Duration timeout) {
+void CommonOptions(const CurlApi& curl, CURL* e, absl::Duration timeout) {
   CurlOptions options;
   options.protocols = "http,https";
   options.follow_redirects = false;
   options.total_timeout = timeout;
   options.ca = CaSettings::FromEnvironment();
-  ApplyCurlOptions(e, options);
+  ApplyCurlOptions(curl, e, options);
 }
 
 std::string UrlEncode(std::string_view s) {
@@ -291,28 +293,29 @@ absl::StatusOr<std::string> RegistryAuth::FetchToken(const AuthChallenge& challe
   query.push_back(absl::StrCat("scope=", UrlEncode(scope)));
   url += (url.find('?') == std::string::npos ? "?" : "&") + absl::StrJoin(query, "&");
 
-  CurlEasy easy(curl_easy_init());
+  CUBIST_ASSIGN_OR_RETURN(const CurlApi* curl, LoadCurl());
+  CurlEasy easy(curl->easy_init());
   CURL* e = easy.get();
-  CommonOptions(e, absl::Seconds(60));
+  CommonOptions(*curl, e, absl::Seconds(60));
   std::string body;
   std::pair<std::string*, uint64_t> sink{&body, 1 << 20};
   char errbuf[CURL_ERROR_SIZE] = {0};
-  curl_easy_setopt(e, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &AppendBody);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, &sink);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+  curl->easy_setopt(e, CURLOPT_URL, url.c_str());
+  curl->easy_setopt(e, CURLOPT_WRITEFUNCTION, &AppendBody);
+  curl->easy_setopt(e, CURLOPT_WRITEDATA, &sink);
+  curl->easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
   if (!credentials_.empty()) {
-    curl_easy_setopt(e, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
-    curl_easy_setopt(e, CURLOPT_USERNAME, credentials_.username.c_str());
-    curl_easy_setopt(e, CURLOPT_PASSWORD, credentials_.password.c_str());
+    curl->easy_setopt(e, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
+    curl->easy_setopt(e, CURLOPT_USERNAME, credentials_.username.c_str());
+    curl->easy_setopt(e, CURLOPT_PASSWORD, credentials_.password.c_str());
   }
-  CURLcode rc = curl_easy_perform(e);
+  CURLcode rc = curl->easy_perform(e);
   long code = 0;
-  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
+  curl->easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
   if (rc != CURLE_OK) {
     return absl::UnavailableError(absl::StrCat("registry ", ref_.host, ": token endpoint ",
                                                realm->second, ": ",
-                                               errbuf[0] ? errbuf : curl_easy_strerror(rc)));
+                                               errbuf[0] ? errbuf : curl->easy_strerror(rc)));
   }
   if (code == 401 || code == 403) {
     return absl::PermissionDeniedError(
@@ -383,10 +386,7 @@ std::string HttpResponse::Header(std::string_view name) const {
 }
 
 RegistryClient::RegistryClient(std::shared_ptr<RegistryAuth> auth, absl::Duration timeout)
-    : auth_(std::move(auth)), timeout_(timeout) {
-  EnsureCurlInitialized();
-  easy_.reset(curl_easy_init());
-}
+    : auth_(std::move(auth)), timeout_(timeout) {}
 
 std::string RegistryClient::Url(std::string_view relative) const {
   if (absl::StartsWith(Sv(relative), "http://") || absl::StartsWith(Sv(relative), "https://")) {
@@ -405,25 +405,30 @@ absl::StatusOr<HttpResponse> RegistryClient::SendOnce(std::string_view method,
                                                       const std::vector<std::string>& headers,
                                                       const HttpBody& body, uint64_t max_body,
                                                       std::string* sent_auth) {
+  if (curl_ == nullptr) {
+    // The first request loads libcurl (curl_library.h); one handle serves them all.
+    CUBIST_ASSIGN_OR_RETURN(curl_, LoadCurl());
+    easy_.reset(curl_->easy_init());
+  }
   CURL* e = easy_.get();
-  curl_easy_reset(e);  // keeps the connection cache
-  CommonOptions(e, timeout_);
+  curl_->easy_reset(e);  // keeps the connection cache
+  CommonOptions(*curl_, e, timeout_);
   HttpResponse response;
   std::pair<std::string*, uint64_t> sink{&response.body, max_body};
   char errbuf[CURL_ERROR_SIZE] = {0};
-  curl_easy_setopt(e, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &AppendBody);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, &sink);
-  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &CollectHeader);
-  curl_easy_setopt(e, CURLOPT_HEADERDATA, &response.headers);
+  curl_->easy_setopt(e, CURLOPT_URL, url.c_str());
+  curl_->easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+  curl_->easy_setopt(e, CURLOPT_WRITEFUNCTION, &AppendBody);
+  curl_->easy_setopt(e, CURLOPT_WRITEDATA, &sink);
+  curl_->easy_setopt(e, CURLOPT_HEADERFUNCTION, &CollectHeader);
+  curl_->easy_setopt(e, CURLOPT_HEADERDATA, &response.headers);
   // Registries may redirect blob reads to storage (S3, a CDN); libcurl drops our
   // Authorization header when the host changes.
-  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, method == "GET" || method == "HEAD" ? 1L : 0L);
+  curl_->easy_setopt(e, CURLOPT_FOLLOWLOCATION, method == "GET" || method == "HEAD" ? 1L : 0L);
   CurlSlist list;
   *sent_auth = auth_->HeaderFor(url);
   auto add = [&](const std::string& h) {
-    curl_slist* n = curl_slist_append(list.get(), h.c_str());
+    curl_slist* n = curl_->slist_append(list.get(), h.c_str());
     if (n != nullptr) {
       list.release();
       list.reset(n);
@@ -433,37 +438,37 @@ absl::StatusOr<HttpResponse> RegistryClient::SendOnce(std::string_view method,
   for (const std::string& h : headers) add(h);
   FileReader reader{&body};
   if (method == "HEAD") {
-    curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+    curl_->easy_setopt(e, CURLOPT_NOBODY, 1L);
   } else if (method == "GET") {
-    curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+    curl_->easy_setopt(e, CURLOPT_HTTPGET, 1L);
   } else {
-    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, std::string(method).c_str());
+    curl_->easy_setopt(e, CURLOPT_CUSTOMREQUEST, std::string(method).c_str());
     add("Expect:");  // no 100-continue round trip per blob
     if (body.from_file()) {
       // Streamed from disk (UPLOAD sends PUT; CUSTOMREQUEST renames it).
-      curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
-      curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(body.size()));
-      curl_easy_setopt(e, CURLOPT_READFUNCTION, &ReadBody);
-      curl_easy_setopt(e, CURLOPT_READDATA, &reader);
+      curl_->easy_setopt(e, CURLOPT_UPLOAD, 1L);
+      curl_->easy_setopt(e, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(body.size()));
+      curl_->easy_setopt(e, CURLOPT_READFUNCTION, &ReadBody);
+      curl_->easy_setopt(e, CURLOPT_READDATA, &reader);
     } else {
-      curl_easy_setopt(e, CURLOPT_POST, 1L);
-      curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.data.size()));
-      curl_easy_setopt(e, CURLOPT_POSTFIELDS, body.data.empty() ? "" : body.data.data());
+      curl_->easy_setopt(e, CURLOPT_POST, 1L);
+      curl_->easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.data.size()));
+      curl_->easy_setopt(e, CURLOPT_POSTFIELDS, body.data.empty() ? "" : body.data.data());
     }
   }
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, list.get());
-  CURLcode rc = curl_easy_perform(e);
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, nullptr);
+  curl_->easy_setopt(e, CURLOPT_HTTPHEADER, list.get());
+  CURLcode rc = curl_->easy_perform(e);
+  curl_->easy_setopt(e, CURLOPT_HTTPHEADER, nullptr);
   if (rc == CURLE_WRITE_ERROR && response.body.size() >= max_body) {
     return absl::InvalidArgumentError(absl::StrCat(
         Sv(method), " ", url, ": the answer is larger than ", max_body, " bytes"));
   }
   if (rc != CURLE_OK) {
-    std::string why = errbuf[0] ? errbuf : curl_easy_strerror(rc);
+    std::string why = errbuf[0] ? errbuf : curl_->easy_strerror(rc);
     if (reader.error != 0) why = absl::StrCat("reading the upload: ", strerror(reader.error));
     return absl::UnavailableError(absl::StrCat(Sv(method), " ", url, ": ", why));
   }
-  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &response.status);
+  curl_->easy_getinfo(e, CURLINFO_RESPONSE_CODE, &response.status);
   return response;
 }
 

@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "artifacts/curl_handles.h"
+#include "artifacts/curl_library.h"
 #include "artifacts/oci_reference.h"
 
 namespace cubist {
@@ -139,6 +140,7 @@ class RegistryClient {
                                         std::string* sent_auth);
   std::shared_ptr<RegistryAuth> auth_;
   absl::Duration timeout_;
+  const CurlApi* curl_ = nullptr;  // loaded by the first request
   CurlEasy easy_;
 };
 

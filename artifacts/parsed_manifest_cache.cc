@@ -31,18 +31,23 @@ std::string ParsedManifestCache::EntryPath(std::string_view bytes, std::string_v
 
 std::optional<Manifest> ParsedManifestCache::Find(std::string_view bytes,
                                                   std::string_view digest,
-                                                  std::string_view source) const {
+                                                  std::string_view source,
+                                                  PackedArtifacts* packed) const {
   if (!IsSha256Hex(digest)) return std::nullopt;
   std::string name;
   const std::string path = EntryPath(bytes, digest, source, &name);
   absl::StatusOr<std::string> entry = ReadFileToString(path, kMaxEntryBytes);
   if (!entry.ok()) return std::nullopt;
-  absl::StatusOr<Manifest> m = DecodeManifestBinary(*entry);
+  PackedArtifacts artifacts;
+  absl::StatusOr<Manifest> m = packed != nullptr
+                                   ? DecodeManifestBinaryPacked(*std::move(entry), &artifacts)
+                                   : DecodeManifestBinary(*entry);
   // Intact, and for these bytes: anything else is parsed again (and the entry rewritten).
   if (!m.ok() || m->digest != digest || (!name.empty() && m->name != name)) {
     return std::nullopt;
   }
   m->source = std::string(source);
+  if (packed != nullptr) *packed = std::move(artifacts);
   return *std::move(m);
 }
 

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "artifacts/store.h"
 #include "manifest/manifest.h"
+#include "manifest/manifest_binary.h"
 
 namespace cubist {
 
@@ -36,8 +37,11 @@ class ParsedManifestCache {
   // What ParseManifestOrChecksums(bytes, source) returns (with default options), when an
   // intact entry holds it; nullopt when there is none, or it is damaged or stale.
   // `digest` is the SHA-256 (hex) of `bytes`, which the caller has computed already.
+  // With `packed`, the artifacts are left in the entry, read through `*packed`
+  // (manifest_binary.h), and the returned manifest has none.
   std::optional<Manifest> Find(std::string_view bytes, std::string_view digest,
-                               std::string_view source) const;
+                               std::string_view source,
+                               PackedArtifacts* packed = nullptr) const;
 
   // Remembers `manifest`, parsed from `bytes` read from `source` (manifest.digest is
   // their SHA-256). Atomic; a failure leaves no partial entry.

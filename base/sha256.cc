@@ -7,7 +7,13 @@
 #include <cstring>
 #include <vector>
 
-#include <openssl/evp.h>
+// OpenSSL's one-shot SHA-256 functions, not EVP: the first EVP digest of a process loads
+// OpenSSL's configuration and its default provider and fetches the algorithm, 2-3 ms
+// (measured here: more than hashing FlashInfer's 2.2 MB checksums.txt), which a warm
+// fetch would pay on every run. These run the same assembly (SHA-NI where the CPU has
+// it) without that. OpenSSL 3 marks them deprecated, not removed.
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <openssl/sha.h>
 
 #include "absl/strings/str_cat.h"
 #include "base/strings.h"
@@ -16,30 +22,22 @@
 namespace cubist {
 
 struct Sha256::Ctx {
-  EVP_MD_CTX* md = nullptr;
-  ~Ctx() { EVP_MD_CTX_free(md); }
+  SHA256_CTX sha;
 };
 
-Sha256::Sha256() : ctx_(std::make_unique<Ctx>()) {
-  ctx_->md = EVP_MD_CTX_new();
-  // Allocation failure of a ~200 byte context is not recoverable in any useful way.
-  if (ctx_->md == nullptr || EVP_DigestInit_ex(ctx_->md, EVP_sha256(), nullptr) != 1) {
-    std::abort();
-  }
-}
+Sha256::Sha256() : ctx_(std::make_unique<Ctx>()) { SHA256_Init(&ctx_->sha); }
 Sha256::~Sha256() = default;
 Sha256::Sha256(Sha256&&) noexcept = default;
 Sha256& Sha256::operator=(Sha256&&) noexcept = default;
 
 void Sha256::Update(const void* data, size_t size) {
-  if (size > 0) EVP_DigestUpdate(ctx_->md, data, size);
+  if (size > 0) SHA256_Update(&ctx_->sha, data, size);
 }
 
 Sha256Digest Sha256::Finish() {
   Sha256Digest out{};
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx_->md, out.data(), &len);
-  EVP_DigestInit_ex(ctx_->md, EVP_sha256(), nullptr);
+  SHA256_Final(out.data(), &ctx_->sha);
+  SHA256_Init(&ctx_->sha);
   return out;
 }
 

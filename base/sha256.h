@@ -1,4 +1,4 @@
-// SHA-256 through OpenSSL's EVP interface (SHA-NI where the CPU has it).
+// SHA-256 through OpenSSL (SHA-NI where the CPU has it).
 #ifndef CUBIST_BASE_SHA256_H_
 #define CUBIST_BASE_SHA256_H_
 
@@ -14,7 +14,7 @@ namespace cubist {
 
 using Sha256Digest = std::array<uint8_t, 32>;
 
-// Incremental hasher. Move-only; owns its EVP_MD_CTX. Not thread-safe.
+// Incremental hasher. Move-only; owns its OpenSSL context. Not thread-safe.
 class Sha256 {
  public:
   Sha256();

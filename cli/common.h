@@ -25,16 +25,20 @@ inline absl::StatusOr<Store> OpenStore(const std::string& cache_flag, bool creat
   return Store::Open(root, create);
 }
 
+// `pack_artifacts`: OpenManifestOptions::pack_artifacts (fetch, whose warm path may need
+// no Artifact built).
 inline absl::StatusOr<OpenedManifest> OpenManifestForCommand(const std::string& location,
                                                              const TrustFlags& trust,
                                                              const Store* store,
                                                              bool offline,
-                                                             bool record_version) {
+                                                             bool record_version,
+                                                             bool pack_artifacts = false) {
   OpenManifestOptions options;
   CUBIST_ASSIGN_OR_RETURN(options.trust, trust.Policy());
   options.offline = offline;
   options.store = store;
   options.record_version = record_version;
+  options.pack_artifacts = pack_artifacts;
   return OpenManifest(location, options);
 }
 

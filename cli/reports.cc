@@ -59,18 +59,23 @@ absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgres
                                              const FetchStartHook& on_start,
                                              FetchReport* report_out) {
   CUBIST_ASSIGN_OR_RETURN(Store store, OpenStore(f.cache, /*create=*/true));
+  // The warm path (issue 12): when every selected artifact is present with its size
+  // (the same check FetchArtifacts makes first), nothing per artifact is built beyond
+  // the report entries asked for, not even the manifest's Artifacts when its parse comes
+  // from the cache (they are looked at where they lie). Else the full plan, which
+  // probes again.
   CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened,
                           OpenManifestForCommand(f.manifest, f.trust, &store, f.offline,
-                                                 /*record_version=*/true));
+                                                 /*record_version=*/true,
+                                                 /*pack_artifacts=*/!f.artifact_entries));
   const Manifest& m = opened.manifest;
   CommandReport out;
   out.notices = opened.notices;
   FetchReport report;
-  // The warm path (issue 12): when every selected artifact is present with its size
-  // (the same check FetchArtifacts makes first), nothing per artifact is built beyond
-  // the report entries asked for. Else the full plan, which probes again.
   const absl::Time start = absl::Now();
-  const CacheCheck warm = CheckAllCached(store, m, f.filters);
+  const CacheCheck warm = opened.packed_artifacts.has_value()
+                              ? CheckAllCached(store, *opened.packed_artifacts, f.filters)
+                              : CheckAllCached(store, m, f.filters);
   if (warm.all_present) {
     if (warm.selected == 0 && !f.filters.empty()) return NoMatchError(f);
     report.cached = static_cast<int>(warm.selected);
@@ -87,6 +92,7 @@ absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgres
     if (on_start) on_start(store, {});
     report.elapsed = absl::Now() - start;
   } else {
+    opened.UnpackArtifacts();  // the plan needs them built
     std::vector<FetchItem> items = PlanFetch(m, f.mirrors, f.filters);
     if (items.empty() && !f.filters.empty()) return NoMatchError(f);
     FetchOptions options;

@@ -1,6 +1,7 @@
 #include "manifest/manifest_binary.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -65,9 +66,16 @@ class Reader {
     return true;
   }
   bool Str(std::string* s) {
+    std::string_view v;
+    if (!View(&v)) return false;
+    s->assign(v.data(), v.size());
+    return true;
+  }
+  // A string where it lies: no copy.
+  bool View(std::string_view* s) {
     uint32_t n;
     if (!U32(&n) || n > in_.size() - pos_) return false;
-    s->assign(in_.data() + pos_, n);
+    *s = in_.substr(pos_, n);
     pos_ += n;
     return true;
   }
@@ -76,17 +84,27 @@ class Reader {
   bool Count(uint32_t* n, size_t min_bytes) {
     return U32(n) && *n <= (in_.size() - pos_) / min_bytes;
   }
+  // Into `extras`; or, when it is null, only checked and stepped over.
   bool Extras(ExtraFields* extras) {
     uint32_t n;
     if (!Count(&n, 8)) return false;
     for (uint32_t i = 0; i < n; ++i) {
-      std::string key, value;
-      if (!Str(&key) || !Str(&value)) return false;
-      if (!extras->emplace(std::move(key), std::move(value)).second) return false;
+      std::string_view key, value;
+      if (!View(&key) || !View(&value)) return false;
+      if (extras != nullptr &&
+          !extras->emplace(std::string(key), std::string(value)).second) {
+        return false;
+      }
     }
     return true;
   }
+  bool Skip(size_t n) {
+    if (n > in_.size() - pos_) return false;
+    pos_ += n;
+    return true;
+  }
   bool done() const { return pos_ == in_.size(); }
+  size_t pos() const { return pos_; }
 
  private:
   bool Raw(void* p, size_t n) {
@@ -127,7 +145,29 @@ bool ReadKernel(Reader& r, KernelSpec* k) {
   return r.Extras(&k->extras);
 }
 
-bool ReadFields(Reader& r, Manifest* m) {
+// One artifact's fields, as views; its extras into `extras`, or stepped over when null.
+bool ReadArtifact(Reader& r, ArtifactRef* a, ExtraFields* extras) {
+  uint8_t flag;
+  if (!r.View(&a->path) || !r.View(&a->sha256) || !r.U8(&flag) || flag > 1) return false;
+  a->size.reset();
+  if (flag == 1) {
+    int64_t size;
+    if (!r.I64(&size) || size < 0) return false;
+    a->size = static_cast<uint64_t>(size);
+  }
+  return r.Extras(extras);
+}
+
+// Where the artifacts lie in the bytes a Reader reads, when they are left packed.
+struct ArtifactsSection {
+  size_t begin = 0;
+  size_t end = 0;
+  uint32_t count = 0;
+};
+
+// Every field of the manifest; the artifacts into m->artifacts, or, with `packed`, only
+// checked and located there.
+bool ReadFields(Reader& r, Manifest* m, ArtifactsSection* packed) {
   uint8_t flag;
   if (!r.Str(&m->digest) || !r.Str(&m->schema) || !r.Str(&m->name) || !r.I64(&m->version) ||
       !r.U8(&flag) || flag > 1) {
@@ -147,15 +187,22 @@ bool ReadFields(Reader& r, Manifest* m) {
     if (!r.Str(&url)) return false;
   }
   if (!r.Count(&n, 4 + 4 + 1 + 4)) return false;
-  m->artifacts.resize(n);
-  for (Artifact& a : m->artifacts) {
-    if (!r.Str(&a.path) || !r.Str(&a.sha256) || !r.U8(&flag) || flag > 1) return false;
-    if (flag == 1) {
-      int64_t size;
-      if (!r.I64(&size) || size < 0) return false;
-      a.size = static_cast<uint64_t>(size);
+  ArtifactRef ref;
+  if (packed != nullptr) {
+    packed->begin = r.pos();
+    packed->count = n;
+    for (uint32_t i = 0; i < n; ++i) {
+      if (!ReadArtifact(r, &ref, nullptr)) return false;
     }
-    if (!r.Extras(&a.extras)) return false;
+    packed->end = r.pos();
+  } else {
+    m->artifacts.resize(n);
+    for (Artifact& a : m->artifacts) {
+      if (!ReadArtifact(r, &ref, &a.extras)) return false;
+      a.path.assign(ref.path.data(), ref.path.size());
+      a.sha256.assign(ref.sha256.data(), ref.sha256.size());
+      a.size = ref.size;
+    }
   }
   if (!r.Count(&n, 8 * 4 + 10 * 8 + 4)) return false;
   m->kernels.resize(n);
@@ -202,7 +249,11 @@ std::string EncodeManifestBinary(const Manifest& m) {
   return std::move(w).Take();
 }
 
-absl::StatusOr<Manifest> DecodeManifestBinary(std::string_view bytes) {
+namespace {
+
+// The fields of an intact entry: its checksum checked, then every field read (the
+// artifacts only located, with `packed`). DataLoss otherwise.
+absl::StatusOr<Manifest> Decode(std::string_view bytes, ArtifactsSection* packed) {
   auto corrupt = [](std::string_view why) { return absl::DataLossError(Sv(why)); };
   if (bytes.size() < kMagic.size() + kChecksumSize ||
       bytes.substr(0, kMagic.size()) != kMagic) {
@@ -217,9 +268,52 @@ absl::StatusOr<Manifest> DecodeManifestBinary(std::string_view bytes) {
   }
   Manifest m;
   m.schema.clear();
-  Reader r(body.substr(kMagic.size()));
-  if (!ReadFields(r, &m)) return corrupt("malformed entry");
+  // Offsets in `packed` count from the start of `bytes`.
+  Reader r(body);
+  if (!r.Skip(kMagic.size()) || !ReadFields(r, &m, packed)) return corrupt("malformed entry");
   return m;
+}
+
+}  // namespace
+
+absl::StatusOr<Manifest> DecodeManifestBinary(std::string_view bytes) {
+  return Decode(bytes, nullptr);
+}
+
+absl::StatusOr<Manifest> DecodeManifestBinaryPacked(std::string entry,
+                                                    PackedArtifacts* artifacts) {
+  ArtifactsSection section;
+  CUBIST_ASSIGN_OR_RETURN(Manifest m, Decode(entry, &section));
+  auto shared = std::make_shared<const std::string>(std::move(entry));
+  artifacts->section_ =
+      std::string_view(*shared).substr(section.begin, section.end - section.begin);
+  artifacts->count_ = section.count;
+  artifacts->entry_ = std::move(shared);
+  return m;
+}
+
+bool PackedArtifacts::ForEach(absl::FunctionRef<bool(const ArtifactRef&)> fn) const {
+  Reader r(section_);
+  ArtifactRef ref;
+  for (size_t i = 0; i < count_; ++i) {
+    // Checked when the entry was decoded: a failure here is a bug, not corruption.
+    if (!ReadArtifact(r, &ref, nullptr)) std::abort();
+    if (!fn(ref)) return false;
+  }
+  return true;
+}
+
+std::vector<Artifact> PackedArtifacts::Unpack() const {
+  std::vector<Artifact> out(count_);
+  Reader r(section_);
+  ArtifactRef ref;
+  for (Artifact& a : out) {
+    if (!ReadArtifact(r, &ref, &a.extras)) std::abort();  // as in ForEach
+    a.path.assign(ref.path.data(), ref.path.size());
+    a.sha256.assign(ref.sha256.data(), ref.sha256.size());
+    a.size = ref.size;
+  }
+  return out;
 }
 
 }  // namespace cubist

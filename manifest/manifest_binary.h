@@ -22,9 +22,14 @@
 #ifndef CUBIST_MANIFEST_MANIFEST_BINARY_H_
 #define CUBIST_MANIFEST_MANIFEST_BINARY_H_
 
+#include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "manifest/manifest.h"
 
@@ -36,6 +41,44 @@ std::string EncodeManifestBinary(const Manifest& manifest);
 // The manifest back from EncodeManifestBinary's bytes, Manifest::source left empty.
 // DataLoss when the bytes are not a whole, intact entry of this format version.
 [[nodiscard]] absl::StatusOr<Manifest> DecodeManifestBinary(std::string_view bytes);
+
+// One artifact as an entry holds it: views into the entry's bytes.
+struct ArtifactRef {
+  std::string_view path;
+  std::string_view sha256;
+  std::optional<uint64_t> size;
+};
+
+// The artifacts of an entry, left where they lie in its bytes (which this shares) until
+// asked for. A warm fetch looks at each artifact's hash and size once; building and
+// freeing an Artifact (two heap strings) for each of FlashInfer's 13,453 took longer
+// than everything else it does but the stat()s. Copyable and cheap to copy; immutable.
+class PackedArtifacts {
+ public:
+  PackedArtifacts() = default;
+
+  size_t size() const { return count_; }
+  // Calls `fn` on each artifact, in manifest order, until it returns false; returns
+  // false when `fn` stopped the walk. The views live as long as this object.
+  bool ForEach(absl::FunctionRef<bool(const ArtifactRef&)> fn) const;
+  // The artifacts as Manifest::artifacts holds them (extras included): what
+  // DecodeManifestBinary would have put there.
+  std::vector<Artifact> Unpack() const;
+
+ private:
+  friend absl::StatusOr<Manifest> DecodeManifestBinaryPacked(std::string, PackedArtifacts*);
+
+  std::shared_ptr<const std::string> entry_;
+  std::string_view section_;  // the artifacts, inside *entry_
+  size_t count_ = 0;
+};
+
+// DecodeManifestBinary of `entry` (taken), except that the artifacts stay packed in it:
+// `*artifacts` reads them, and the returned manifest has none. The checksum and the
+// layout of every artifact are checked here as DecodeManifestBinary checks them
+// (DataLoss), so reading them later cannot fail.
+[[nodiscard]] absl::StatusOr<Manifest> DecodeManifestBinaryPacked(std::string entry,
+                                                                  PackedArtifacts* artifacts);
 
 }  // namespace cubist
 

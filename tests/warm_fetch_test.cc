@@ -93,6 +93,55 @@ TEST(ManifestBinaryTest, EveryFlippedByteAndEveryTruncationIsDataLoss) {
   }
 }
 
+TEST(ManifestBinaryTest, PackedArtifactsReadAsTheFullDecodeDoes) {
+  const Manifest m = FullManifest();
+  PackedArtifacts packed;
+  absl::StatusOr<Manifest> rest = DecodeManifestBinaryPacked(EncodeManifestBinary(m), &packed);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_TRUE(rest->artifacts.empty());
+  Manifest without = m;
+  without.artifacts.clear();
+  EXPECT_EQ(*rest, without);  // every other field, as DecodeManifestBinary reads it
+  ASSERT_EQ(packed.size(), 2u);
+  std::vector<Artifact> seen;
+  EXPECT_TRUE(packed.ForEach([&](const ArtifactRef& a) {
+    seen.push_back({std::string(a.path), std::string(a.sha256), a.size, {}});
+    return true;
+  }));
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].path, m.artifacts[0].path);
+  EXPECT_EQ(seen[0].sha256, m.artifacts[0].sha256);
+  EXPECT_EQ(seen[0].size, m.artifacts[0].size);
+  EXPECT_EQ(seen[1].path, m.artifacts[1].path);
+  EXPECT_EQ(seen[1].size, std::nullopt);
+  EXPECT_EQ(packed.Unpack(), m.artifacts);  // extras included
+  // The walk stops where the callback says, and says so.
+  int calls = 0;
+  EXPECT_FALSE(packed.ForEach([&](const ArtifactRef&) { return ++calls < 1; }));
+  EXPECT_EQ(calls, 1);
+  // Copies share the entry; the views stay valid after the original is gone.
+  PackedArtifacts copy = packed;
+  packed = PackedArtifacts();
+  EXPECT_EQ(copy.Unpack(), m.artifacts);
+  EXPECT_EQ(packed.size(), 0u);
+}
+
+TEST(ManifestBinaryTest, APackedDecodeRefusesWhatTheFullOneRefuses) {
+  const std::string bytes = EncodeManifestBinary(FullManifest());
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string bad = bytes;
+    bad[i] ^= 0x01;
+    PackedArtifacts packed;
+    EXPECT_THAT(DecodeManifestBinaryPacked(bad, &packed),
+                StatusIs(absl::StatusCode::kDataLoss, ::testing::_))
+        << i;
+    EXPECT_THAT(DecodeManifestBinaryPacked(bytes.substr(0, i), &packed),
+                StatusIs(absl::StatusCode::kDataLoss, ::testing::_))
+        << i;
+    EXPECT_EQ(packed.size(), 0u) << i;  // left alone on failure
+  }
+}
+
 class ParsedManifestCacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -139,6 +188,33 @@ TEST_F(ParsedManifestCacheTest, SecondOpenReadsTheParseKeptByDigest) {
   EXPECT_EQ(second->manifest.extras.count("x-from-cache"), 1u);
   EXPECT_EQ(second->manifest.source, path_);
   EXPECT_EQ(second->manifest.digest, Sha256Hex(bytes));
+}
+
+TEST_F(ParsedManifestCacheTest, PackedArtifactsComeOnlyFromTheCacheAndUnpackToTheParse) {
+  OpenManifestOptions o;
+  o.store = &*store_;
+  o.pack_artifacts = true;
+  // The first open parses: its artifacts are built, nothing is packed.
+  auto first = OpenManifest(path_, o);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->packed_artifacts.has_value());
+  EXPECT_EQ(first->manifest.artifacts, manifest_.artifacts);
+  // The second reads the parse from the cache and leaves the artifacts in it.
+  auto second = OpenManifest(path_, o);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(second->packed_artifacts.has_value());
+  EXPECT_EQ(second->packed_artifacts->size(), manifest_.artifacts.size());
+  EXPECT_TRUE(second->manifest.artifacts.empty());
+  EXPECT_EQ(second->manifest.name, "warm");
+  second->UnpackArtifacts();
+  EXPECT_FALSE(second->packed_artifacts.has_value());
+  EXPECT_EQ(second->manifest, first->manifest);
+  // Without the option, a parse from the cache is whole.
+  o.pack_artifacts = false;
+  auto third = OpenManifest(path_, o);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_FALSE(third->packed_artifacts.has_value());
+  EXPECT_EQ(third->manifest, first->manifest);
 }
 
 TEST_F(ParsedManifestCacheTest, ADamagedEntryIsIgnoredAndRewritten) {

@@ -3,7 +3,8 @@
 // DataLoss or a manifest, never a crash. A random input almost never carries a valid
 // trailing SHA-256, so the target also seals the input (appends the SHA-256 of
 // "magic + input") and decodes that, which exercises the bounds checks of every field
-// read. What decodes must encode to bytes that decode to the same encoding again.
+// read. What decodes must encode to bytes that decode to the same encoding again, and
+// the packed decode (artifacts read in place) must agree with the full one.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,25 @@ namespace {
 void Check(std::string_view bytes) {
   using namespace cubist;
   absl::StatusOr<Manifest> m = DecodeManifestBinary(bytes);
+  // The packed decode (a warm fetch's) must accept exactly the same entries, and its
+  // artifacts must unpack to the full decode's.
+  PackedArtifacts packed;
+  absl::StatusOr<Manifest> rest = DecodeManifestBinaryPacked(std::string(bytes), &packed);
+  if (rest.ok() != m.ok()) {
+    Fail("the packed decode disagrees", std::string(m.ok() ? rest.status().message()
+                                                           : m.status().message()));
+  }
+  if (rest.ok()) {
+    size_t walked = 0;
+    packed.ForEach([&](const ArtifactRef&) {
+      ++walked;
+      return true;
+    });
+    rest->artifacts = packed.Unpack();
+    if (walked != rest->artifacts.size() || *rest != *m) {
+      Fail("the packed decode reads other artifacts", EncodeManifestBinary(*rest));
+    }
+  }
   if (!m.ok()) {
     if (m.status().code() != absl::StatusCode::kDataLoss) {
       Fail("error other than DataLoss", std::string(m.status().message()));
