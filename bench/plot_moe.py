@@ -3,11 +3,13 @@
 ratio of the baseline's time (above 1 = ours faster), one panel per format pair and
 activation that has a baseline, and when the CSV has fp8-block rows one more panel per
 activation: our fp8-block against our fp8 per tensor on the same shape (tuned best over
-tuned best; the kernel issue's target is 0.9x). With --fp4: per decode shape, each FP4 pair's time as a
-multiple of the measured bytes floor (a copy of its weight and scale bytes), one panel per
-activation, with the 1.5x target.
+tuned best; the kernel issue's target is 0.9x). With --fp4: per decode shape, each FP4
+pair's time as a multiple of the measured bytes floor (a copy of its weight and scale
+bytes), one panel per activation, with the 1.5x target. With --fp4-prefill: per
+prefill shape, mxfp4 x mxfp8's TFLOP/s as a fraction of our fp8 per tensor's (tuned best
+over tuned best, the same run), one panel per activation, with the 0.8x target.
 
-  python3 bench/plot_moe.py [--fp4] compare.csv out.png
+  python3 bench/plot_moe.py [--fp4 | --fp4-prefill] compare.csv out.png
 """
 import csv
 import sys
@@ -49,9 +51,40 @@ def plot_fp4(path, out):
     return 0
 
 
+def plot_fp4_prefill(path, out):
+    best = {(r["shape"], r["pair"], r["act"]): float(r["best_us"])
+            for r in csv.DictReader(open(path)) if r["best_us"] not in ("", "None")}
+    keys = [(s, a) for (s, p, a) in best if p == "mxfp4xmxfp8" and "decode" not in s and
+            (s, "fp8xfp8", a) in best]
+    if not keys:
+        print("plot_moe: no prefill shape with both mxfp4xmxfp8 and fp8xfp8", file=sys.stderr)
+        return 1
+    acts = sorted({a for _, a in keys})
+    fig, axes = plt.subplots(1, len(acts), figsize=(5 * len(acts), 4), squeeze=False)
+    for ax, act in zip(axes[0], acts):
+        shapes = sorted(s for s, a in keys if a == act)
+        # Same flops per shape: the time ratio is the TFLOP/s ratio.
+        ratio = [best[(s, "fp8xfp8", act)] / best[(s, "mxfp4xmxfp8", act)] for s in shapes]
+        ax.bar(list(range(len(shapes))), ratio, width=0.6, label="mxfp4 x mxfp8, tuned best")
+        ax.axhline(0.8, color="red", linewidth=0.8, linestyle="--", label="target 0.8x")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(list(range(len(shapes))))
+        ax.set_xticklabels(shapes)
+        ax.set_ylim(0, 1.1)
+        ax.set_title(f"mxfp4 x mxfp8 {act} vs our fp8 per tensor", fontsize=9)
+        ax.set_ylabel("TFLOP/s / our fp8's TFLOP/s")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("FP4 moe_gemm prefill on the H200 (median, L2 flushed, one run)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    return 0
+
+
 def main():
     if len(sys.argv) == 4 and sys.argv[1] == "--fp4":
         return plot_fp4(sys.argv[2], sys.argv[3])
+    if len(sys.argv) == 4 and sys.argv[1] == "--fp4-prefill":
+        return plot_fp4_prefill(sys.argv[2], sys.argv[3])
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2
