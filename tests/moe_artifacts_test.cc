@@ -194,8 +194,18 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_mxfp4_mxfp8_geglu_m64n128k128\n"
             "moe_gemm_tma_mxfp4_mxfp8_geglu_m64n128k256\n");
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
-  // The whole family: 95 generation-1 kernels, 110 generation-2 (TMA) ones.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 205);
+  // The whole family: 95 generation-1 kernels, 115 generation-2 (TMA) ones.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 210);
+  // mxfp4 x mxfp8 of generation 2: the bf16-MMA kernels up to 64 tokens
+  // (kernels/moe_gemm_fp4.cu), then the fp8-MMA one (kernels/moe_gemm_fp4_fp8.cu).
+  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --generation 2 "
+                       "--formats mxfp4xmxfp8 --activations swiglu 2>&1", &out), 0) << out;
+  EXPECT_EQ(out,
+            "moe_gemm_tma_mxfp4_mxfp8_swiglu_m8n128k256\n"
+            "moe_gemm_tma_mxfp4_mxfp8_swiglu_m16n128k256\n"
+            "moe_gemm_tma_mxfp4_mxfp8_swiglu_m32n128k256\n"
+            "moe_gemm_tma_mxfp4_mxfp8_swiglu_m64n128k256\n"
+            "moe_gemm_tma_mxfp4_mxfp8_swiglu_m128n128k128\n");
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --generation 2 "
                        "--formats fp8 --activations relu2 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
