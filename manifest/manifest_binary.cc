@@ -5,6 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
@@ -84,15 +85,19 @@ class Reader {
   bool Count(uint32_t* n, size_t min_bytes) {
     return U32(n) && *n <= (in_.size() - pos_) / min_bytes;
   }
-  // Into `extras`; or, when it is null, only checked and stepped over.
+  // Into `extras`; or, when it is null, only checked and stepped over. Either way a
+  // repeated key is corruption: the packed decode, which steps over artifacts' extras,
+  // must refuse exactly what the full one refuses (the fuzzer found an entry it did not).
   bool Extras(ExtraFields* extras) {
     uint32_t n;
     if (!Count(&n, 8)) return false;
+    absl::flat_hash_set<std::string_view> seen;  // allocates only for two keys or more
     for (uint32_t i = 0; i < n; ++i) {
       std::string_view key, value;
       if (!View(&key) || !View(&value)) return false;
-      if (extras != nullptr &&
-          !extras->emplace(std::string(key), std::string(value)).second) {
+      if (extras != nullptr) {
+        if (!extras->emplace(std::string(key), std::string(value)).second) return false;
+      } else if (n > 1 && !seen.insert(key).second) {
         return false;
       }
     }
