@@ -50,13 +50,6 @@ namespace {
 __device__ __forceinline__ uint32_t GatherByte(uint4 q, uint32_t sel) {
   return Prmt(Prmt(q.x, q.y, sel), Prmt(q.z, q.w, sel), 0x5410);
 }
-__device__ __forceinline__ uint4 LdShared128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr));
-  return v;
-}
 __device__ __forceinline__ void PinRegs(uint32_t (&a)[4], uint32_t (&b)[4], uint64_t& d0,
                                         uint64_t& d1) {
   asm volatile("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3]), "+r"(b[0]), "+r"(b[1]),
@@ -66,11 +59,6 @@ __device__ __forceinline__ uint32_t LdShared32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
-}
-__device__ __forceinline__ void StShared128(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
-               "r"(v.z), "r"(v.w)
-               : "memory");
 }
 // The 16 scale bytes row[first .. first + 15] as four words, read as five aligned words
 // (scale rows need no alignment). Words that start at or past the row's end (kb bytes) are

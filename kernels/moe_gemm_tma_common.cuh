@@ -199,6 +199,20 @@ struct StageRing {
   }
 };
 
+// 16-byte shared-memory load and store (the fp4 kernels' decoders and converters).
+__device__ __forceinline__ uint4 LdShared128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void StShared128(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // ---------------------------------------------------------------------------------
 // The staged epilogue (kernels/moe_gemm_tma.cu, kernels/moe_gemm_fp4_fp8.cu).
 
