@@ -388,6 +388,18 @@ struct MoeGemmFp4Fp8 {
       }
       // One barrier: the mode, and ref_s[] published to every converter.
       const bool uniform = !ConverterAny<kConverters>(bad);
+      // Gated kernels: each item's scale row, as rows past g0, chosen between the up and the
+      // gate half once per tile (chosen per k-tile, as scale_row does, it cost them 10-15%
+      // of their time; measured).
+      int item_d[kItems];
+      if constexpr (kGated) {
+#pragma unroll
+        for (int i = 0; i < kItems; ++i) {
+          const int r = min(r0 + i * kStep, TN - 1);
+          item_d[i] = r >= kWRows ? p.n / 2 + (r - kWRows) : r;
+          if (g0 + item_d[i] >= weight_rows) item_d[i] = static_cast<int>(weight_rows - 1 - g0);
+        }
+      }
       // The scale bytes of stage kt, block 4 kt + j of each item, one per register: packed
       // (byte i of a 64-bit word) only a stage later, when the loads have landed, since a
       // shift right after the load would wait for it.
@@ -395,7 +407,12 @@ struct MoeGemmFp4Fp8 {
         const int blk = kt * 4 + j;
 #pragma unroll
         for (int i = 0; i < kItems; ++i) {
-          b[i] = r0 + i * kStep < TN && blk < kb ? __ldg(scale_row(r0 + i * kStep) + blk) : 0u;
+          if constexpr (kGated) {
+            b[i] = r0 + i * kStep < TN && blk < kb ? __ldg(b_scale + (g0 + item_d[i]) * kb + blk)
+                                                   : 0u;
+          } else {
+            b[i] = r0 + i * kStep < TN && blk < kb ? __ldg(scale_row(r0 + i * kStep) + blk) : 0u;
+          }
         }
       };
       auto pack = [](const uint32_t (&b)[kItems]) {
