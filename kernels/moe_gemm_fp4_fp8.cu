@@ -33,9 +33,11 @@
 //     warpgroup's promotion runs while the other's wgmma does. The tokens' scale bytes
 //     come from global memory one k-tile ahead;
 //   - the epilogue is generation 2's staged one (kernels/moe_gemm_tma_common.cuh).
-// Measured on the H200 (docs/kernels.md): the conversion bounds these kernels. Converters
-// in the producer warpgroup alone, two stages of 256 elements, or scale bytes packed right
-// after their load each left the consumers waiting on the converted barrier.
+// Measured on the H200 (docs/kernels.md): converters in the producer warpgroup alone, two
+// stages of 256 elements, or scale bytes packed right after their load each left the
+// consumers waiting on the converted barrier; as built, the consumers' chain of wgmma, wait
+// and promotion per block bounds them (a second partial to overlap it needs registers that
+// neither side has to spare).
 // Scheduling is generation 2's persistent one over (token tile, weight-row tile).
 #include <cuda_bf16.h>
 #include <stdint.h>
