@@ -8,11 +8,14 @@
 //
 // The fp4 kernels (kernels/moe_gemm_fp4.cu) multiply in bf16, so half the FP8 rate is
 // their ceiling. Here the activations stay e4m3 and the weights become e4m3:
-//   - the producer (one thread) copies each 128-element k-tile of activations with TMA as
-//     the 128-byte-swizzled panel wgmma reads, and every other k-tile the packed weights
-//     of two (128 bytes per row) into a ring of staging slots of their own;
+//   - the producer warp: one thread copies each 128-element k-tile of activations with TMA
+//     as the 128-byte-swizzled panel wgmma reads, and the packed weights of two k-tiles
+//     (128 bytes per row) a k-tile ahead into a ring of three staging slots of their own;
+//     all 32 lanes write each stage's token block scales as fp32 (16 bytes per token row),
+//     loaded a k-tile ahead;
 //   - converters (the producer warpgroup's other three warps and a warpgroup of their
-//     own) decode each k-tile's packed weights into an e4m3 panel of its stage. e2m1 x 2^v
+//     own) decode each k-tile's packed weights into an e4m3 panel of its stage as soon as
+//     the consumers have released it (not waiting for its activations). e2m1 x 2^v
 //     is exact in e4m3 for v in [-5, 6] (every nonzero value stays normal, the largest is
 //     384), so each row's ue8m0 block scale is folded into its elements relative to the
 //     row's largest scale: v = scale - ref + 6. A wgmma of one 32-element block then needs
@@ -26,18 +29,17 @@
 //     applied at promotion (two FP32 operations per element and block). Exact either way:
 //     every product of an e4m3 activation and a decoded weight is exact, and the tensor
 //     cores sum 32 of them per partial;
-//   - the converters signal a third barrier per stage, which the consumers wait on
-//     besides the full one;
+//   - the converters and the producer warp signal a third barrier per stage, which the
+//     consumers wait on besides the full one;
 //   - two consumer warpgroups each own 64 token rows and all 128 weight columns: per
 //     32-element block one wgmma m64n128k32 into a fresh partial, then the promotion. One
-//     warpgroup's promotion runs while the other's wgmma does. The tokens' scale bytes
-//     come from global memory one k-tile ahead;
+//     warpgroup's promotion runs while the other's wgmma does;
 //   - the epilogue is generation 2's staged one (kernels/moe_gemm_tma_common.cuh).
 // Measured on the H200 (docs/kernels.md): converters in the producer warpgroup alone, two
 // stages of 256 elements, or scale bytes packed right after their load each left the
 // consumers waiting on the converted barrier; as built, the consumers' chain of wgmma, wait
 // and promotion per block bounds them (a second partial to overlap it needs registers that
-// neither side has to spare).
+// neither side has to spare at 128 weight rows; at 80 and 96 it fits and runs slower).
 // Scheduling is generation 2's persistent one over (token tile, weight-row tile).
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -147,7 +149,8 @@ struct MoeGemmFp4Fp8 {
     if (E < 1 || E > kMoeGemmTmaMaxExperts) return;
 
     if (threadIdx.x == 0) {  // before the prologue's fence and barrier, by the same thread
-      for (int s = 0; s < ST; ++s) MbarInit(conv_bar + 8 * s, kConverters);
+      // The converters and the producer warp's token scales.
+      for (int s = 0; s < ST; ++s) MbarInit(conv_bar + 8 * s, kConverters + 1);
       for (int s = 0; s < kFp4Fp8PackedSlots; ++s) {
         MbarInit(pfull_bar + 8 * s, 1);
         MbarInit(pempty_bar + 8 * s, kConverters);
@@ -168,32 +171,58 @@ struct MoeGemmFp4Fp8 {
                 conv_bar, pfull_bar, pempty_bar, ct);
         return;
       }
-      if (threadIdx.x != 0) return;
+      // Warp 0: lane 0 issues the TMA copies; every lane stages the tokens' block scales.
+      const int lane = threadIdx.x;
+      const bool leader = lane == 0;
+      const int kb = p.k / 32;
+      uint32_t bytes[kTokRows][4];
       StageRing<ST> ring;
       StageRing<kFp4Fp8PackedSlots> slot;
       for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const MoeTile t = TileAt(tile, m_tiles, n_tiles, E, TM, off, pre);
         const int w_row = t.e * p.n + t.n_tile * kWRows;
-        for (int kt = 0; kt < num_kt; ++kt) {
-          if (kt % 2 == 0) {
-            // The packed weights of k-tiles kt and kt + 1: 128 bytes (256 elements) per row;
-            // the gate half N/2 rows further down the expert's B.
+        // The packed weights of k-tiles 2 q and 2 q + 1: 128 bytes (256 elements) per row;
+        // the gate half N/2 rows further down the expert's B.
+        auto load_pair = [&](int q) {
+          if (leader) {
             MbarWait(pempty_bar + 8 * slot.s, slot.phase ^ 1);
             const uint32_t pfull = pfull_bar + 8 * slot.s;
             const uint32_t dst = smem_base + L.packed_offset + slot.s * L.packed_bytes;
             MbarArriveExpectTx(pfull, TN * kMoeGemmTmaBoxBytes);
-            TmaLoad2d(dst, &pv.b_map, kt / 2 * kMoeGemmTmaBoxBytes, w_row, pfull);
+            TmaLoad2d(dst, &pv.b_map, q * kMoeGemmTmaBoxBytes, w_row, pfull);
             if constexpr (kGated) {
-              TmaLoad2d(dst + kWRows * kMoeGemmTmaBoxBytes, &pv.b_map, kt / 2 * kMoeGemmTmaBoxBytes,
+              TmaLoad2d(dst + kWRows * kMoeGemmTmaBoxBytes, &pv.b_map, q * kMoeGemmTmaBoxBytes,
                         w_row + p.n / 2, pfull);
             }
           }
-          if (kt % 2 == 1 || kt == num_kt - 1) slot.Advance();
+          slot.Advance();
+        };
+        for (int kt = 0; kt < num_kt; ++kt) {
+          // A pair is loaded during the odd k-tile before it (the first with the tile's
+          // first k-tile), so that it has landed when its stage comes free.
+          if (kt == 0) load_pair(0);
+          if (kt % 2 == 1 && kt + 1 < num_kt) load_pair((kt + 1) / 2);
           MbarWait(empty_bar + 8 * ring.s, ring.phase ^ 1);
-          const uint32_t full = full_bar + 8 * ring.s;
-          MbarArriveExpectTx(full, TM * kMoeGemmTmaBoxBytes);
-          TmaLoad2d(smem_base + ring.s * L.stage_bytes + L.a_offset, &pv.a_map, kt * kKTile,
-                    t.row_begin, full);
+          const uint32_t stage = smem_base + ring.s * L.stage_bytes;
+          if (leader) {
+            const uint32_t full = full_bar + 8 * ring.s;
+            MbarArriveExpectTx(full, TM * kMoeGemmTmaBoxBytes);
+            TmaLoad2d(stage + L.a_offset, &pv.a_map, kt * kKTile, t.row_begin, full);
+          }
+          // This k-tile's bytes were loaded during the previous one (the first of a tile's
+          // now); the next k-tile's are loaded before these are stored, so that their
+          // latency passes while the producer waits for the next free stage.
+          if (kt == 0) LoadTokenScales(p, t.row_begin, 0, kb, lane, bytes);
+          uint32_t now[kTokRows][4];
+#pragma unroll
+          for (int i = 0; i < kTokRows; ++i) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) now[i][j] = bytes[i][j];
+          }
+          if (kt + 1 < num_kt) LoadTokenScales(p, t.row_begin, kt + 1, kb, lane, bytes);
+          StoreTokenScales(now, lane, stage + L.tscale_offset);
+          __syncwarp();
+          if (leader) MbarArrive(conv_bar + 8 * ring.s);
           ring.Advance();
         }
       }
@@ -219,18 +248,12 @@ struct MoeGemmFp4Fp8 {
       MbarWait(conv_bar + 8 * pipe.s, pipe.phase);
       const bool uniform =
           *reinterpret_cast<const int*>(smem + pipe.s * L.stage_bytes + L.mode_offset) != 0;
-      // The tokens' scale rows of this thread's two rows (null past the last token: those
-      // rows hold zeros, TMA's fill).
-      const uint8_t* a_scale = static_cast<const uint8_t*>(p.a_scale);
-      const int ra = t.row_begin + row_a, rb = ra + 8;
-      const uint8_t* ts_a = ra < p.num_tokens ? a_scale + static_cast<int64_t>(ra) * kb : nullptr;
-      const uint8_t* ts_b = rb < p.num_tokens ? a_scale + static_cast<int64_t>(rb) * kb : nullptr;
       if (uniform) {
         MainLoop<true>(smem_base, full_bar, conv_bar, empty_bar, signals, pipe, num_kt, kb, ci,
-                       ts_a, ts_b, col0, acc);
+                       row_a, col0, acc);
       } else {
         MainLoop<false>(smem_base, full_bar, conv_bar, empty_bar, signals, pipe, num_kt, kb, ci,
-                        ts_a, ts_b, col0, acc);
+                        row_a, col0, acc);
       }
       // Tiles with fewer rows than the consumer's 64 store directly (as generation 2).
       if (t.row_end - (t.row_begin + ci * 64) >= 64) {
@@ -242,101 +265,147 @@ struct MoeGemmFp4Fp8 {
     }
   }
 
-  // The ue8m0 bytes of k-tile kt's four blocks in a token's scale row, one per register
-  // (0 past K or for a missing row). Not packed: a shift would wait for the load at once,
-  // where the bytes are needed only a k-tile later.
-  __device__ __forceinline__ static void TokenScales(const uint8_t* row, int kt, int kb,
-                                                     uint32_t (&b)[4]) {
+  // The producer warp's part of a stage: the tokens' block scales of k-tile kt as fp32,
+  // 16 bytes per token row of the tile. Each lane takes rows lane, lane + 32, ...: first
+  // the ue8m0 bytes (rows past the last token and blocks past K, whose elements are TMA's
+  // zeros, get byte 0), then their fp32 values into the stage. (Read by the consumers
+  // themselves, the bytes' loads, addresses and conversions were about 90 of their 460
+  // instructions per k-tile; measured with ncu. Loaded and stored in one step, their
+  // latency held up every stage's TMA and left the consumers waiting; measured.)
+  static constexpr int kTokRows = TM / 32;
+  __device__ __forceinline__ static void LoadTokenScales(const MoeGemmParams& p, int row_begin,
+                                                         int kt, int kb, int lane,
+                                                         uint32_t (&b)[kTokRows][4]) {
+    const uint8_t* a_scale = static_cast<const uint8_t*>(p.a_scale);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      b[j] = row != nullptr && kt * 4 + j < kb ? __ldg(row + kt * 4 + j) : 0u;
+    for (int i = 0; i < kTokRows; ++i) {
+      const int row = row_begin + lane + 32 * i;
+      const uint8_t* src = a_scale + static_cast<int64_t>(row) * kb + kt * 4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        b[i][j] = row < p.num_tokens && kt * 4 + j < kb ? __ldg(src + j) : 0u;
+      }
     }
+  }
+  __device__ __forceinline__ static void StoreTokenScales(const uint32_t (&b)[kTokRows][4],
+                                                          int lane, uint32_t dst) {
+#pragma unroll
+    for (int i = 0; i < kTokRows; ++i) {
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + (lane + 32 * i) * 16),
+                   "f"(Ue8m0ToFloat(b[i][0])), "f"(Ue8m0ToFloat(b[i][1])),
+                   "f"(Ue8m0ToFloat(b[i][2])), "f"(Ue8m0ToFloat(b[i][3]))
+                   : "memory");
+    }
+  }
+
+  // One block's promotion: acc += part * the token row's block scale (and, in the general
+  // loop, the weight column's block scale, read from shared memory at ws).
+  template <bool kUniform>
+  __device__ __forceinline__ static void Promote(float (&acc)[kRegs], const float (&part)[kRegs],
+                                                 float sa, float sb, uint32_t ws) {
+    if constexpr (kUniform) {
+#pragma unroll
+      for (int g = 0; g < TN / 8; ++g) {
+        acc[g * 4 + 0] += part[g * 4 + 0] * sa;
+        acc[g * 4 + 1] += part[g * 4 + 1] * sa;
+        acc[g * 4 + 2] += part[g * 4 + 2] * sb;
+        acc[g * 4 + 3] += part[g * 4 + 3] * sb;
+      }
+    } else {
+#pragma unroll
+      for (int g = 0; g < TN / 8; ++g) {
+        const float2 w = LdSharedF2(ws + g * 32);
+        acc[g * 4 + 0] += part[g * 4 + 0] * sa * w.x;
+        acc[g * 4 + 1] += part[g * 4 + 1] * sa * w.y;
+        acc[g * 4 + 2] += part[g * 4 + 2] * sb * w.x;
+        acc[g * 4 + 3] += part[g * 4 + 3] * sb * w.y;
+      }
+    }
+  }
+
+  // The uniform loop's last step: 2^(ref - 133) per weight column (the row's largest
+  // scale and the 2^6 of the fold), from the tile's last stage.
+  __device__ __forceinline__ static void ColumnFactors(float (&acc)[kRegs], uint32_t stage,
+                                                       int col0) {
+    const uint32_t cs = stage + L.col_offset + col0 * 4;
+#pragma unroll
+    for (int g = 0; g < TN / 8; ++g) {
+      const float2 c = LdSharedF2(cs + g * 32);
+      acc[g * 4 + 0] *= c.x;
+      acc[g * 4 + 1] *= c.y;
+      acc[g * 4 + 2] *= c.x;
+      acc[g * 4 + 3] *= c.y;
+    }
+  }
+
+  // Block j's descriptor from block 0's: 32 bytes further (2 in the address field, which
+  // cannot carry out of the low word: shared addresses stay below 2^18).
+  __device__ __forceinline__ static uint64_t DescAt(uint64_t d0, int j) {
+    const uint32_t lo = static_cast<uint32_t>(d0) + 2 * j;
+    return static_cast<uint64_t>(static_cast<uint32_t>(d0 >> 32)) << 32 | lo;
+  }
+
+  // The token scales of this thread's two rows for the four blocks of a stage.
+  __device__ __forceinline__ static void TokenScales(uint32_t stage, int row_a, float4* sa,
+                                                     float4* sb) {
+    const uint32_t a = stage + L.tscale_offset + row_a * 16;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(sa->x), "=f"(sa->y), "=f"(sa->z), "=f"(sa->w)
+                 : "r"(a));
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(sb->x), "=f"(sb->y), "=f"(sb->z), "=f"(sb->w)
+                 : "r"(a + 8 * 16));
+  }
+  __device__ __forceinline__ static float Lane(const float4& v, int j) {
+    return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
   }
 
   // One tile's k-tiles. The first stage's barriers have been waited on already. kUniform:
   // weights carry their block scales (relative to the row's largest) and the column factors
   // of the last stage finish them; otherwise both block scales are applied per block. The
-  // tokens' scale bytes are read from global memory one k-tile ahead.
+  // tokens' block scales come from the stage (the producer warp's fp32). Per block: its
+  // wgmma, the wait, its promotion. (Two partials, block j's wgmma in flight while block
+  // j - 1 is promoted, fit the registers only with tiles of at most 96 weight rows, and
+  // those measured 10-25% slower than this loop on 128; docs/kernels.md.)
   template <bool kUniform>
   __device__ __forceinline__ static void MainLoop(uint32_t smem_base, uint32_t full_bar,
                                                   uint32_t conv_bar, uint32_t empty_bar,
                                                   bool signals, StageRing<ST>& pipe,
-                                                  int num_kt, int kb, int ci,
-                                                  const uint8_t* ts_a, const uint8_t* ts_b,
+                                                  int num_kt, int kb, int ci, int row_a,
                                                   int col0, float (&acc)[kRegs]) {
     float part[kRegs];
-    uint32_t bytes_a[4], bytes_b[4], next_a[4], next_b[4];
-    TokenScales(ts_a, 0, kb, bytes_a);
-    TokenScales(ts_b, 0, kb, bytes_b);
     for (int kt = 0; kt < num_kt; ++kt) {
-      TokenScales(ts_a, kt + 1 < num_kt ? kt + 1 : kt, kb, next_a);
-      TokenScales(ts_b, kt + 1 < num_kt ? kt + 1 : kt, kb, next_b);
       if (kt > 0) {
         MbarWait(full_bar + 8 * pipe.s, pipe.phase);
         MbarWait(conv_bar + 8 * pipe.s, pipe.phase);
       }
       const uint32_t stage = smem_base + pipe.s * L.stage_bytes;
-      float sa[4], sb[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        sa[j] = Ue8m0ToFloat(bytes_a[j]);
-        sb[j] = Ue8m0ToFloat(bytes_b[j]);
-      }
+      float4 sa, sb;
+      TokenScales(stage, row_a, &sa, &sb);
       const int blocks = min(4, kb - kt * 4);
       const uint64_t da0 = Desc(stage + L.a_offset + ci * 64 * kMoeGemmTmaBoxBytes);
       const uint64_t db0 = Desc(stage + L.dec_offset);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (j >= blocks) break;
-        // Block j: 32 bytes further into both panels (2 in the descriptor's address field).
         WgmmaFence();
-        Mma::Mma(part, da0 + 2 * j, db0 + 2 * j, 0);
+        Mma::Mma(part, DescAt(da0, j), DescAt(db0, j), 0);
         WgmmaCommit();
         WgmmaWait<0>();
         FenceRegs(part);
-        if constexpr (kUniform) {
-#pragma unroll
-          for (int g = 0; g < TN / 8; ++g) {
-            acc[g * 4 + 0] += part[g * 4 + 0] * sa[j];
-            acc[g * 4 + 1] += part[g * 4 + 1] * sa[j];
-            acc[g * 4 + 2] += part[g * 4 + 2] * sb[j];
-            acc[g * 4 + 3] += part[g * 4 + 3] * sb[j];
-          }
-        } else {
-          const uint32_t ws = stage + L.wscale_offset + j * TN * 4 + col0 * 4;
-#pragma unroll
-          for (int g = 0; g < TN / 8; ++g) {
-            const float2 w = LdSharedF2(ws + g * 32);
-            acc[g * 4 + 0] += part[g * 4 + 0] * sa[j] * w.x;
-            acc[g * 4 + 1] += part[g * 4 + 1] * sa[j] * w.y;
-            acc[g * 4 + 2] += part[g * 4 + 2] * sb[j] * w.x;
-            acc[g * 4 + 3] += part[g * 4 + 3] * sb[j] * w.y;
-          }
-        }
+        Promote<kUniform>(acc, part, Lane(sa, j), Lane(sb, j), WScaleAt(stage, j, col0));
       }
       if constexpr (kUniform) {
-        if (kt == num_kt - 1) {
-          // 2^(ref - 133) per weight column: the row's largest scale and the 2^6 of the
-          // fold.
-          const uint32_t cs = stage + L.col_offset + col0 * 4;
-#pragma unroll
-          for (int g = 0; g < TN / 8; ++g) {
-            const float2 c = LdSharedF2(cs + g * 32);
-            acc[g * 4 + 0] *= c.x;
-            acc[g * 4 + 1] *= c.y;
-            acc[g * 4 + 2] *= c.x;
-            acc[g * 4 + 3] *= c.y;
-          }
-        }
+        if (kt == num_kt - 1) ColumnFactors(acc, stage, col0);
       }
       if (signals) MbarArrive(empty_bar + 8 * pipe.s);
       pipe.Advance();
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        bytes_a[j] = next_a[j];
-        bytes_b[j] = next_b[j];
-      }
     }
+  }
+
+  // The general loop's weight scales of block j of a stage, this thread's first column.
+  __device__ __forceinline__ static uint32_t WScaleAt(uint32_t stage, int j, int col0) {
+    return stage + L.wscale_offset + j * TN * 4 + col0 * 4;
   }
 
   // The weight row (and scale row) of row r of a tile whose first weight row is g0: the up
@@ -366,6 +435,7 @@ struct MoeGemmFp4Fp8 {
     static_assert(kItems <= 8, "one scale byte per item in one 64-bit word");
     const int kb = p.k / 32;
     const int j = ct % 4, r0 = ct / 4;
+    const uint32_t empty_bar = full_bar + 8 * ST;
     const uint8_t* b_scale = static_cast<const uint8_t*>(p.b_scale);
     const int64_t weight_rows = static_cast<int64_t>(p.num_experts) * p.n;
     int* ref_s = reinterpret_cast<int*>(smem + L.ref_offset);  // per weight row of the tile
@@ -420,6 +490,11 @@ struct MoeGemmFp4Fp8 {
         for (int i = 0; i < kItems; ++i) w |= static_cast<uint64_t>(b[i]) << (8 * i);
         return w;
       };
+      // The k-tile that prefetches the next tile's scale rows (none after the last tile):
+      // decided once per tile, since the 64-bit tile comparison per k-tile reloaded a
+      // spilled register every k-tile (ncu: a long-scoreboard stall the converters'
+      // largest after their packed-slot wait).
+      const int prefetch_kt = tile + gridDim.x < tiles ? max(num_kt - 3, 0) : -1;
       uint32_t next[kItems];
       load_scales(0, next);
       uint64_t scales = pack(next);
@@ -429,7 +504,9 @@ struct MoeGemmFp4Fp8 {
         // The packed slot holds k-tiles kt & ~1 and its odd successor: this k-tile is its
         // half kt % 2, 16-byte chunks 4 (kt % 2) .. + 3 of each 128-byte row.
         MbarWait(pfull_bar + 8 * slot.s, slot.phase);
-        MbarWait(full_bar + 8 * ring.s, ring.phase);  // the stage is this k-tile's again
+        // The consumers are done with the stage (its empty barrier, as the producer waits
+        // on it): the decoded panel does not wait for the stage's activations to land.
+        MbarWait(empty_bar + 8 * ring.s, ring.phase ^ 1);
         uint8_t* st = smem + ring.s * L.stage_bytes;
         const uint32_t stage = smem_base + ring.s * L.stage_bytes;
         const uint32_t packed = smem_base + L.packed_offset + slot.s * L.packed_bytes;
@@ -462,7 +539,7 @@ struct MoeGemmFp4Fp8 {
                 uniform ? Pow2(ref_s[r] - 133) : 1.0f;
           }
         }
-        if (kt == max(num_kt - 3, 0) && tile + gridDim.x < tiles) {
+        if (kt == prefetch_kt) {
           // The next tile's pass over its scale rows reads them from L2, not from memory.
           const MoeTile nt =
               TileAt(tile + gridDim.x, m_tiles, n_tiles, p.num_experts, TM, off, pre);

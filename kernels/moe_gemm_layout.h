@@ -287,16 +287,18 @@ CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int
 // k-tile decoded into one e4m3 panel, with each row's block scales folded in, by
 // converters (the producer warpgroup's three other warps and a warpgroup after the
 // consumers). The packed weights arrive 256
-// elements (one 128-byte box) per row at a time in a ring of their own, each slot feeding
-// two stages:
+// elements (one 128-byte box) per row at a time in a ring of three slots of their own, each
+// slot feeding two stages and loaded a k-tile before the first of them:
 //   [stages x (activations TM x 128 B, decoded weights TN x 128 B, weight scales 4 x TN
-//              fp32 (general loop only), column factors TN fp32, mode)]
+//              fp32 (general loop only), column factors TN fp32, token scales TM x 4
+//              fp32, mode)]
 //   [packed weight slots x TN x 128 B]
 //   [mbarriers: full, empty, converted per stage; full, empty per packed slot]
 //   [offsets, tile prefix] [row refs TN x 4 B]
 //   [epilogue: per consumer 64 rows x 64 columns of bf16, rows padded to 144 B]
-// The tokens' block scales are read by the consumers from global memory.
-inline constexpr int kFp4Fp8PackedSlots = 2;
+// The tokens' block scales are staged as fp32 by the producer warp, 16 bytes per token
+// row and k-tile.
+inline constexpr int kFp4Fp8PackedSlots = 3;
 
 struct MoeGemmFp4Fp8Layout {
   int tile_m = 0, tile_n = 0, stages = 0;
@@ -308,7 +310,7 @@ struct MoeGemmFp4Fp8Layout {
   int consumer_regs = 176, producer_regs = 80;
   // Offsets within a stage.
   int a_offset = 0, dec_offset = 0;
-  int wscale_offset = 0, col_offset = 0, mode_offset = 0;
+  int wscale_offset = 0, col_offset = 0, tscale_offset = 0, mode_offset = 0;
   int stage_bytes = 0;
   int packed_offset = 0, packed_bytes = 0;  // the packed ring, and one slot
   int barrier_offset = 0, sched_offset = 0, ref_offset = 0, epilogue_offset = 0;
@@ -327,7 +329,8 @@ CUBIST_HD constexpr MoeGemmFp4Fp8Layout MakeFp4Fp8Layout(int tile_m, int tile_n,
   l.dec_offset = tile_m * kMoeGemmTmaBoxBytes;
   l.wscale_offset = l.dec_offset + tile_n * kMoeGemmTmaBoxBytes;
   l.col_offset = l.wscale_offset + 4 * tile_n * 4;
-  l.mode_offset = l.col_offset + tile_n * 4;
+  l.tscale_offset = l.col_offset + tile_n * 4;
+  l.mode_offset = l.tscale_offset + tile_m * 16;
   l.stage_bytes = RoundUp(l.mode_offset + 16, kSmemAlign);
   l.packed_bytes = tile_n * kMoeGemmTmaBoxBytes;
   l.packed_offset = stages * l.stage_bytes;
