@@ -306,8 +306,10 @@ struct MoeGemmFp4Fp8Layout {
   // Warps 1-3 of the producer warpgroup and a warpgroup of their own.
   int converters = 96 + 128;
   // setmaxnreg targets: the consumers keep an accumulator and a partial; the producer's
-  // and the converters' warpgroups share the rest of the register file.
-  int consumer_regs = 176, producer_regs = 80;
+  // and the converters' warpgroups share the rest of the register file. 168 / 88 since the
+  // consumers stopped reading the tokens' scale bytes: the converters' unrolled item loop
+  // fits (measured 4-14% faster than 176 / 80 with a rolled loop).
+  int consumer_regs = 168, producer_regs = 88;
   // Offsets within a stage.
   int a_offset = 0, dec_offset = 0;
   int wscale_offset = 0, col_offset = 0, tscale_offset = 0, mode_offset = 0;
