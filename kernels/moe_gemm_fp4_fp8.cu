@@ -366,7 +366,7 @@ struct MoeGemmFp4Fp8 {
   // tokens' block scales come from the stage (the producer warp's fp32). Per block: its
   // wgmma, the wait, its promotion. (Two partials, block j's wgmma in flight while block
   // j - 1 is promoted, fit the registers only with tiles of at most 96 weight rows, and
-  // those measured 10-25% slower than this loop on 128; docs/kernels.md.)
+  // those measured 6-29% slower than this loop on 128; docs/kernels.md.)
   template <bool kUniform>
   __device__ __forceinline__ static void MainLoop(uint32_t smem_base, uint32_t full_bar,
                                                   uint32_t conv_bar, uint32_t empty_bar,
