@@ -291,10 +291,11 @@ struct MoeGemmFp4Fp8 {
                                                           int lane, uint32_t dst) {
 #pragma unroll
     for (int i = 0; i < kTokRows; ++i) {
-      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + (lane + 32 * i) * 16),
-                   "f"(Ue8m0ToFloat(b[i][0])), "f"(Ue8m0ToFloat(b[i][1])),
-                   "f"(Ue8m0ToFloat(b[i][2])), "f"(Ue8m0ToFloat(b[i][3]))
-                   : "memory");
+      StShared128(dst + (lane + 32 * i) * 16,
+                  make_uint4(__float_as_uint(Ue8m0ToFloat(b[i][0])),
+                             __float_as_uint(Ue8m0ToFloat(b[i][1])),
+                             __float_as_uint(Ue8m0ToFloat(b[i][2])),
+                             __float_as_uint(Ue8m0ToFloat(b[i][3]))));
     }
   }
 
@@ -345,7 +346,9 @@ struct MoeGemmFp4Fp8 {
     return static_cast<uint64_t>(static_cast<uint32_t>(d0 >> 32)) << 32 | lo;
   }
 
-  // The token scales of this thread's two rows for the four blocks of a stage.
+  // The token scales of this thread's two rows for the four blocks of a stage. (Through
+  // LdShared128 and bit casts the cubins come out different, and that build was never
+  // measured; this one was.)
   __device__ __forceinline__ static void TokenScales(uint32_t stage, int row_a, float4* sa,
                                                      float4* sb) {
     const uint32_t a = stage + L.tscale_offset + row_a * 16;
