@@ -317,6 +317,11 @@ struct MoeGemmFp4 {
           WgmmaWait<1>();
           if (j == 0 && prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
         }
+        // No wgmma in flight across the loop's back edge: with the last block's group left
+        // running into the next k-tile, whose first decode writes A registers, ptxas
+        // serialized every wgmma of the kernel (C7513, a wait after each; docs/kernels.md
+        // "fp8 per tensor"). Within the k-tile one group stays in flight.
+        WgmmaWait<0>();
         prev = ring.s;
         ring.Advance();
         if constexpr (kNv) {

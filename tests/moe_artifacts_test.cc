@@ -218,7 +218,8 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
 
 // ptxas serializes every wgmma of a kernel (a wait after each) when one is left in flight
 // across a loop's back edge or issued under a runtime condition (docs/kernels.md, "fp8 per
-// tensor"); build-artifacts reports each such kernel. The 64-row fp8 per-tensor kernel and
+// tensor"); build-artifacts reports each such kernel. The 64-row fp8 per-tensor kernel, the
+// fp4 kernels that decode weights into registers (here mxfp4 x mxfp8 with 64 tokens) and
 // the fp8-MMA mxfp4 x mxfp8 one must stay free of it; the 128-row fp8 kernel keeps its
 // serialized loop because it measured faster, and is the check's positive case.
 TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
@@ -227,15 +228,16 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   std::string out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts '" + dir.Join("art") +
                            "' --generation 2 --formats fp8,mxfp4xmxfp8 --activations relu2 "
-                           "--tiles 64x128x128,128x128x128 --writer python 2>&1",
+                           "--tiles 64x128x128,128x128x128,64x128x256 --writer python 2>&1",
                        &out),
             0)
       << out;
-  EXPECT_THAT(out, HasSubstr("build-artifacts: 3 kernels in"));
+  EXPECT_THAT(out, HasSubstr("build-artifacts: 4 kernels in"));
   EXPECT_THAT(out, HasSubstr("build-artifacts: ptxas serialized the wgmma of "
                              "moe_gemm_tma_fp8_fp8_relu2_m128n128k128 (C7514)\n"));
   for (const char* name :
-       {"moe_gemm_tma_fp8_fp8_relu2_m64n128k128", "moe_gemm_tma_mxfp4_mxfp8_relu2_m128n128k128"}) {
+       {"moe_gemm_tma_fp8_fp8_relu2_m64n128k128", "moe_gemm_tma_mxfp4_mxfp8_relu2_m64n128k256",
+        "moe_gemm_tma_mxfp4_mxfp8_relu2_m128n128k128"}) {
     EXPECT_THAT(out, ::testing::Not(HasSubstr(std::string("wgmma of ") + name + " ")));
     EXPECT_TRUE(FileExists(dir.Join(std::string("art/cubins/sm_90a/") + name + ".cubin")))
         << name;
