@@ -190,37 +190,33 @@ struct MoeGemmTma {
           // ptxas serialize every wgmma of the kernel (C7514: a wait after each), and so does
           // one issued under a runtime condition (C7518), so an odd last k-tile runs alone.
           // Measured 1.1-1.3x faster than the loop below on 64-row tiles.
-          const int pairs = num_kt / 2;
-          for (int i = 0; i < pairs; ++i) {
-            const int s0 = pipe.s;
+          // The next stage's k-tile into a fresh partial (returns its stage), and a partial
+          // whose wgmma have been waited for: the stage released, the partial added.
+          auto issue_next = [&](float (&part)[kRegs]) {
+            const int st = pipe.s;
             MbarWait(full_bar + 8 * pipe.s, pipe.phase);
-            Issue(smem_base + pipe.s * L.stage_bytes, a_off, part0, false);
+            Issue(smem_base + pipe.s * L.stage_bytes, a_off, part, false);
             pipe.Advance();
-            const int s1 = pipe.s;
-            MbarWait(full_bar + 8 * pipe.s, pipe.phase);
-            Issue(smem_base + pipe.s * L.stage_bytes, a_off, part1, false);
-            pipe.Advance();
+            return st;
+          };
+          auto promote = [&](float (&part)[kRegs], int st) {
+            FenceRegs(part);
+            if (signals) release(st);
+#pragma unroll
+            for (int r = 0; r < kRegs; ++r) acc[r] += part[r];
+          };
+          for (int i = 0; i < num_kt / 2; ++i) {
+            const int s0 = issue_next(part0);
+            const int s1 = issue_next(part1);
             WgmmaWait<1>();
-            FenceRegs(part0);
-            if (signals) release(s0);
-#pragma unroll
-            for (int r = 0; r < kRegs; ++r) acc[r] += part0[r];
+            promote(part0, s0);
             WgmmaWait<0>();
-            FenceRegs(part1);
-            if (signals) release(s1);
-#pragma unroll
-            for (int r = 0; r < kRegs; ++r) acc[r] += part1[r];
+            promote(part1, s1);
           }
           if (num_kt % 2 != 0) {
-            const int s0 = pipe.s;
-            MbarWait(full_bar + 8 * pipe.s, pipe.phase);
-            Issue(smem_base + pipe.s * L.stage_bytes, a_off, part0, false);
-            pipe.Advance();
+            const int s0 = issue_next(part0);
             WgmmaWait<0>();
-            FenceRegs(part0);
-            if (signals) release(s0);
-#pragma unroll
-            for (int r = 0; r < kRegs; ++r) acc[r] += part0[r];
+            promote(part0, s0);
           }
         } else {
           // Two consumers: two partials that alternate over all k-tiles, the wgmma of k-tile
