@@ -82,41 +82,6 @@ __device__ __forceinline__ bool ConverterAny(bool bad) {
   return any != 0;
 }
 
-// ue8m0 byte s -> 2^(s-127) in fp32: 0 is 2^-127 (an fp32 subnormal), 0xFF NaN.
-__device__ __forceinline__ float Ue8m0ToFloat(uint32_t s) {
-  const uint32_t bits = s == 0u ? 0x00400000u : s == 0xFFu ? 0x7FC00000u : s << 23;
-  return __uint_as_float(bits);
-}
-
-// 2^e in fp32 for e in [-149, 127], subnormals included.
-__device__ __forceinline__ float Pow2(int e) {
-  return __uint_as_float(e >= -126 ? static_cast<uint32_t>(e + 127) << 23
-                                   : 1u << (e + 149));
-}
-
-// The e4m3 bytes of the eight e2m1 magnitudes times 2^v, v in [-5, 6], as a prmt table
-// (0, 0.5, 1, 1.5 | 2, 3, 4, 6): every entry but zero's is a normal e4m3 whose exponent
-// field grows by v. No byte borrows or carries: the smallest nonzero entry is 0x30 and
-// v >= -5 subtracts 0x28; the largest is 0x4C and v <= 6 adds 0x30 (384, below 448).
-struct E4m3Table {
-  uint32_t lo, hi;
-};
-__device__ __forceinline__ E4m3Table TableFor(int v) {
-  const uint32_t u = static_cast<uint32_t>(v);
-  return {0x3C383000u + u * 0x08080800u, 0x4C484440u + u * 0x08080808u};
-}
-// 8 e2m1 (one word, low nibble first) -> 8 e4m3 bytes in the same order (two words):
-// prmt looks up four magnitudes at once; the signs come from bit 3 of each byte (even
-// elements: bit 7 of the same byte of w << 4) and bit 7 (odd elements), moved into place
-// by one prmt per output word. 9 instructions per 8 elements.
-__device__ __forceinline__ uint2 DecodeE2m1ToE4m3x8(uint32_t w, E4m3Table t) {
-  const uint32_t idx = w & 0x77777777u;
-  const uint32_t m0 = Prmt(t.lo, t.hi, idx), m1 = Prmt(t.lo, t.hi, idx >> 16);
-  const uint32_t w4 = w << 4;
-  const uint32_t s0 = Prmt(w, w4, 0x1504u), s1 = Prmt(w, w4, 0x3726u);
-  return make_uint2(m0 | (s0 & 0x80808080u), m1 | (s1 & 0x80808080u));
-}
-
 template <MoeActivation ACT, int TM, int TN, int ST>
 struct MoeGemmFp4Fp8 {
   static constexpr MoeGemmFp4Fp8Layout L = MakeFp4Fp8Layout(TM, TN, ST);

@@ -7,7 +7,8 @@
 //   (names as in the manifest: mxfp4 bf16 swiglu 64 128 128 0; STAGES 0 = the deepest
 //   pipeline, at most 6, that fits in shared memory; "tma" = a generation-2 kernel,
 //   kernels/moe_gemm_tma.cu, whose tile_k must be 128 bytes of K; fp4 weights:
-//   kernels/moe_gemm_fp4.cu, or for mxfp4 x mxfp8 with 128 tokens kernels/moe_gemm_fp4_fp8.cu)
+//   kernels/moe_gemm_fp4.cu, or for mxfp4 x mxfp8 with 128 tokens and tile_k 128
+//   kernels/moe_gemm_fp4_fp8.cu)
 // Output, one line each: {"ok":true,"stages":5,"threads":128,"shared_mem_bytes":...,
 //   "k_align":32,"n_align":8,"gated":true,"mma":"wgmma.bf16","decode_a":false,
 //   "decode_b":true} or {"ok":false,"error":"..."}; generation-2 lines add "ctas_per_sm"
@@ -93,7 +94,9 @@ void PrintFp4(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int 
   }
   if (l.error != nullptr) return PrintError(l.error);
   PrintOk(wf, af, ac,
-          {l.stages, l.threads, l.smem_bytes, "wgmma.bf16 (A in registers)", af != kBf16, true,
+          {l.stages, l.threads, l.smem_bytes,
+           l.fp8_mma ? "wgmma.e4m3 (A in registers)" : "wgmma.bf16 (A in registers)",
+           af != kBf16, true,
            l.ctas_per_sm, ",\"fp4\":true"});
 }
 
@@ -119,7 +122,7 @@ void PrintFp4Fp8(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, i
 
 void PrintTma(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int tk,
               int stages) {
-  if (wf == kMxfp4 && af == kMxfp8 && tm >= 128) {
+  if (wf == kMxfp4 && af == kMxfp8 && tm >= 128 && tk == 128) {
     PrintFp4Fp8(wf, af, ac, tm, tn, tk, stages);
     return;
   }

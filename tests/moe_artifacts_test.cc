@@ -194,10 +194,12 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_mxfp4_mxfp8_geglu_m64n128k128\n"
             "moe_gemm_tma_mxfp4_mxfp8_geglu_m64n128k256\n");
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
-  // The whole family: 95 generation-1 kernels, 115 generation-2 (TMA) ones.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 210);
+  // The whole family: 95 generation-1 kernels, 120 generation-2 (TMA) ones.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 215);
   // mxfp4 x mxfp8 of generation 2: the bf16-MMA kernels up to 64 tokens
-  // (kernels/moe_gemm_fp4.cu), then the fp8-MMA one (kernels/moe_gemm_fp4_fp8.cu).
+  // (kernels/moe_gemm_fp4.cu), then the fp8-MMA ones: weights decoded by converters
+  // (kernels/moe_gemm_fp4_fp8.cu, tile_k 128) and into registers (kernels/moe_gemm_fp4.cu,
+  // tile_k 256).
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --generation 2 "
                        "--formats mxfp4xmxfp8 --activations swiglu 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
@@ -205,7 +207,8 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m16n128k256\n"
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m32n128k256\n"
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m64n128k256\n"
-            "moe_gemm_tma_mxfp4_mxfp8_swiglu_m128n128k128\n");
+            "moe_gemm_tma_mxfp4_mxfp8_swiglu_m128n128k128\n"
+            "moe_gemm_tma_mxfp4_mxfp8_swiglu_m128n128k256\n");
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --generation 2 "
                        "--formats fp8 --activations relu2 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
@@ -219,25 +222,28 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
 // ptxas serializes every wgmma of a kernel (a wait after each) when one is left in flight
 // across a loop's back edge or issued under a runtime condition (docs/kernels.md, "fp8 per
 // tensor"); build-artifacts reports each such kernel. The 64-row fp8 per-tensor kernel, the
-// fp4 kernels that decode weights into registers (here mxfp4 x mxfp8 with 64 tokens) and
-// the fp8-MMA mxfp4 x mxfp8 one must stay free of it; the 128-row fp8 kernel keeps its
-// serialized loop because it measured faster, and is the check's positive case.
+// fp4 kernels that decode weights into registers (here mxfp4 x mxfp8 with 64 tokens, and
+// with 128 on e4m3 wgmma) and the converter-fed fp8-MMA mxfp4 x mxfp8 one must stay free of
+// it; the 128-row fp8 kernel keeps its serialized loop because it measured faster, and is
+// the check's positive case.
 TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
   TempDir dir;
   std::string out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts '" + dir.Join("art") +
                            "' --generation 2 --formats fp8,mxfp4xmxfp8 --activations relu2 "
-                           "--tiles 64x128x128,128x128x128,64x128x256 --writer python 2>&1",
+                           "--tiles 64x128x128,128x128x128,64x128x256,128x128x256 "
+                           "--writer python 2>&1",
                        &out),
             0)
       << out;
-  EXPECT_THAT(out, HasSubstr("build-artifacts: 4 kernels in"));
+  EXPECT_THAT(out, HasSubstr("build-artifacts: 5 kernels in"));
   EXPECT_THAT(out, HasSubstr("build-artifacts: ptxas serialized the wgmma of "
                              "moe_gemm_tma_fp8_fp8_relu2_m128n128k128 (C7514)\n"));
   for (const char* name :
        {"moe_gemm_tma_fp8_fp8_relu2_m64n128k128", "moe_gemm_tma_mxfp4_mxfp8_relu2_m64n128k256",
-        "moe_gemm_tma_mxfp4_mxfp8_relu2_m128n128k128"}) {
+        "moe_gemm_tma_mxfp4_mxfp8_relu2_m128n128k128",
+        "moe_gemm_tma_mxfp4_mxfp8_relu2_m128n128k256"}) {
     EXPECT_THAT(out, ::testing::Not(HasSubstr(std::string("wgmma of ") + name + " ")));
     EXPECT_TRUE(FileExists(dir.Join(std::string("art/cubins/sm_90a/") + name + ".cubin")))
         << name;
