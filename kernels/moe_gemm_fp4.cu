@@ -248,11 +248,7 @@ struct MoeGemmFp4 {
       // This thread's two weight rows in B and their scale rows (rows past the last
       // expert are clamped: their outputs are never stored).
       auto scale_row = [&](int r) {
-        const int half = kGated && r >= kWRows ? 1 : 0;
-        int64_t g = static_cast<int64_t>(t.e) * p.n + t.n_tile * kWRows + (r - half * kWRows) +
-                    (half ? p.n / 2 : 0);
-        g = g < weight_rows ? g : weight_rows - 1;
-        return b_scale + g * (kNv ? kb16 : kb);
+        return WeightScaleRow(p, t, r, b_scale, kNv ? kb16 : kb, weight_rows);
       };
       const uint8_t* sc_a = scale_row(r_a);
       const uint8_t* sc_b = scale_row(r_b);
@@ -313,10 +309,8 @@ struct MoeGemmFp4 {
                 s_a = Ue8m0ToBf16x2(sa[j]);
                 s_b = Ue8m0ToBf16x2(sb[j]);
               }
-              const uint32_t wa =
-                  LdShared32(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4) + 4 * quad);
-              const uint32_t wb =
-                  LdShared32(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4) + 4 * quad);
+              const uint32_t wa = PackedWord(w_base, r_a, j, quad);
+              const uint32_t wb = PackedWord(w_base, r_b, j, quad);
               d_a = DecodeE2m1Pairs(wa, s_a);
               d_b = DecodeE2m1Pairs(wb, s_b);
             } else {
@@ -399,6 +393,33 @@ struct MoeGemmFp4 {
         ConsumerSync<kConsumerThreads>();
       }
     }
+  }
+
+  // The block-scale row of tile row r's weight row (the gate half N/2 rows down; rows past
+  // the last expert clamped: their outputs are never stored).
+  // scales: p.b_scale; row_bytes: scale bytes per weight row (mxfp4 K / 32, nvfp4 K / 16);
+  // weight_rows: E x N.
+  __device__ __forceinline__ static const uint8_t* WeightScaleRow(const MoeGemmParams& p,
+                                                                  const MoeTile& t, int r,
+                                                                  const uint8_t* scales,
+                                                                  int row_bytes,
+                                                                  int64_t weight_rows) {
+    const int half = kGated && r >= kWRows ? 1 : 0;
+    int64_t g = static_cast<int64_t>(t.e) * p.n + t.n_tile * kWRows + (r - half * kWRows) +
+                (half ? p.n / 2 : 0);
+    g = g < weight_rows ? g : weight_rows - 1;
+    return scales + g * row_bytes;
+  }
+  // Word `quad` of 32-element block j of packed weight row r (128-byte swizzled): the 8
+  // elements 8 quad .. 8 quad + 7 of the block.
+  __device__ __forceinline__ static uint32_t PackedWord(uint32_t w_base, int r, int j,
+                                                        int quad) {
+    return LdShared32(w_base + r * 128 + ((j ^ (r & 7)) << 4) + 4 * quad);
+  }
+
+  // wgmma's descriptor of 32-element block j of the e4m3 panel (box j / 4, k-step j % 4).
+  __device__ __forceinline__ static uint64_t PanelDesc(uint32_t a_base, int j) {
+    return Desc(a_base + (j / 4) * TT * kMoeGemmTmaBoxBytes + (j % 4) * 32);
   }
 
   // The producer's copies of one stage: expect its bytes on `full`, then the weights (128
@@ -498,7 +519,7 @@ struct MoeGemmFp4 {
         WgmmaFence();
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          uint64_t desc = Desc(a_base + (j / 4) * TT * kMoeGemmTmaBoxBytes + (j % 4) * 32);
+          uint64_t desc = PanelDesc(a_base, j);
           PinRegs(fr[j], desc);
           MmaF8::Mma(part, fr[j], desc, j > 0 ? 1 : 0);
         }
@@ -529,7 +550,7 @@ struct MoeGemmFp4 {
           const uint32_t wb = LdShared32(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4) + 4 * quad);
           const uint2 da = DecodeE2m1ToE4m3x8(wa, t6), db = DecodeE2m1ToE4m3x8(wb, t6);
           uint32_t f[4] = {da.x, db.x, da.y, db.y};
-          uint64_t desc = Desc(a_base + (j / 4) * TT * kMoeGemmTmaBoxBytes + (j % 4) * 32);
+          uint64_t desc = PanelDesc(a_base, j);
           PinRegs(f, desc);
           WgmmaFence();
           MmaF8::Mma(part, f, desc, 0);
@@ -632,12 +653,7 @@ struct MoeGemmFp4 {
         if (r < TT) {
           rows[i] = a_scale + static_cast<int64_t>(min(t.row_begin + r, p.num_tokens - 1)) * sk;
         } else {
-          const int wr = r - TT;
-          const int half = kGated && wr >= kWRows ? 1 : 0;
-          int64_t g = static_cast<int64_t>(t.e) * p.n + t.n_tile * kWRows +
-                      (wr - half * kWRows) + (half ? p.n / 2 : 0);
-          g = g < weight_rows ? g : weight_rows - 1;
-          rows[i] = b_scale + g * sk;
+          rows[i] = WeightScaleRow(p, t, r - TT, b_scale, sk, weight_rows);
         }
       }
       for (int kt = 0; kt < num_kt; ++kt) {

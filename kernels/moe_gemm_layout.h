@@ -32,6 +32,17 @@ CUBIST_HD constexpr bool UsesFp8Mma(MoeFormat w, MoeFormat a) {
   return (w == kFp8 && a == kFp8) || (w == kFp8Block && a == kFp8Block);
 }
 CUBIST_HD constexpr int RoundUp(int x, int m) { return (x + m - 1) / m * m; }
+// Whether setmaxnreg targets fit a one-CTA-per-SM kernel's register pool: what the launch
+// bounds give each thread (65536 / threads, a multiple of 8) times its warpgroups. The
+// `consumers` warpgroups raise to consumer_regs, the others lower to producer_regs;
+// setmaxnreg.inc waits for registers the others freed, so past the pool it waits forever
+// (a build that asked 2 x 216 + 80 of 3 x 168 hung on the H200).
+CUBIST_HD constexpr bool SetMaxNRegFits(int threads, int consumers, int consumer_regs,
+                                        int producer_regs) {
+  const int groups = threads / 128;
+  return consumers * consumer_regs + (groups - consumers) * producer_regs <=
+         groups * (65536 / threads / 8 * 8);
+}
 
 // The weight x activation pairs the family implements (docs/kernels.md).
 CUBIST_HD constexpr bool IsSupportedPair(MoeFormat w, MoeFormat a) {
@@ -188,6 +199,9 @@ CUBIST_HD constexpr MoeGemmTmaLayout MakeTmaLayout(MoeFormat w, MoeFormat a, int
     l.error = "tile_n must be 64, 128 or 256";
   } else if (l.fp8_mma && tile_n > 128) {
     l.error = "fp8 kernels keep two accumulators: tile_n at most 128";
+  } else if (l.consumers == 2 &&
+             !SetMaxNRegFits(l.threads, l.consumers, l.consumer_regs, l.producer_regs)) {
+    l.error = "setmaxnreg targets exceed the CTA's register pool";
   } else if (stages < 2) {
     l.error = "stages must be at least 2";
   } else if (l.smem_bytes > kMaxDynamicSmem) {
@@ -306,9 +320,7 @@ CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int
   } else if (stages < 2) {
     l.error = "stages must be at least 2";
   } else if (l.consumer_regs > 0 &&
-             l.consumers * l.consumer_regs + (l.threads / 128 - l.consumers) * l.producer_regs >
-                 (l.threads / 128) * (65536 / l.threads / 8 * 8)) {
-    // setmaxnreg.inc waits for registers the others freed: past the pool it waits forever.
+             !SetMaxNRegFits(l.threads, l.consumers, l.consumer_regs, l.producer_regs)) {
     l.error = "setmaxnreg targets exceed the CTA's register pool";
   } else if (l.fp8_mma && tile_n > tile_m) {
     l.error = "the e4m3 tile's row factors share the token area: tile_n <= tile_m";
@@ -384,6 +396,8 @@ CUBIST_HD constexpr MoeGemmFp4Fp8Layout MakeFp4Fp8Layout(int tile_m, int tile_n,
     l.error = "mxfp4 x mxfp8 fp8-MMA kernels take tile_m 128 (two consumer warpgroups)";
   } else if (tile_n != 128) {
     l.error = "mxfp4 x mxfp8 fp8-MMA kernels take tile_n 128";
+  } else if (!SetMaxNRegFits(l.threads, l.consumers, l.consumer_regs, l.producer_regs)) {
+    l.error = "setmaxnreg targets exceed the CTA's register pool";
   } else if (stages < 2) {
     l.error = "stages must be at least 2";
   } else if (l.smem_bytes > kMaxDynamicSmem) {
