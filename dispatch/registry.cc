@@ -142,6 +142,12 @@ absl::Status ValidateKnownOp(KernelEntry& e, const EntryErrors& err) {
   CUBIST_RETURN_IF_ERROR(ReadConstraint(s, err, "max_experts", &c.max_experts));
   CUBIST_RETURN_IF_ERROR(ReadFraction(s, err, "mma_efficiency", &e.mma_efficiency));
   CUBIST_RETURN_IF_ERROR(ReadFraction(s, err, "memory_efficiency", &e.memory_efficiency));
+  if (auto it = s.extras.find("exact"); it != s.extras.end()) {
+    if (it->second != "true" && it->second != "false") {
+      return err.Error("exact", absl::StrCat("expected true or false, got ", it->second));
+    }
+    e.exact = it->second == "true";
+  }
   return absl::OkStatus();
 }
 

@@ -12,7 +12,8 @@
 //     more than 16 CTAs, an odd tile_n with a gated activation;
 //   - inconsistent entries: the same function of the same artifact listed twice with
 //     different metadata, or an extras "gated" flag that contradicts the activation;
-//   - malformed shape constraints in extras (see ShapeConstraints).
+//   - malformed shape constraints in extras (see ShapeConstraints), or an "exact" flag
+//     that is not true or false.
 // A kernel with an op this build does not know is kept (listed and explained) but is
 // never selected.
 #ifndef CUBIST_DISPATCH_REGISTRY_H_
@@ -72,6 +73,11 @@ struct KernelEntry {
   // fraction of copy bandwidth it streams operands at. 1 when absent.
   double mma_efficiency = 1.0;
   double memory_efficiency = 1.0;
+  // Whether the kernel multiplies exactly the decoded operands (extras "exact", true when
+  // absent). A kernel that rounds an operand on purpose (docs/kernels.md: the tile_k 256
+  // mxfp4 x mxfp8 kernels regrid activations) says "exact": false, and the selector leaves
+  // it out unless asked (SelectOptions::allow_inexact, or the kernel pinned by name).
+  bool exact = true;
 
   const std::string& name() const { return spec.name; }
 };

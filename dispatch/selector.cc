@@ -19,6 +19,7 @@ namespace {
 int Distance(RejectReason reason) {
   switch (reason) {
     case RejectReason::kShape: return 1;
+    case RejectReason::kInexact: return 1;
     case RejectReason::kActivation: return 2;
     case RejectReason::kOutputFormat: return 2;
     case RejectReason::kAbi: return 2;
@@ -155,6 +156,7 @@ std::string_view RejectReasonName(RejectReason reason) {
     case RejectReason::kOutputFormat: return "output format";
     case RejectReason::kArch: return "arch";
     case RejectReason::kShape: return "shape";
+    case RejectReason::kInexact: return "inexact";
   }
   return "?";
 }
@@ -207,6 +209,11 @@ std::vector<Rejection> CheckKernel(const KernelEntry& kernel, const MoeProblem& 
     out.push_back({RejectReason::kArch, WhyNotRunsOn(kernel.arch, p.sm)});
   }
   if (kernel.op.has_value()) CheckShape(kernel, p, out);
+  if (!kernel.exact && !options.allow_inexact && options.pinned != kernel.name()) {
+    out.push_back({RejectReason::kInexact,
+                   "the kernel rounds an operand on purpose (manifest \"exact\": false); "
+                   "allow inexact kernels or pin it by name to use it"});
+  }
   return out;
 }
 

@@ -33,6 +33,7 @@ enum class RejectReason {
   kOutputFormat,
   kArch,
   kShape,
+  kInexact,
 };
 std::string_view RejectReasonName(RejectReason reason);  // "op", "weight format", ...
 
@@ -65,6 +66,11 @@ struct SelectOptions {
   // When set, the only kernel considered (debugging): NotFound when no kernel has the
   // name, FailedPrecondition listing its rejections when it cannot solve the problem.
   std::string pinned;
+  // Also consider kernels whose manifest entry says "exact": false (KernelEntry::exact):
+  // they round an operand on purpose, so neither untuned selection nor autotuning picks
+  // one unless the caller accepts that. A pinned kernel is accepted either way: naming it
+  // is the consent.
+  bool allow_inexact = false;
 };
 
 // Every reason `kernel` cannot solve `problem` (empty when it can).

@@ -134,6 +134,24 @@ TEST(RegistryTest, GatedFlagContradictingActivationIsInconsistent) {
   EXPECT_TRUE(RegistryOf(kernels).ok());
 }
 
+// "exact" (KernelEntry::exact) is a JSON boolean, true when absent.
+TEST(RegistryTest, ExactFlagIsABoolean) {
+  auto kernels = SelectionKernels();
+  kernels[3].extras = "\"exact\": \"no\"";
+  EXPECT_THAT(RegistryOf(kernels),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("kernels[3].exact: expected true or false, got \"no\"")));
+  kernels[3].extras = "\"exact\": false";
+  auto r = RegistryOf(kernels);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->kernels()[3].exact);
+  EXPECT_TRUE(r->kernels()[2].exact);
+  kernels[3].extras = "\"exact\": true";
+  r = RegistryOf(kernels);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->kernels()[3].exact);
+}
+
 TEST(RegistryTest, OneFunctionDescribedTwiceDifferentlyIsInconsistent) {
   auto kernels = SelectionKernels();
   TestKernel alias = kernels[1];

@@ -191,6 +191,52 @@ TEST_F(SelectTest, PinnedKernelOverridesRanking) {
                                  "swiglu; unpin it")));
 }
 
+// A kernel that rounds an operand on purpose ("exact": false) is left out unless the caller
+// allows inexact kernels or pins it by name, however well the cost model rates it: here a
+// copy of the best tile whose name sorts first, so it would win the tie.
+TEST_F(SelectTest, InexactKernelOnlyWhenAllowedOrPinned) {
+  auto kernels = SelectionKernels();
+  testing::TestKernel inexact;
+  for (const testing::TestKernel& k : kernels) {
+    if (k.name == "bf16_swiglu_m128n128k64") inexact = k;
+  }
+  ASSERT_FALSE(inexact.name.empty());
+  inexact.name = "a_inexact_swiglu_m128n128k64";
+  inexact.artifact = "";
+  inexact.function = "";
+  inexact.extras = "\"exact\": false";
+  kernels.push_back(inexact);
+  auto m = ParseTestManifest(kernels);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto reg = Registry::Create(*m);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const MoeProblem p = Bf16Swiglu(8, 2048, 28672, 4096);
+
+  auto best = SelectKernel(*reg, p);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "bf16_swiglu_m128n128k64");
+  std::vector<Verdict> verdicts = Explain(*reg, p);
+  ASSERT_EQ(verdicts.back().kernel->name(), "a_inexact_swiglu_m128n128k64");
+  ASSERT_EQ(verdicts.back().rejections.size(), 1u);
+  EXPECT_EQ(verdicts.back().rejections[0].reason, RejectReason::kInexact);
+  EXPECT_EQ(RejectReasonName(RejectReason::kInexact), "inexact");
+  EXPECT_THAT(verdicts.back().rejections[0].detail,
+              HasSubstr("rounds an operand on purpose (manifest \"exact\": false); allow "
+                        "inexact kernels or pin it by name"));
+
+  SelectOptions o;
+  o.allow_inexact = true;
+  best = SelectKernel(*reg, p, o);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "a_inexact_swiglu_m128n128k64");
+
+  SelectOptions pin;
+  pin.pinned = "a_inexact_swiglu_m128n128k64";
+  best = SelectKernel(*reg, p, pin);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "a_inexact_swiglu_m128n128k64");
+}
+
 // A build fills every version up to its own: older kernels stay selectable, newer ones
 // are refused by name.
 TEST_F(SelectTest, AbiNewerThanTheBuildRejects) {
