@@ -193,6 +193,7 @@ absl::StatusOr<MoeGemmDecision> MoeGemm::Decide(const MoeProblem& problem) {
   SelectOptions so;
   so.abi = moe::kMoeGemmAbi;
   so.pinned = options_.pinned_kernel;
+  so.allow_inexact = options_.allow_inexact;
   if (so.pinned.empty()) {
     // A tuned winner for the problem's bucket is used when it can serve this exact
     // problem; a stale name (kernel gone or unfit) falls back to the cost model.

@@ -76,6 +76,10 @@ struct MoeGemmOptions {
   bool programmatic_dependent_launch = false;
   // Distinct problems remembered; beyond it problems are decided on every call.
   size_t decision_cache_capacity = 4096;
+  // Let selection and Tune consider kernels that round an operand on purpose (manifest
+  // "exact": false; SelectOptions::allow_inexact). Off: results are exact whatever the
+  // cost model or the timings say.
+  bool allow_inexact = false;
 };
 
 // What Run launches for one problem. Plain data, immutable once cached.

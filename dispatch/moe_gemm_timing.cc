@@ -167,6 +167,7 @@ absl::StatusOr<AutotuneResult> MoeGemm::Tune(const MoeProblem& problem_in,
   OpTimer timer(*this, options);
   SelectOptions so;
   so.abi = moe::kMoeGemmAbi;
+  so.allow_inexact = options_.allow_inexact;
   CUBIST_ASSIGN_OR_RETURN(
       AutotuneResult result,
       Autotune(runtime_->registry(), problem, timer, options.autotune, so));

@@ -236,6 +236,45 @@ TEST_F(AutotuneTest, TopKLimitsWhatIsTimedAndTiesKeepTheModelsChoice) {
   EXPECT_EQ(r->winner->name(), "bf16_swiglu_m128n128k64");
 }
 
+// Tuning times only exact kernels unless the caller allows inexact ones: a faster kernel
+// that rounds an operand ("exact": false) never becomes the tuned winner by accident.
+TEST_F(AutotuneTest, InexactKernelsAreTimedOnlyWhenAllowed) {
+  auto kernels = SelectionKernels();
+  testing::TestKernel inexact;
+  for (const testing::TestKernel& k : kernels) {
+    if (k.name == "bf16_swiglu_m128n128k64") inexact = k;
+  }
+  inexact.name = "inexact_swiglu_m128n128k64";
+  inexact.artifact = "";
+  inexact.function = "";
+  inexact.extras = "\"exact\": false";
+  kernels.push_back(inexact);
+  auto m = ParseTestManifest(kernels);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto reg = Registry::Create(*m);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const std::map<std::string, absl::StatusOr<double>> times = {
+      {"bf16_swiglu_m128n128k64", 300.0}, {"bf16_swiglu_m64n128k64", 250.0},
+      {"bf16_swiglu_m64n64k64", 400.0}, {"inexact_swiglu_m128n128k64", 100.0}};
+
+  FakeTimer timer(times);
+  AutotuneOptions all;
+  all.top_k = 10;
+  auto r = Autotune(*reg, prefill_, timer, all);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->winner->name(), "bf16_swiglu_m64n128k64");
+  EXPECT_EQ(timer.timed.size(), 3u);
+  EXPECT_THAT(timer.timed, ::testing::Not(::testing::Contains("inexact_swiglu_m128n128k64")));
+
+  FakeTimer allowed_timer(times);
+  SelectOptions allow;
+  allow.allow_inexact = true;
+  r = Autotune(*reg, prefill_, allowed_timer, all, allow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->winner->name(), "inexact_swiglu_m128n128k64");
+  EXPECT_EQ(allowed_timer.timed.size(), 4u);
+}
+
 TEST_F(AutotuneTest, FailingCandidatesAreSkipped) {
   FakeTimer timer({{"bf16_swiglu_m128n128k64", absl::InternalError("launch failed")},
                    {"bf16_swiglu_m64n128k64", 260.0},
