@@ -197,6 +197,7 @@ absl::StatusOr<std::unique_ptr<Selection>> Select(const SelectRequest& f) {
   s->problem = f.problem;
   SelectOptions options;
   options.pinned = f.pin;
+  options.allow_inexact = f.allow_inexact;
   s->ranked = RankCandidates(s->registry, s->problem, options);
   if (f.explain) s->verdicts = Explain(s->registry, s->problem, options);
   return s;

@@ -81,6 +81,7 @@ struct SelectRequest {
   std::string pin;
   bool explain = false;
   bool offline = false;
+  bool allow_inexact = false;
   TrustFlags trust;
 };
 

@@ -36,6 +36,7 @@ struct RunFlags {
   uint64_t seed = 1;
   bool json = false;
   bool offline = false;
+  bool allow_inexact = false;
   TrustFlags trust;
 };
 
@@ -221,6 +222,7 @@ int RunRun(const RunFlags& f) {
   if (auto s = (*rt)->MakeCurrent(); !s.ok()) return PrintError(s);
   MoeGemmOptions mo;
   mo.pinned_kernel = f.pin;
+  mo.allow_inexact = f.allow_inexact;
   auto gemm = MoeGemm::Create(**rt, mo);
   if (!gemm.ok()) return PrintError(gemm.status());
 
@@ -291,6 +293,9 @@ void RegisterRun(CLI::App& app, Globals& g) {
   cmd->add_option("--warmup", f->warmup, "Launches before timing (default 3)");
   cmd->add_option("--check-rows", f->check_rows, "Output rows checked (default 32)");
   cmd->add_option("--seed", f->seed, "Seed of the random inputs");
+  cmd->add_flag("--allow-inexact", f->allow_inexact,
+                "Also consider kernels that round an operand on purpose (manifest "
+                "\"exact\": false)");
   cmd->add_flag("--json", f->json, "Print the result as JSON");
   cmd->add_flag("--offline", f->offline, "No network: the manifest and kernels must be cached");
   cmd->add_option("--cache", f->cache, "Cache directory")->type_name("DIR");

@@ -74,6 +74,9 @@ void RegisterSelect(CLI::App& app, Globals& g) {
       ->type_name("FMT");
   cmd->add_option("--kernel", f->pin, "Consider only this kernel (debugging)")
       ->type_name("NAME");
+  cmd->add_flag("--allow-inexact", f->allow_inexact,
+                "Also consider kernels that round an operand on purpose (manifest "
+                "\"exact\": false)");
   cmd->add_flag("--json", f->json, "Print the choice as JSON");
   cmd->add_flag("--explain", f->explain,
                 "Say why each kernel was rejected or where it ranks");

@@ -29,6 +29,7 @@ struct TuneFlags {
   bool dry_run = false;
   bool json = false;
   bool offline = false;
+  bool allow_inexact = false;
   TrustFlags trust;
 };
 
@@ -44,7 +45,9 @@ int RunTune(const TuneFlags& f) {
   ro->tuning_file = f.tuning_file;
   auto rt = Runtime::Open(*ro);
   if (!rt.ok()) return PrintError(rt.status());
-  auto gemm = MoeGemm::Create(**rt);
+  MoeGemmOptions mo;
+  mo.allow_inexact = f.allow_inexact;
+  auto gemm = MoeGemm::Create(**rt, mo);
   if (!gemm.ok()) return PrintError(gemm.status());
   MoeGemmTuneOptions to;
   to.autotune.top_k = f.top > 0 ? f.top : static_cast<int>((*rt)->registry().size());
@@ -105,6 +108,9 @@ void RegisterTune(CLI::App& app, Globals& g) {
                   "Where winners are recorded (default: <cache>/tuning.json)")
       ->type_name("FILE");
   cmd->add_flag("--dry-run", f->dry_run, "Time and print, record nothing");
+  cmd->add_flag("--allow-inexact", f->allow_inexact,
+                "Also consider kernels that round an operand on purpose (manifest "
+                "\"exact\": false)");
   cmd->add_flag("--json", f->json, "Print the timings as JSON");
   cmd->add_flag("--offline", f->offline, "No network: the manifest and kernels must be cached");
   cmd->add_option("--cache", f->cache, "Cache directory")->type_name("DIR");

@@ -51,6 +51,30 @@ TEST_F(SelectCliTest, PrintsTheWinnerFirst) {
                              "shared memory\n"));
 }
 
+// A kernel whose manifest entry says "exact": false is listed as rejected (inexact) and
+// chosen only with --allow-inexact (or --kernel NAME), even where the model rates it first.
+TEST_F(SelectCliTest, InexactKernelNeedsAllowInexact) {
+  auto kernels = SelectionKernels();
+  testing::TestKernel inexact = kernels[0];
+  for (const testing::TestKernel& k : kernels) {
+    if (k.name == "bf16_swiglu_m128n128k64") inexact = k;
+  }
+  inexact.name = "a_inexact_swiglu_m128n128k64";
+  inexact.artifact = "";
+  inexact.function = "";
+  inexact.extras = "\"exact\": false";
+  kernels.push_back(inexact);
+  WriteFileOrDie(manifest_, ManifestJson(kernels));
+  std::string out;
+  ASSERT_EQ(Select(std::string(kPrefill) + " --explain", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("\nrejected a_inexact_swiglu_m128n128k64: inexact: the kernel "
+                             "rounds an operand on purpose (manifest \"exact\": false); "
+                             "allow inexact kernels or pin it by name to use it\n"));
+  EXPECT_THAT(out, HasSubstr("\nselected: bf16_swiglu_m128n128k64\n"));
+  ASSERT_EQ(Select(std::string(kPrefill) + " --allow-inexact", &out), 0) << out;
+  EXPECT_THAT(out, StartsWith("a_inexact_swiglu_m128n128k64\n  rank 1 of 4 candidates"));
+}
+
 TEST_F(SelectCliTest, JsonOutput) {
   std::string out;
   ASSERT_EQ(Select(std::string(kPrefill) + " --json", &out), 0) << out;
