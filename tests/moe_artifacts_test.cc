@@ -106,6 +106,7 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
     EXPECT_GT(k.shared_mem_bytes, 48 * 1024);
     EXPECT_LE(k.shared_mem_bytes, moe::kMaxDynamicSmem);
     EXPECT_GE(k.stages, 3);
+    EXPECT_EQ(k.extras.count("exact"), 0u);  // every kernel of the preset is exact
     formats.insert(k.weight_format + "x" + k.activation_format);
     // Extras the dispatcher reads (raw JSON text).
     const bool gated = k.activation == "swiglu" || k.activation == "geglu" ||
@@ -247,6 +248,21 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
     EXPECT_THAT(out, ::testing::Not(HasSubstr(std::string("wgmma of ") + name + " ")));
     EXPECT_TRUE(FileExists(dir.Join(std::string("art/cubins/sm_90a/") + name + ".cubin")))
         << name;
+  }
+  // Only the tile that regrids activations (e4m3 wgmma with 128 tokens, tile_k 256) says
+  // it is inexact, so that the dispatcher takes it only when asked (KernelEntry::exact).
+  const std::string path = dir.Join("art/manifest.json");
+  auto m = ParseManifest(ReadFileOrDie(path), path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->kernels.size(), 5u);
+  for (const KernelSpec& k : m->kernels) {
+    SCOPED_TRACE(k.name);
+    if (k.name == "moe_gemm_tma_mxfp4_mxfp8_relu2_m128n128k256") {
+      ASSERT_EQ(k.extras.count("exact"), 1u);
+      EXPECT_EQ(k.extras.at("exact"), "false");
+    } else {
+      EXPECT_EQ(k.extras.count("exact"), 0u);
+    }
   }
 }
 
