@@ -46,6 +46,20 @@ absl::Status ReadConstraint(const KernelSpec& spec, const EntryErrors& err,
   return absl::OkStatus();
 }
 
+// Reads an optional boolean (JSON true or false) from the kernel's extras; *present says
+// whether the key was there.
+absl::Status ReadBool(const KernelSpec& spec, const EntryErrors& err, const char* key,
+                      bool* out, bool* present = nullptr) {
+  auto it = spec.extras.find(key);
+  if (present != nullptr) *present = it != spec.extras.end();
+  if (it == spec.extras.end()) return absl::OkStatus();
+  if (it->second != "true" && it->second != "false") {
+    return err.Error(key, absl::StrCat("expected true or false, got ", it->second));
+  }
+  *out = it->second == "true";
+  return absl::OkStatus();
+}
+
 // Reads an optional number in (0, 1] from the kernel's extras.
 absl::Status ReadFraction(const KernelSpec& spec, const EntryErrors& err, const char* key,
                           double* out) {
@@ -118,16 +132,13 @@ absl::Status ValidateKnownOp(KernelEntry& e, const EntryErrors& err) {
     return err.Error("tile_n", absl::StrCat("a gated activation (", s.activation,
                                             ") needs an even tile_n, got ", s.tile_n));
   }
-  if (auto it = s.extras.find("gated"); it != s.extras.end()) {
-    if (it->second != "true" && it->second != "false") {
-      return err.Error("gated", absl::StrCat("expected true or false, got ", it->second));
-    }
-    if ((it->second == "true") != gated) {
-      return err.Error("gated", absl::StrCat("says ", it->second, " but activation '",
-                                             s.activation, "' is ",
-                                             gated ? "gated" : "element-wise",
-                                             "; the entry is inconsistent"));
-    }
+  bool says_gated = false, has_gated = false;
+  CUBIST_RETURN_IF_ERROR(ReadBool(s, err, "gated", &says_gated, &has_gated));
+  if (has_gated && says_gated != gated) {
+    return err.Error("gated", absl::StrCat("says ", says_gated ? "true" : "false",
+                                           " but activation '", s.activation, "' is ",
+                                           gated ? "gated" : "element-wise",
+                                           "; the entry is inconsistent"));
   }
   ShapeConstraints& c = e.constraints;
   CUBIST_RETURN_IF_ERROR(ReadConstraint(s, err, "k_multiple", &c.k_multiple));
@@ -142,12 +153,7 @@ absl::Status ValidateKnownOp(KernelEntry& e, const EntryErrors& err) {
   CUBIST_RETURN_IF_ERROR(ReadConstraint(s, err, "max_experts", &c.max_experts));
   CUBIST_RETURN_IF_ERROR(ReadFraction(s, err, "mma_efficiency", &e.mma_efficiency));
   CUBIST_RETURN_IF_ERROR(ReadFraction(s, err, "memory_efficiency", &e.memory_efficiency));
-  if (auto it = s.extras.find("exact"); it != s.extras.end()) {
-    if (it->second != "true" && it->second != "false") {
-      return err.Error("exact", absl::StrCat("expected true or false, got ", it->second));
-    }
-    e.exact = it->second == "true";
-  }
+  CUBIST_RETURN_IF_ERROR(ReadBool(s, err, "exact", &e.exact));
   return absl::OkStatus();
 }
 

@@ -97,4 +97,18 @@ std::vector<TestKernel> SelectionKernels() {
   return v;
 }
 
+std::optional<TestKernel> InexactCopy(const std::vector<TestKernel>& kernels,
+                                      std::string_view of, std::string name) {
+  for (const TestKernel& k : kernels) {
+    if (k.name != of) continue;
+    TestKernel copy = k;
+    copy.name = std::move(name);
+    copy.artifact = "";
+    copy.function = "";
+    copy.extras = "\"exact\": false";
+    return copy;
+  }
+  return std::nullopt;
+}
+
 }  // namespace cubist::testing

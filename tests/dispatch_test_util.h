@@ -4,7 +4,9 @@
 #define CUBIST_TESTS_DISPATCH_TEST_UTIL_H_
 
 #include <array>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,6 +45,11 @@ absl::StatusOr<Manifest> ParseTestManifest(const std::vector<TestKernel>& kernel
 // m64n64, m64n128, prefill m128n128), a bf16 relu2 kernel, an mxfp4 x bf16 swiglu
 // kernel with k_align 128 and n_align 8, an fp8 x fp8 swiglu kernel and an sm_100a bf16 swiglu one.
 std::vector<TestKernel> SelectionKernels();
+
+// A copy of the kernel named `of` in `kernels`, renamed `name` (its own artifact and
+// function), whose manifest entry says "exact": false; nullopt when `of` is not there.
+std::optional<TestKernel> InexactCopy(const std::vector<TestKernel>& kernels,
+                                      std::string_view of, std::string name);
 
 }  // namespace cubist::testing
 

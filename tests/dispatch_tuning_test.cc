@@ -240,15 +240,10 @@ TEST_F(AutotuneTest, TopKLimitsWhatIsTimedAndTiesKeepTheModelsChoice) {
 // that rounds an operand ("exact": false) never becomes the tuned winner by accident.
 TEST_F(AutotuneTest, InexactKernelsAreTimedOnlyWhenAllowed) {
   auto kernels = SelectionKernels();
-  testing::TestKernel inexact;
-  for (const testing::TestKernel& k : kernels) {
-    if (k.name == "bf16_swiglu_m128n128k64") inexact = k;
-  }
-  inexact.name = "inexact_swiglu_m128n128k64";
-  inexact.artifact = "";
-  inexact.function = "";
-  inexact.extras = "\"exact\": false";
-  kernels.push_back(inexact);
+  auto inexact =
+      testing::InexactCopy(kernels, "bf16_swiglu_m128n128k64", "inexact_swiglu_m128n128k64");
+  ASSERT_TRUE(inexact.has_value());
+  kernels.push_back(*inexact);
   auto m = ParseTestManifest(kernels);
   ASSERT_TRUE(m.ok()) << m.status();
   auto reg = Registry::Create(*m);

@@ -55,15 +55,10 @@ TEST_F(SelectCliTest, PrintsTheWinnerFirst) {
 // chosen only with --allow-inexact (or --kernel NAME), even where the model rates it first.
 TEST_F(SelectCliTest, InexactKernelNeedsAllowInexact) {
   auto kernels = SelectionKernels();
-  testing::TestKernel inexact = kernels[0];
-  for (const testing::TestKernel& k : kernels) {
-    if (k.name == "bf16_swiglu_m128n128k64") inexact = k;
-  }
-  inexact.name = "a_inexact_swiglu_m128n128k64";
-  inexact.artifact = "";
-  inexact.function = "";
-  inexact.extras = "\"exact\": false";
-  kernels.push_back(inexact);
+  auto inexact =
+      testing::InexactCopy(kernels, "bf16_swiglu_m128n128k64", "a_inexact_swiglu_m128n128k64");
+  ASSERT_TRUE(inexact.has_value());
+  kernels.push_back(*inexact);
   WriteFileOrDie(manifest_, ManifestJson(kernels));
   std::string out;
   ASSERT_EQ(Select(std::string(kPrefill) + " --explain", &out), 0) << out;

@@ -196,16 +196,10 @@ TEST_F(SelectTest, PinnedKernelOverridesRanking) {
 // copy of the best tile whose name sorts first, so it would win the tie.
 TEST_F(SelectTest, InexactKernelOnlyWhenAllowedOrPinned) {
   auto kernels = SelectionKernels();
-  testing::TestKernel inexact;
-  for (const testing::TestKernel& k : kernels) {
-    if (k.name == "bf16_swiglu_m128n128k64") inexact = k;
-  }
-  ASSERT_FALSE(inexact.name.empty());
-  inexact.name = "a_inexact_swiglu_m128n128k64";
-  inexact.artifact = "";
-  inexact.function = "";
-  inexact.extras = "\"exact\": false";
-  kernels.push_back(inexact);
+  auto inexact =
+      testing::InexactCopy(kernels, "bf16_swiglu_m128n128k64", "a_inexact_swiglu_m128n128k64");
+  ASSERT_TRUE(inexact.has_value());
+  kernels.push_back(*inexact);
   auto m = ParseTestManifest(kernels);
   ASSERT_TRUE(m.ok()) << m.status();
   auto reg = Registry::Create(*m);
