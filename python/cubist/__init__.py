@@ -23,8 +23,8 @@ from ._tensors import describe
 
 _cubist._register_errors(BY_CODE)
 
-__all__ = ["Runtime", "MoeGemm", "fetch", "verify", "select", "FORMATS", "ACTIVATIONS"] + list(
-    _error_names)
+__all__ = ["Runtime", "MoeGemm", "MoeLayer", "fetch", "verify", "select", "FORMATS",
+           "ACTIVATIONS", "ROUTING_METHODS"] + list(_error_names)
 __version__ = "0.1.0"
 
 FORMATS = ("bf16", "fp8", "fp8-block", "mxfp4", "mxfp8", "nvfp4")
@@ -370,6 +370,7 @@ def _install_run(cls):
 
 
 _install_run(MoeGemm)
+from ._moe_layer import MoeLayer, ROUTING_METHODS, _live_layers  # noqa: E402 (needs Runtime)
 _stream_getter = None
 _torch_op = None  # torch.ops.cubist.moe_gemm once cubist.ops is imported
 
