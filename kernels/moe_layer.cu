@@ -304,6 +304,11 @@ namespace {
 constexpr int kSortItems = kMoeSortChunk / kMoeSortThreads;
 static_assert(kSortItems * kMoeSortThreads == kMoeSortChunk, "chunk = threads x items");
 constexpr int kScanItems = (kMoeSortMaxExperts + 1 + kMoeSortThreads - 1) / kMoeSortThreads;
+// The fused sort ranks at most this many slots (decode: T x k <= 256) by counting, in
+// one pass, instead of a radix sort of a whole padded chunk: a few hundred shared-memory
+// reads against several block-wide passes.
+constexpr int kSmallSort = 256;
+static_assert(kSmallSort <= kMoeSortThreads, "one slot per thread");
 using SortBins = cub::BlockRadixSort<uint32_t, kMoeSortThreads, kSortItems, int32_t>;
 using ScanBins = cub::BlockScan<int32_t, kMoeSortThreads>;
 
@@ -315,6 +320,7 @@ struct SortShared {
     struct {
       ScanBins::TempStorage scan;
       int32_t bins[kMoeSortMaxExperts + 1];  // counts, offsets or first positions per bin
+      uint32_t slot_bins[kSmallSort];        // the small sort's bin of each slot
     };
   };
   uint32_t warp_last[kMoeSortThreads / 32];
@@ -407,6 +413,26 @@ __device__ void ChunkScatter(const MoeSortParams& p, int begin, int n, const int
   }
 }
 
+// The fused sort of n <= kSmallSort slots, with s.bins holding the offsets: a kept
+// slot's row is its expert's offset plus the number of earlier slots of that expert.
+__device__ void SmallScatter(const MoeSortParams& p, int n, SortShared& s) {
+  const uint32_t L = static_cast<uint32_t>(p.num_local_experts);
+  const int i = threadIdx.x;
+  const uint32_t bin = i < n ? SlotBin(p, p.topk_ids[i]) : L + 1;
+  if (i < n) s.slot_bins[i] = bin;
+  __syncthreads();
+  if (i >= n) return;
+  if (bin >= L) {
+    p.expanded_to_permuted[i] = -1;
+    return;
+  }
+  int rank = 0;
+  for (int j = 0; j < i; ++j) rank += s.slot_bins[j] == bin;
+  const int row = s.bins[bin] + rank;
+  p.permuted_to_expanded[row] = i;
+  p.expanded_to_permuted[i] = row;
+}
+
 }  // namespace
 }  // namespace cubist::moe
 
@@ -425,6 +451,10 @@ extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
   if (threadIdx.x == 0) {
     p.offsets[L] = kept;
     p.dropped[0] = dropped;
+  }
+  if (n <= kSmallSort) {
+    SmallScatter(p, n, s);
+    return;
   }
   __syncthreads();  // the scan's storage becomes the sort's
   ChunkScatter(p, 0, n, nullptr, s);
