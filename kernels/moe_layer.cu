@@ -433,6 +433,20 @@ __device__ void SmallScatter(const MoeSortParams& p, int n, SortShared& s) {
   p.expanded_to_permuted[i] = row;
 }
 
+// s.bins[0..L] holds the slot counts of every bin: it becomes the offsets (exclusive
+// prefix sums over the L experts), written out with offsets[L] (the kept slots) and the
+// dropped count.
+__device__ void PublishOffsets(const MoeSortParams& p, SortShared& s) {
+  const int L = p.num_local_experts;
+  const int32_t dropped = s.bins[L];
+  const int32_t kept = BlockExclusiveScan(s.bins, L, s.scan);
+  for (int e = threadIdx.x; e < L; e += kMoeSortThreads) p.offsets[e] = s.bins[e];
+  if (threadIdx.x == 0) {
+    p.offsets[L] = kept;
+    p.dropped[0] = dropped;
+  }
+}
+
 }  // namespace
 }  // namespace cubist::moe
 
@@ -442,16 +456,9 @@ extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
   __shared__ SortShared s;
   GridDependencyWait();
   LaunchDependents();
-  const int L = p.num_local_experts;
   const int n = max(0, min(p.num_slots, kMoeSortChunk));
   ChunkHistogram(p, 0, n, s.bins);
-  const int32_t dropped = s.bins[L];
-  const int32_t kept = BlockExclusiveScan(s.bins, L, s.scan);
-  for (int e = threadIdx.x; e < L; e += kMoeSortThreads) p.offsets[e] = s.bins[e];
-  if (threadIdx.x == 0) {
-    p.offsets[L] = kept;
-    p.dropped[0] = dropped;
-  }
+  PublishOffsets(p, s);
   if (n <= kSmallSort) {
     SmallScatter(p, n, s);
     return;
@@ -496,18 +503,12 @@ extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
     s.bins[e] = run;
   }
   __syncthreads();
-  const int32_t dropped = s.bins[L];
-  const int32_t kept = BlockExclusiveScan(s.bins, L, s.scan);
+  PublishOffsets(p, s);
   for (int e = threadIdx.x; e < L; e += kMoeSortThreads) {
     const int32_t offset = s.bins[e];
-    p.offsets[e] = offset;
     for (int c = 0; c < chunks; ++c) {
       p.chunk_counts[static_cast<int64_t>(c) * (L + 1) + e] += offset;
     }
-  }
-  if (threadIdx.x == 0) {
-    p.offsets[L] = kept;
-    p.dropped[0] = dropped;
   }
 }
 
