@@ -95,7 +95,8 @@ inline const char* MoeRoutingMethodName(MoeRoutingMethod m) {
 }
 
 // cubist_moe_route: one warp per token; grid = ceil(T / warps per CTA) CTAs of
-// kMoeRouteThreads threads, dynamic shared memory MoeRouteSharedBytes(E).
+// kMoeRouteThreads threads, dynamic shared memory MoeRouteSharedBytes(E) (past 48 KiB,
+// E > 3072, the launcher raises the function's dynamic shared memory limit first).
 inline constexpr int32_t kMoeRouteThreads = 128;
 CUBIST_HD constexpr int32_t MoeRouteSharedBytes(int32_t num_experts) {
   return (kMoeRouteThreads / 32) * num_experts * 4;
@@ -125,14 +126,15 @@ static_assert(sizeof(MoeRouteParams) == 88, "MoeRouteParams layout is ABI");
 //   offsets[0..L]              int32, offsets[0] = 0, offsets[L] = kept slots (L local experts)
 //   expanded_to_permuted[s]    the slot's row in expert order, or -1 when not kept
 //   permuted_to_expanded[r]    the slot of row r, for r < offsets[L]
-//   dropped[0]                 slots whose id is outside 0..num_experts-1 (never read or
-//                              written by any kernel; the caller may read the count),
-//                              added to (the caller zeroes it, or the fused/scan kernel
-//                              stores it: see below)
+//   dropped[0]                 slots whose id is outside 0..num_experts-1: not kept
+//                              (-1 in expanded_to_permuted, so no later kernel reads
+//                              or writes anything for them) and counted here; the
+//                              fused or the scan kernel stores the count (no zeroing
+//                              needed), the caller may read it
 // Grids: fused = 1 CTA when T x k <= kMoeSortChunk; otherwise count and scatter run
 // MoeSortChunks(T x k) CTAs and scan one CTA, all of kMoeSortThreads threads. The count
-// kernel writes chunk_counts[c * L + e]; the scan turns them into chunk bases in place
-// and writes offsets and dropped.
+// kernel writes chunk_counts[c * (L + 1) + e] (e = L: the chunk's dropped slots); the
+// scan turns them into chunk bases in place and writes offsets and dropped.
 inline constexpr int32_t kMoeSortThreads = 1024;
 CUBIST_HD constexpr int64_t MoeSortChunks(int64_t slots) {
   return (slots + kMoeSortChunk - 1) / kMoeSortChunk;
@@ -181,8 +183,11 @@ static_assert(sizeof(MoeGatherParams) == 80, "MoeGatherParams layout is ABI");
 // in fp32, one rounding at the end. Slot order: weight descending, equal weights to the
 // lower expert id (the finalize kernel orders the token's k slots itself, so pre-routed
 // input in any order sums the same way). w = the routing weight, or 1 when the weight
-// was applied on input (`unit_weights`). A token with no kept slot gets 0 (or keeps out
-// when accumulating). The same bits on every run for the same GPU and kernels.
+// was applied on input (`unit_weights`; then every w is 1, so the ids alone order the
+// slots, and topk_weights is not read: it may be null). NaN weights order below every
+// number, -0 equals +0, a repeated id keeps slot order. A token with no kept slot gets
+// 0 (or keeps out when accumulating). The same bits on every run for the same GPU and
+// kernels.
 // Grid: T CTAs of kMoeFinalizeThreads threads.
 inline constexpr int32_t kMoeFinalizeThreads = 128;
 struct MoeFinalizeParams {
@@ -194,7 +199,7 @@ struct MoeFinalizeParams {
   int32_t unit_weights;  // 1: weights were applied on input
   const void* rows;     // [T x k, H] bf16 (GEMM2's output, expert order)
   const int32_t* topk_ids;       // [T, k]
-  const float* topk_weights;     // [T, k]
+  const float* topk_weights;     // [T, k] (null allowed with unit_weights)
   const int32_t* expanded_to_permuted;  // [T x k]
   void* out;            // [T, H] bf16
   int64_t reserved[2];
