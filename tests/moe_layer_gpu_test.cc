@@ -75,6 +75,10 @@ LayerEnv& Env() {
       return e;
     }
     e->runtime = std::move(*rt);
+    if (absl::Status s = e->runtime->MakeCurrent(); !s.ok()) {
+      e->skip_reason = absl::StrCat("context: ", s.message());
+      return e;
+    }
     absl::StatusOr<Stream> s = Stream::Create(e->runtime->driver());
     if (!s.ok()) {
       e->skip_reason = absl::StrCat("stream: ", s.status().message());
@@ -308,6 +312,7 @@ TEST(MoeLayerGpuTest, EveryRoutingMethod) {
       c.options.apply_weight_on_input = true;
     }
     c.bf16_logits = m % 2 == 1;
+    if (c.bf16_logits) c.options.logits_format = "bf16";
     c.nan_logits = m == moe::kRouteRenormalize || m == moe::kRouteTopK;
     SCOPED_TRACE(c.options.routing_method);
     RunAndCheck(c, 200 + m);

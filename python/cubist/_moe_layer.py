@@ -83,15 +83,17 @@ class MoeLayer:
         t = ix.shape[0]
         n1 = 2 * self.intermediate if self._gated else self.intermediate
         l = self.num_local_experts
+        # The native run's pointer order (MoeLayerArgs'): hidden_states, router_logits,
+        # routing_bias, topk_ids, topk_weights, w1, w2, alpha, beta, limit, out, workspace.
         checks = [
             (x, "x", ("bfloat16",), (t, self.hidden)),
-            (w1, "w1", ("bfloat16",), (l, n1, self.hidden)),
-            (w2, "w2", ("bfloat16",), (l, self.hidden, self.intermediate)),
             (router_logits, "router_logits",
              ("float32",) if self.logits == "fp32" else ("bfloat16",), (t, self.num_experts)),
             (routing_bias, "routing_bias", ("float32",), (self.num_experts,)),
             (topk_ids, "topk_ids", ("int32",), (t, self.top_k)),
             (topk_weights, "topk_weights", ("float32",), (t, self.top_k)),
+            (w1, "w1", ("bfloat16",), (l, n1, self.hidden)),
+            (w2, "w2", ("bfloat16",), (l, self.hidden, self.intermediate)),
             (alpha, "alpha", ("float32",), (l,)),
             (beta, "beta", ("float32",), (l,)),
             (limit, "limit", ("float32",), (l,)),
