@@ -320,12 +320,13 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
 }
 
 // ptxas serializes every wgmma of a kernel (a wait after each) when one is left in flight
-// across a loop's back edge or issued under a runtime condition (docs/kernels.md, "fp8 per
-// tensor"); build-artifacts reports each such kernel. The 64-row fp8 per-tensor kernel, the
-// fp4 kernels that decode weights into registers (here mxfp4 x mxfp8 with 64 tokens, and
-// with 128 on e4m3 wgmma) and the converter-fed fp8-MMA mxfp4 x mxfp8 one must stay free of
-// it; the 128-row fp8 kernel keeps its serialized loop because it measured faster, and is
-// the check's positive case.
+// across a loop's back edge or issued under a runtime condition (docs/kernels.md,
+// "Serialized wgmma"). The 64-row fp8 per-tensor kernel, the fp4 kernels that decode
+// weights into registers (here mxfp4 x mxfp8 with 64 tokens, and with 128 on e4m3 wgmma)
+// and the converter-fed fp8-MMA mxfp4 x mxfp8 one must stay free of it; build-artifacts
+// would name such a kernel. The 128-row fp8 kernel keeps its serialized loop because it
+// measured faster: the check's positive case, counted once in the summary, not named as a
+// problem.
 TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
   TempDir dir;
@@ -338,8 +339,10 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("build-artifacts: 5 kernels in"));
-  EXPECT_THAT(out, HasSubstr("build-artifacts: ptxas serialized the wgmma of "
-                             "moe_gemm_tma_fp8_fp8_relu2_m128n128k128 (C7514)\n"));
+  EXPECT_THAT(out, HasSubstr("; 1 with the wgmma serialized by ptxas, as designed: "
+                             "docs/kernels.md, \"Serialized wgmma\")\n"));
+  EXPECT_THAT(out, HasSubstr("build-artifacts: [5/5] "));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("ptxas serialized the wgmma of")));
   for (const char* name :
        {"moe_gemm_tma_fp8_fp8_relu2_m64n128k128", "moe_gemm_tma_mxfp4_mxfp8_relu2_m64n128k256",
         "moe_gemm_tma_mxfp4_mxfp8_relu2_m128n128k128",

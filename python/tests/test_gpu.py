@@ -217,6 +217,24 @@ def test_kernel_for_and_tune(gemm, rt):
     assert gemm.kernel_for(**args)["kernel"] == r["winner"]
 
 
+def test_inexact_kernels_are_tuned_only_when_allowed(gemm, rt):
+    import json
+    kernels = json.loads(pathlib.Path(MANIFEST).read_text())["kernels"]
+    inexact = {k["name"] for k in kernels if k.get("exact") is False
+               and (k["weight_format"], k["activation_format"], k["activation"])
+               == ("mxfp4", "mxfp8", "identity")}
+    if not inexact:
+        pytest.skip("the manifest has no inexact mxfp4 x mxfp8 kernel")
+    args = dict(weights="mxfp4", activations="mxfp8", activation="identity", experts=8,
+                tokens=1024, n=1024, k=1024, top_k=64, warmup=1, iterations=2, record=False)
+    exact_only = {t["kernel"] for t in gemm.tune(**args)["timings"]}
+    allowed = cubist.MoeGemm(rt, allow_inexact=True)
+    with_inexact = {t["kernel"] for t in allowed.tune(**args)["timings"]}
+    assert not exact_only & inexact
+    assert inexact <= with_inexact
+    assert with_inexact - inexact == exact_only
+
+
 def test_dlpack_and_cuda_array_interface_inputs(gemm):
     a, b, offsets = problem(8, [16] * 8, 512, 256)
     want = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
