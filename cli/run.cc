@@ -221,13 +221,18 @@ int RunLayerCommand(const RunFlags& f) {
   l.warmup = f.warmup;
   l.seed = f.seed;
   l.json = f.json;
+  absl::StatusOr<MoeLayerOptions> options = MoeLayerOptionsFromFlags(l);
+  if (!options.ok()) {
+    PrintError(options.status());
+    return absl::IsInvalidArgument(options.status()) ? kExitUsage : ExitCodeFor(options.status());
+  }
   absl::StatusOr<RuntimeOptions> ro =
       RuntimeOptionsForCommand(f.manifest, f.cache, f.device, f.offline, f.trust);
   if (!ro.ok()) return PrintError(ro.status());
   auto rt = Runtime::Open(*ro);
   if (!rt.ok()) return PrintError(rt.status());
   if (auto s = (*rt)->MakeCurrent(); !s.ok()) return PrintError(s);
-  return RunMoeLayer(l, **rt);
+  return RunMoeLayer(l, *options, **rt);
 }
 
 int RunRun(const RunFlags& f) {

@@ -167,15 +167,17 @@ absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
 
 }  // namespace
 
-int RunMoeLayer(const MoeLayerRunFlags& f, Runtime& rt) {
+absl::StatusOr<MoeLayerOptions> MoeLayerOptionsFromFlags(const MoeLayerRunFlags& f) {
   MoeLayerOptions o;
+  auto flag = [](const char* name, const absl::Status& s) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", s.message()));
+  };
   auto w = ParseDataFormat(f.weights);
+  if (!w.ok()) return flag("--weights", w.status());
   auto a = ParseDataFormat(f.activations);
+  if (!a.ok()) return flag("--activations", a.status());
   auto act = ParseActivation(f.activation);
-  if (!w.ok() || !a.ok() || !act.ok()) {
-    PrintError(!w.ok() ? w.status() : !a.ok() ? a.status() : act.status());
-    return kExitUsage;
-  }
+  if (!act.ok()) return flag("--activation", act.status());
   o.weight_format = *w;
   o.activation_format = *a;
   o.activation = *act;
@@ -189,14 +191,12 @@ int RunMoeLayer(const MoeLayerRunFlags& f, Runtime& rt) {
   o.routed_scaling_factor = f.routed_scaling_factor;
   o.apply_weight_on_input = f.routing == "llama4";
   o.max_chunk_tokens = f.max_chunk_tokens;
-  if (f.tokens < 0) {
-    PrintError(absl::InvalidArgumentError("--tokens: give the batch's token count (T)"));
-    return kExitUsage;
-  }
-  if (absl::Status s = MoeLayer::WorkspaceSize(o, f.tokens).status(); !s.ok()) {
-    PrintError(s);
-    return absl::IsInvalidArgument(s) ? kExitUsage : ExitCodeFor(s);
-  }
+  if (f.tokens < 0) return absl::InvalidArgumentError("--tokens: give the batch's token count (T)");
+  CUBIST_RETURN_IF_ERROR(MoeLayer::WorkspaceSize(o, f.tokens).status());
+  return o;
+}
+
+int RunMoeLayer(const MoeLayerRunFlags& f, const MoeLayerOptions& o, Runtime& rt) {
   absl::StatusOr<LayerRun> r = RunLayer(f, rt, o);
   if (!r.ok()) return PrintError(r.status());
   const std::string problem = absl::StrFormat(

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "dispatch/moe_layer.h"
 #include "dispatch/runtime.h"
 
 namespace cubist::cli {
@@ -33,8 +35,13 @@ struct MoeLayerRunFlags {
   bool json = false;
 };
 
+// The layer's options from the flags, checked (InvalidArgument naming the flag or the
+// option; Unimplemented for a pair the layer does not serve), before any GPU is touched.
+[[nodiscard]] absl::StatusOr<MoeLayerOptions> MoeLayerOptionsFromFlags(
+    const MoeLayerRunFlags& flags);
+
 // Runs, checks and times the layer on `rt`; returns the exit code (errors printed).
-int RunMoeLayer(const MoeLayerRunFlags& flags, Runtime& rt);
+int RunMoeLayer(const MoeLayerRunFlags& flags, const MoeLayerOptions& options, Runtime& rt);
 
 }  // namespace cubist::cli
 
