@@ -97,9 +97,35 @@ TEST_F(FlashinferCliTest, ImportRefusesAPinWithoutKernelList) {
   ASSERT_EQ(::unlink((pin_dir_ + "/include/flashinferMetaInfo.h").c_str()), 0);
   std::string out;
   EXPECT_EQ(Import(&out), 5) << out;
-  EXPECT_THAT(out, HasSubstr("manifest import: the pin's kernel list"));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("manifest import: the pin's kernel list: ", pin_dir_,
+                                          " has neither include/flashinferMetaInfo.h nor "
+                                          "include/flashInferMetaInfo.h")));
 }
 
+// The attention (FMHA) pin's header is include/flashInferMetaInfo.h, capital I.
+TEST_F(FlashinferCliTest, ImportFindsTheAttentionPinsCapitalIHeader) {
+  const std::string fmha = dir_.Join("fmha/e2b0f1c4a6d83b5f7e9a0c1d2b3a4f5e6d7c8b9a/fmha");
+  WritePin(fmha, DefaultPinKernels(), "include/flashInferMetaInfo.h");
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("manifest import flashinfer ", fmha, " -o ", dir_.Join("f.json")),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("3 kernels, digest "));
+  ::unlink((fmha + "/include/flashInferMetaInfo.h").c_str());
+  EXPECT_EQ(Cubist(absl::StrCat("manifest import flashinfer ", fmha, " -o ", dir_.Join("f.json")),
+                   &out),
+            5)
+      << out;
+  EXPECT_THAT(out, HasSubstr("has neither include/flashinferMetaInfo.h nor "
+                             "include/flashInferMetaInfo.h"));
+}
+
+// The pin served by a real nginx, as FlashInfer's artifactory serves it: import by URL needs
+// the sizes that a checksums.txt lacks (its own is known: import just read it), so it asks
+// for a fetch first and names the command; after that fetch it writes a manifest whose
+// artifacts stay at the URL and keeps the checksums.txt it read in the cache, so the
+// manifest fetches offline (the checksums.txt is one of its artifacts) and selects.
 TEST_F(FlashinferCliTest, ImportByUrlFromNginx) {
   if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
   NginxServer::Options o;
