@@ -24,7 +24,8 @@ from ._tensors import describe
 _cubist._register_errors(BY_CODE)
 
 __all__ = ["Runtime", "MoeGemm", "MoeLayer", "fetch", "verify", "select", "FORMATS",
-           "ACTIVATIONS", "ROUTING_METHODS"] + list(_error_names)
+           "ACTIVATIONS", "ROUTING_METHODS", "GATED_LAYOUTS", "gated_weights"] + list(
+               _error_names)
 __version__ = "0.1.0"
 
 FORMATS = ("bf16", "fp8", "fp8-block", "mxfp4", "mxfp8", "nvfp4")
@@ -374,7 +375,8 @@ def _install_run(cls):
 
 
 _install_run(MoeGemm)
-from ._moe_layer import MoeLayer, ROUTING_METHODS, _live_layers  # noqa: E402 (needs Runtime)
+from ._moe_layer import (  # noqa: E402 (needs Runtime)
+    GATED_LAYOUTS, MoeLayer, ROUTING_METHODS, _live_layers, gated_weights)
 _stream_getter = None
 _torch_op = None  # torch.ops.cubist.moe_gemm once cubist.ops is imported
 

@@ -203,3 +203,26 @@ _ITEMSIZE = {"uint8": 1, "int8": 1, "bfloat16": 2, "float16": 2, "float32": 4, "
 
 def _itemsize(dtype):
     return _ITEMSIZE.get(dtype, 1)
+
+
+GATED_LAYOUTS = ("up_gate", "gate_up", "gate_up_interleaved")
+
+
+def gated_weights(w, layout):
+    """GEMM1's weights [E, 2I, H] in cubist's order from a checkpoint's, by name:
+        up_gate               rows 0..I-1 the linear (up) half, I..2I-1 the gate: cubist's
+        gate_up               rows 0..I-1 the gate, I..2I-1 up (vLLM's w13 = [w1; w3])
+        gate_up_interleaved   even rows gate, odd rows up (gpt-oss's checkpoint)
+    Returns a new contiguous tensor (the input when it is already in cubist's order and
+    contiguous), so a layout never runs silently wrong."""
+    if layout not in GATED_LAYOUTS:
+        raise _bad("layout", f"{layout!r} is not one of {', '.join(GATED_LAYOUTS)}")
+    if len(w.shape) != 3 or w.shape[1] % 2:
+        raise _bad("w", f"expected [E, 2I, H] with an even row count, got {list(w.shape)}")
+    torch = sys.modules["torch"]
+    inter = w.shape[1] // 2
+    if layout == "up_gate":
+        return w.contiguous()
+    if layout == "gate_up":
+        return torch.cat((w[:, inter:], w[:, :inter]), dim=1).contiguous()
+    return torch.cat((w[:, 1::2], w[:, 0::2]), dim=1).contiguous()

@@ -415,3 +415,16 @@ def test_moe_layer_errors_name_the_argument(rt):
         layer(x, w1, w2)
     with pytest.raises(cubist.InvalidArgumentError, match="top_k: 17 is outside"):
         cubist.MoeLayer(rt, num_experts=16, top_k=17, hidden=256, intermediate=128)
+
+
+def test_gated_weights_turn_checkpoint_layouts_into_cubists():
+    e, inter, h = 2, 3, 4
+    up = torch.arange(e * inter * h, dtype=torch.float32, device="cuda").view(e, inter, h)
+    gate = -up - 1
+    ours = torch.cat((up, gate), dim=1)
+    assert torch.equal(cubist.gated_weights(ours, "up_gate"), ours)
+    assert torch.equal(cubist.gated_weights(torch.cat((gate, up), dim=1), "gate_up"), ours)
+    interleaved = torch.stack((gate, up), dim=2).reshape(e, 2 * inter, h)  # g0 u0 g1 u1 ...
+    assert torch.equal(cubist.gated_weights(interleaved, "gate_up_interleaved"), ours)
+    with pytest.raises(cubist.InvalidArgumentError, match="layout: 'w13'"):
+        cubist.gated_weights(ours, "w13")
