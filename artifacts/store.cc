@@ -8,7 +8,6 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "artifacts/keep.h"
@@ -185,29 +184,19 @@ absl::Status Store::PutBytes(std::string_view sha256, std::string_view bytes,
 
 absl::Status Store::Confirm(std::string_view sha256, uint64_t* actual_size) const {
   const std::string path = ObjectPath(sha256);
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", path));
-  Sha256 hasher;
-  std::vector<char> buf(1 << 20);
   uint64_t size = 0;
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoToStatus(errno, absl::StrCat("read ", path));
-    if (n == 0) break;
-    hasher.Update(buf.data(), static_cast<size_t>(n));
-    size += static_cast<uint64_t>(n);
-  }
+  CUBIST_ASSIGN_OR_RETURN(std::string actual, Sha256File(path, &size));
   if (actual_size != nullptr) *actual_size = size;
-  const std::string actual = ToHex(hasher.Finish());
   if (actual != sha256) {
     return absl::DataLossError(absl::StrCat(
         path, ": changed after it was verified (its publish stamp no longer matches): "
         "sha256 ", actual, " (", size, " bytes), expected ", Sv(sha256)));
   }
   // Best effort: an object of another user keeps its old mtime and is hashed again
-  // next time, which costs time, never correctness.
-  (void)SetStamp(fd.get(), size, path);
+  // next time, which costs time, never correctness. A publish that replaced it meanwhile
+  // stamped it already.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (fd.valid()) (void)SetStamp(fd.get(), size, path);
   return absl::OkStatus();
 }
 

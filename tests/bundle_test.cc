@@ -58,36 +58,21 @@ class BundleTest : public ::testing::Test {
     auto d = Store::Open(dir_.Join("dst"));
     ASSERT_TRUE(d.ok()) << d.status();
     dst_.emplace(*std::move(d));
-    Manifest m;
-    m.name = "set";
-    m.version = 3;
-    for (int i = 0; i < 3; ++i) {
-      const std::string bytes = RandomBytes(700 + 300 * i, 40 + i);
-      Artifact a;
-      a.path = absl::StrCat("cubins/k", i, ".cubin");
-      a.sha256 = PutObject(*src_, bytes);
-      a.size = bytes.size();
-      m.artifacts.push_back(a);
-    }
-    BundleInput in;
-    in.bytes = WriteManifest(m);
-    auto parsed = ParseManifest(in.bytes, "set.json");
-    ASSERT_TRUE(parsed.ok()) << parsed.status();
-    in.manifest = *parsed;
-    inputs_.push_back(in);
+    inputs_.push_back(MakeInput(3, 40, 700, 300));
     bundle_ = dir_.Join("set.tar");
     auto r = CreateBundle(*src_, inputs_, bundle_);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->objects, 3u);
     EXPECT_EQ(r->bytes, 700u + 1000u + 1300u);
   }
-  // A bundle of set v`version` with three objects of its own (seeded by `seed`).
-  std::string MakeBundle(int64_t version, int seed, Manifest* out) {
+  // Set v`version` with three objects of `size`, `size + step`, `size + 2 * step` bytes
+  // (seeded by `seed`), put into src_.
+  BundleInput MakeInput(int64_t version, int seed, size_t size, size_t step) {
     Manifest m;
     m.name = "set";
     m.version = version;
     for (int i = 0; i < 3; ++i) {
-      const std::string bytes = RandomBytes(500 + 100 * i, seed + i);
+      const std::string bytes = RandomBytes(size + step * i, seed + i);
       Artifact a;
       a.path = absl::StrCat("cubins/k", i, ".cubin");
       a.sha256 = PutObject(*src_, bytes);
@@ -98,7 +83,12 @@ class BundleTest : public ::testing::Test {
     in.bytes = WriteManifest(m);
     auto parsed = ParseManifest(in.bytes, "set.json");
     EXPECT_TRUE(parsed.ok()) << parsed.status();
-    in.manifest = *parsed;
+    if (parsed.ok()) in.manifest = *parsed;
+    return in;
+  }
+  // A bundle of set v`version` with three objects of its own.
+  std::string MakeBundle(int64_t version, int seed, Manifest* out) {
+    const BundleInput in = MakeInput(version, seed, 500, 100);
     *out = in.manifest;
     const std::string path = dir_.Join(absl::StrCat("set-v", version, ".tar"));
     auto r = CreateBundle(*src_, {in}, path);

@@ -48,6 +48,15 @@ class FetchCliTest : public ::testing::Test {
     url_ = server_->BaseUrl() + "manifest.json";
   }
 
+  // Serves the set's checksums.txt (FlashInfer's form: no sizes) beside its files;
+  // returns its URL.
+  std::string ServeChecksums() {
+    std::string sums;
+    for (const Artifact& a : manifest_.artifacts) absl::StrAppend(&sums, a.sha256, " ", a.path, "\n");
+    testing::WriteFileOrDie(repo_ + "/checksums.txt", sums);
+    return server_->BaseUrl() + "checksums.txt";
+  }
+
   int Cubist(const std::string& args, std::string* out = nullptr) {
     return testing::RunCommand(absl::StrCat(testing::CliPath(), " ", args), out);
   }
@@ -91,8 +100,9 @@ TEST_F(FetchCliTest, FetchVerifyListPathAndExitCodes) {
   // even a plain verify hashes it (and leaves it for the deep one to remove).
   EXPECT_EQ(Cubist(absl::StrCat("verify --manifest ", url_, " --cache ", cache_), &out), 3)
       << out;
-  EXPECT_THAT(out, HasSubstr(absl::StrCat(manifest_.artifacts[6].path,
-                                          ": " + ObjectPath(6) + ": changed after it was verified")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat(manifest_.artifacts[6].path, ": sha256 mismatch: expected ",
+                                          manifest_.artifacts[6].sha256, ", got ", Sha256Hex(rotten))));
+  EXPECT_THAT(out, HasSubstr("changed after it was verified (its publish stamp no longer matches)"));
   EXPECT_EQ(Cubist(absl::StrCat("verify --deep --manifest ", url_, " --cache ", cache_), &out), 3) << out;
   EXPECT_THAT(out, HasSubstr(absl::StrCat(manifest_.artifacts[6].path, ": sha256 mismatch: expected ",
                                           manifest_.artifacts[6].sha256, ", got ", Sha256Hex(rotten))));
@@ -288,12 +298,10 @@ TEST_F(FetchCliTest, GcRemovesWhatNoKeptManifestNeeds) {
 
 TEST_F(FetchCliTest, FetchesAFlashInferChecksumsTxtAndReportsJson) {
   Serve(5, 1000, 5000);
-  std::string sums;
-  for (const Artifact& a : manifest_.artifacts) absl::StrAppend(&sums, a.sha256, " ", a.path, "\n");
-  testing::WriteFileOrDie(repo_ + "/checksums.txt", sums);
+  const std::string sums = ServeChecksums();
   std::string out;
-  ASSERT_EQ(Cubist(absl::StrCat("fetch --json --manifest ", server_->BaseUrl(),
-                                "checksums.txt --cache ", cache_), &out), 0) << out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --json --manifest ", sums, " --cache ", cache_), &out), 0)
+      << out;
   EXPECT_THAT(out, HasSubstr("\"downloaded\": 5"));
   EXPECT_THAT(out, HasSubstr(absl::StrCat("\"url\": \"", server_->BaseUrl(), manifest_.artifacts[0].path)));
   EXPECT_THAT(out, HasSubstr("\"ok\": true"));
@@ -364,6 +372,26 @@ TEST_F(FetchCliTest, TwoPinsOfOneNameAreBothKept) {
   }
 }
 
+// Issue 28, item 3 (fetch): an allowed rollback keeps both versions' objects, the
+// record stays at the higher version, until the operator drops one.
+TEST_F(FetchCliTest, AnAllowedRollbackKeepsBothVersions) {
+  Serve(4, 1000, 5000);  // cli-sample v3
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  // v2 names only the first two files: the other two belong to v3 alone.
+  const std::string v2 = tmp_.Join("v2");
+  testing::WriteSampleRepo(v2, {files_[0], files_[1]}, "cli-sample", 2);
+  const std::string fetch_v2 = absl::StrCat("fetch --manifest ", v2, "/manifest.json --cache ", cache_);
+  EXPECT_EQ(Cubist(fetch_v2, &out), 6) << out;
+  EXPECT_THAT(out, HasSubstr("version 2 is older than version 3"));
+  ASSERT_EQ(Cubist(fetch_v2 + " --allow-rollback", &out), 0) << out;
+  ASSERT_EQ(Cubist(absl::StrCat("gc --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("removed 0 objects"));
+  EXPECT_THAT(out, HasSubstr("kept 4 objects of 2 manifests"));
+  ASSERT_EQ(Cubist(absl::StrCat("verify --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  EXPECT_EQ(Cubist(fetch_v2, &out), 6) << "the record stays at v3: " << out;
+}
+
 // `gc --drop` forgets a kept manifest by name (and version); gc refuses a layout newer
 // than it knows.
 TEST_F(FetchCliTest, GcDropsOnlyWhatItIsToldAndRefusesANewerLayout) {
@@ -392,10 +420,7 @@ TEST_F(FetchCliTest, GcDropsOnlyWhatItIsToldAndRefusesANewerLayout) {
 // plain verify and path refuse it, without a deep verify.
 TEST_F(FetchCliTest, ObjectsChangedAfterPublishAreCaughtWithoutADeepVerify) {
   Serve(3, 1000, 5000);
-  std::string sums;
-  for (const Artifact& a : manifest_.artifacts) absl::StrAppend(&sums, a.sha256, " ", a.path, "\n");
-  testing::WriteFileOrDie(repo_ + "/checksums.txt", sums);
-  const std::string m = server_->BaseUrl() + "checksums.txt";
+  const std::string m = ServeChecksums();
   const std::string fetch = absl::StrCat("fetch --manifest ", m, " --cache ", cache_);
   std::string out;
   ASSERT_EQ(Cubist(fetch, &out), 0) << out;
@@ -419,8 +444,9 @@ TEST_F(FetchCliTest, ObjectsChangedAfterPublishAreCaughtWithoutADeepVerify) {
     ::close(fd);
   }
   EXPECT_EQ(Cubist(absl::StrCat("verify --manifest ", m, " --cache ", cache_), &out), 3) << out;
-  EXPECT_THAT(out, HasSubstr(absl::StrCat(manifest_.artifacts[2].path, ": ", ObjectPath(2),
-                                          ": changed after it was verified")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat(manifest_.artifacts[2].path, ": sha256 mismatch: expected ",
+                                          manifest_.artifacts[2].sha256)));
+  EXPECT_THAT(out, HasSubstr("changed after it was verified"));
   EXPECT_EQ(Cubist(absl::StrCat("path --manifest ", m, " --cache ", cache_, " ",
                                 manifest_.artifacts[2].path), &out), 3) << out;
   EXPECT_THAT(out, HasSubstr("run 'cubist fetch' to repair"));
