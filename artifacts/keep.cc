@@ -77,7 +77,11 @@ absl::StatusOr<int> ReadCacheLayout(const std::string& root) {
 
 std::string KeptManifestFileName(const Manifest& manifest, std::string_view bytes) {
   const std::string digest = manifest.digest.empty() ? Sha256Hex(bytes) : manifest.digest;
-  return absl::StrCat(VersionStateFileName(manifest.name), "@", digest, ".json");
+  std::string name = VersionStateFileName(manifest.name);
+  // With "@<64 hex>.json" the file name must stay within NAME_MAX (255): a long (or
+  // much escaped) name is hashed. gc reads names from the files, never from their names.
+  if (name.size() > 150) name = "sha256-" + Sha256Hex(manifest.name);
+  return absl::StrCat(name, "@", digest, ".json");
 }
 
 absl::StatusOr<GcLock> GcLock::Acquire(const std::string& root, bool exclusive,
