@@ -297,5 +297,31 @@ TEST_F(BundleTest, GcRemovesAbandonedStagingDirectoriesOnly) {
   EXPECT_NE(::stat(live.c_str(), &st), 0);
 }
 
+// Kept manifests of layout 1 (manifests/<name>.json, older cubist) are still honoured; a
+// pending root whose process is gone (no flock) is reaped, and what only it named goes.
+TEST_F(BundleTest, GcHonoursOldKeptManifestsAndReapsAbandonedRoots) {
+  ASSERT_TRUE(ImportBytes(ReadFileOrDie(bundle_)).ok());
+  const std::string kept = absl::StrCat(
+      dst_->ManifestsDir(), "/", KeptManifestFileName(inputs_[0].manifest, inputs_[0].bytes));
+  ASSERT_EQ(::rename(kept.c_str(), (dst_->ManifestsDir() + "/set.json").c_str()), 0);
+  const BundleInput other = MakeInput(7, 70, 300, 10);  // objects in src_ only
+  for (const Artifact& a : other.manifest.artifacts) {
+    ASSERT_EQ(PutObject(*dst_, ReadFileOrDie(src_->ObjectPath(a.sha256))), a.sha256);
+  }
+  WriteFileOrDie(dst_->ManifestsDir() + "/pending/0123456789abcdef.json", other.bytes);
+
+  auto gc = CollectGarbage(*dst_, GcOptions{});
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(gc->kept_manifests, 1);
+  EXPECT_EQ(gc->roots_removed, 1);
+  EXPECT_EQ(gc->roots_in_use, 0);
+  EXPECT_EQ(gc->objects_removed, 3);
+  EXPECT_EQ(CountObjects(*dst_), 3u);
+  EXPECT_FALSE(FileExists(dst_->ManifestsDir() + "/pending/0123456789abcdef.json"));
+  for (const Artifact& a : inputs_[0].manifest.artifacts) {
+    EXPECT_EQ(dst_->Probe(a.sha256, a.size), ObjectState::kPresent) << a.path;
+  }
+}
+
 }  // namespace
 }  // namespace cubist
