@@ -1,6 +1,7 @@
 #include "artifacts/bundle.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -15,6 +16,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "artifacts/keep.h"
+#include "artifacts/version_guard.h"
 #include "base/file_util.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
@@ -106,7 +109,15 @@ absl::StatusOr<BundleReport> CreateBundle(const Store& store,
     }
     for (const Artifact& a : in.manifest.artifacts) {
       uint64_t size = 0;
-      if (store.Probe(a.sha256, a.size, &size) != ObjectState::kPresent) {
+      ObjectState state = store.Probe(a.sha256, a.size, &size);
+      if (state == ObjectState::kUnconfirmed) {
+        // Changed since it was published (store.h): only bytes that still hash to their
+        // name go into a bundle.
+        CUBIST_RETURN_IF_ERROR(Annotate(store.Confirm(a.sha256, &size),
+                                        absl::StrCat("bundle: ", a.path)));
+        state = ObjectState::kPresent;
+      }
+      if (state != ObjectState::kPresent) {
         return absl::NotFoundError(absl::StrCat(
             "bundle: ", a.path, " of ", in.manifest.source, " (sha256 ", a.sha256,
             ") is not in the cache at ", store.root(),
@@ -285,13 +296,41 @@ absl::StatusOr<BundleReport> ImportBundleFrom(const Store& store, ByteSource sou
         name, ": signature manifests/", signatures.begin()->first,
         ".sig belongs to no manifest of the bundle"));
   }
+  // The rollback guard, as fetch applies it (version_guard.h): checked now, so that an
+  // old bundle is refused before a byte of it is staged, and recorded before publishing.
+  const VersionGuard guard(store.root());
+  auto guarded = [](const PendingManifest& p) {
+    return !p.manifest.name.empty() && p.manifest.version > 0;
+  };
+  for (const PendingManifest& p : manifests) {
+    if (guarded(p)) CUBIST_RETURN_IF_ERROR(guard.Check(p.manifest, options.trust.allow_rollback));
+  }
+  // Roots in use (keep.h) before any object lands: a gc meanwhile keeps what these
+  // manifests name, the objects already cached included.
+  std::vector<RootLease> leases;
+  for (const PendingManifest& p : manifests) {
+    CUBIST_ASSIGN_OR_RETURN(leases.emplace_back(), RootLease::Take(store, p.manifest, p.bytes));
+  }
 
-  // Objects, staged under the cache's tmp/ and published only at the end.
+  // Objects, staged under the cache's tmp/ and published only at the end. The staging
+  // directory is flock()ed while this runs; gc removes one nobody holds (a killed
+  // import's), and cannot come between its creation and the flock (gc.lock).
   const std::string tmp_root = store.root() + "/tmp";
   CUBIST_RETURN_IF_ERROR(MakeDirs(tmp_root));
   std::string staging = tmp_root + "/bundle-XXXXXX";
-  if (::mkdtemp(staging.data()) == nullptr) {
-    return ErrnoToStatus(errno, absl::StrCat("bundle import: create a directory in ", tmp_root));
+  UniqueFd staging_lock;
+  {
+    CUBIST_ASSIGN_OR_RETURN(GcLock gc, GcLock::Acquire(store.root(), /*exclusive=*/false,
+                                                       absl::Minutes(10)));
+    if (::mkdtemp(staging.data()) == nullptr) {
+      return ErrnoToStatus(errno, absl::StrCat("bundle import: create a directory in ", tmp_root));
+    }
+    staging_lock = UniqueFd(::open(staging.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!staging_lock.valid() || ::flock(staging_lock.get(), LOCK_EX) != 0) {
+      absl::Status s = ErrnoToStatus(errno, absl::StrCat("bundle import: lock ", staging));
+      ::rmdir(staging.c_str());
+      return s;
+    }
   }
   Cleanup remove_staging(staging);
   std::set<std::string> staged;
@@ -352,6 +391,11 @@ absl::StatusOr<BundleReport> ImportBundleFrom(const Store& store, ByteSource sou
     UniqueFd dir(::open(staging.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!dir.valid() || ::syncfs(dir.get()) != 0) {
       return ErrnoToStatus(errno, absl::StrCat("bundle import: flush ", staging));
+    }
+  }
+  for (const PendingManifest& p : manifests) {
+    if (guarded(p)) {
+      CUBIST_RETURN_IF_ERROR(guard.CheckAndRecord(p.manifest, options.trust.allow_rollback));
     }
   }
   std::set<std::string> published;

@@ -361,7 +361,7 @@ class Worker {
         return;
       }
       if (FailedOnManifestSize(job, state)) return;
-      if (s_.options.offline) {
+      if (s_.options.offline && state != ObjectState::kUnconfirmed) {
         Fail(job, absl::NotFoundError(absl::StrCat(
                       "fetch ", a.path, ": not in the cache, and --offline forbids the "
                       "network; fetch it where the network is reachable, or copy the "
@@ -394,6 +394,13 @@ class Worker {
       job->lock = *std::move(lock);
       // The second look: another process may have published while we took the lock.
       state = s_.store.Probe(a.sha256, a.size);
+      absl::Status changed;
+      if (state == ObjectState::kUnconfirmed) {
+        // Changed since it was published, or published unstamped: hashed once here
+        // (store.h, "the publish record"); kept and stamped when it is still right.
+        changed = s_.store.Confirm(a.sha256);
+        if (changed.ok()) state = ObjectState::kPresent;
+      }
       if (state == ObjectState::kPresent) {
         Finish(job, job->waited_for_lock ? FetchOutcome::kReused : FetchOutcome::kCached);
         return;
@@ -404,6 +411,13 @@ class Worker {
         absl::Status rm = s_.store.Remove(a.sha256);
         if (!rm.ok()) {
           Fail(job, Annotate(rm, absl::StrCat("fetch ", a.path)));
+          return;
+        }
+        if (s_.options.offline) {
+          Fail(job, absl::DataLossError(absl::StrCat(
+                        "fetch ", a.path, ": ", changed.message(),
+                        "; removed from the cache, and --offline forbids the network: "
+                        "fetch it where the network is reachable")));
           return;
         }
       }

@@ -1,23 +1,33 @@
 #include "artifacts/gc.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "artifacts/keep.h"
 #include "artifacts/parsed_manifest_cache.h"
 #include "base/file_util.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "base/strings.h"
+#include "base/unique_fd.h"
 #include "manifest/checksums.h"
 
 namespace cubist {
 namespace {
+
+constexpr uint64_t kMaxManifestBytes = uint64_t{64} << 20;
 
 std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> out;
@@ -31,34 +41,131 @@ std::vector<std::string> ListDir(const std::string& dir) {
   return out;
 }
 
+// The whole file behind `fd` (a pending root may be unlinked by its holder meanwhile;
+// the open descriptor still reads it).
+absl::StatusOr<std::string> ReadFd(int fd, const std::string& path) {
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, absl::StrCat("read ", path));
+    if (n == 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > kMaxManifestBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": over ", kMaxManifestBytes, " bytes"));
+    }
+  }
+}
+
+absl::StatusOr<Manifest> ParseKept(const std::string& bytes, const std::string& path) {
+  auto m = ParseManifestOrChecksums(bytes, path);
+  if (!m.ok()) {
+    return absl::Status(m.status().code(),
+                        absl::StrCat("gc: kept manifest ", path, " does not parse (",
+                                     m.status().message(),
+                                     "); nothing was deleted; remove or fix that file"));
+  }
+  if (m->digest.empty()) m->digest = Sha256Hex(bytes);
+  return m;
+}
+
+// Whether --drop `spec` names `m` (see GcOptions::drop).
+bool DropMatches(std::string_view spec, const Manifest& m) {
+  if (spec == m.name) return true;
+  const size_t at = spec.rfind('@');
+  if (at == std::string_view::npos || spec.substr(0, at) != m.name) return false;
+  const std::string v(spec.substr(at + 1));
+  int64_t version = 0;
+  if (!v.empty() && absl::c_all_of(v, absl::ascii_isdigit) && absl::SimpleAtoi(v, &version)) {
+    return version == m.version;
+  }
+  return v.size() >= 8 && absl::StartsWith(m.digest, absl::AsciiStrToLower(v));
+}
+
+// A directory under tmp/ that a `bundle import` stages objects in: it holds an
+// exclusive flock on the directory while it runs.
+bool IsStagingDir(const std::string& name) { return absl::StartsWith(name, "bundle-"); }
+
 }  // namespace
 
 absl::StatusOr<GcReport> CollectGarbage(const Store& store, const GcOptions& options) {
   GcReport report;
+  CUBIST_ASSIGN_OR_RETURN(int layout, ReadCacheLayout(store.root()));
+  if (layout > kCacheLayout) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gc: cache ", store.root(), " has layout ", layout, ", newer than this cubist knows (",
+        kCacheLayout, "); nothing was deleted; run gc with the cubist that wrote it"));
+  }
+  // No root is added while this is held (keep.h), so none escapes the lists below.
+  CUBIST_ASSIGN_OR_RETURN(GcLock gc_lock,
+                          GcLock::Acquire(store.root(), /*exclusive=*/true, options.lock_timeout));
   absl::flat_hash_set<std::string> keep;
   absl::flat_hash_set<std::string> kept_digests;
+  auto keep_all = [&](const Manifest& m) {
+    kept_digests.insert(m.digest);
+    for (const Artifact& a : m.artifacts) keep.insert(a.sha256);
+  };
+
+  // Roots in use first: a fetch writes its kept manifest before it lets go of its root,
+  // so reading them in this order misses neither.
+  const std::string pending = store.ManifestsDir() + "/pending";
+  for (const std::string& file : ListDir(pending)) {
+    const std::string path = absl::StrCat(pending, "/", file);
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd.valid()) continue;  // released meanwhile
+    if (LockIfAbandoned(fd.get())) {
+      if (options.dry_run || ::unlink(path.c_str()) == 0) ++report.roots_removed;
+      continue;
+    }
+    auto bytes = ReadFd(fd.get(), path);
+    if (!bytes.ok()) return Annotate(bytes.status(), "gc: nothing was deleted");
+    CUBIST_ASSIGN_OR_RETURN(Manifest m, ParseKept(*bytes, path));
+    ++report.roots_in_use;
+    keep_all(m);
+  }
+
+  std::vector<bool> drop_used(options.drop.size(), false);
+  std::vector<std::string> to_drop;
+  std::vector<std::string> kept_names;
   for (const std::string& file : ListDir(store.ManifestsDir())) {
     if (!absl::EndsWith(file, ".json")) continue;
     std::string path = absl::StrCat(store.ManifestsDir(), "/", file);
-    auto bytes = ReadFileToString(path, uint64_t{64} << 20);
+    auto bytes = ReadFileToString(path, kMaxManifestBytes);
     if (!bytes.ok()) {
       return Annotate(bytes.status(), "gc: nothing was deleted");
     }
-    auto m = ParseManifestOrChecksums(*bytes, path);
-    if (!m.ok()) {
-      return absl::Status(m.status().code(),
-                          absl::StrCat("gc: kept manifest ", path, " does not parse (",
-                                       m.status().message(),
-                                       "); nothing was deleted; remove or fix that file"));
+    CUBIST_ASSIGN_OR_RETURN(Manifest m, ParseKept(*bytes, path));
+    bool dropped = false;
+    for (size_t i = 0; i < options.drop.size(); ++i) {
+      if (DropMatches(options.drop[i], m)) drop_used[i] = dropped = true;
+    }
+    kept_names.push_back(absl::StrCat(m.name, "@", m.version));
+    if (dropped) {
+      to_drop.push_back(path);
+      report.dropped.push_back(absl::StrCat(m.name, " v", m.version, " (", file, ")"));
+      continue;
     }
     ++report.kept_manifests;
-    kept_digests.insert(m->digest);
-    for (const Artifact& a : m->artifacts) keep.insert(a.sha256);
+    keep_all(m);
+  }
+  for (size_t i = 0; i < options.drop.size(); ++i) {
+    if (drop_used[i]) continue;
+    return absl::NotFoundError(absl::StrCat(
+        "gc --drop ", options.drop[i], ": no kept manifest is named so (kept: ",
+        kept_names.empty() ? "none" : absl::StrJoin(kept_names, ", "),
+        "; give NAME, NAME@VERSION or NAME@DIGEST-PREFIX); nothing was deleted"));
   }
   for (const Manifest& m : options.extra_keep) {
     ++report.kept_manifests;
-    kept_digests.insert(m.digest);
-    for (const Artifact& a : m.artifacts) keep.insert(a.sha256);
+    keep_all(m);
+  }
+  if (!options.dry_run) {
+    for (const std::string& path : to_drop) {
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+        return ErrnoToStatus(errno, absl::StrCat("gc --drop: remove ", path));
+      }
+    }
   }
 
   CUBIST_ASSIGN_OR_RETURN(std::vector<std::string> objects, store.ListObjects());
@@ -88,10 +195,23 @@ absl::StatusOr<GcReport> CollectGarbage(const Store& store, const GcOptions& opt
     report.bytes_freed += static_cast<uint64_t>(st.st_size);
   }
 
-  // Partial downloads: their writer holds the object's lock while alive.
+  // Partial downloads: their writer holds the object's lock while alive. Staging
+  // directories of bundle imports: their importer holds a flock on the directory.
   for (const std::string& file : ListDir(store.root() + "/tmp")) {
     std::string path = absl::StrCat(store.root(), "/tmp/", file);
     std::string sha = file.substr(0, file.find('.'));
+    if (IsStagingDir(file)) {
+      UniqueFd dir(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+      if (dir.valid()) {
+        if (!LockIfAbandoned(dir.get())) {
+          ++report.busy_skipped;
+          continue;
+        }
+        std::error_code ec;
+        if (options.dry_run || std::filesystem::remove_all(path, ec) > 0) ++report.temps_removed;
+        continue;
+      }
+    }
     if (IsSha256Hex(sha) && absl::EndsWith(file, ".part")) {
       auto lock = store.TryLockObject(sha);
       if (!lock.ok() || !lock->held()) {

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "artifacts/keep.h"
 #include "base/file_util.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
@@ -41,6 +42,8 @@ absl::StatusOr<Store> Store::Open(const std::string& root, bool create) {
         "cache ", root, ": not writable by this user; choose a writable directory with "
         "--cache or CUBIST_CACHE_DIR"));
   }
+  // Best effort: without the file gc reads the cache as layout 1, which it also knows.
+  (void)EnsureCacheLayout(root);
   return Store(root);
 }
 
@@ -54,7 +57,27 @@ std::string Store::LockPath(std::string_view sha256) const {
   return absl::StrCat(root_, "/locks/", Sv(sha256), ".lock");
 }
 
+int64_t StampFor(uint64_t size) {
+  constexpr int64_t k20000101 = 946684800;
+  return k20000101 + static_cast<int64_t>(size);
+}
+
 namespace {
+
+bool Stamped(const struct stat& st) {
+  return st.st_mtim.tv_nsec == 0 &&
+         st.st_mtim.tv_sec == StampFor(static_cast<uint64_t>(st.st_size));
+}
+
+absl::Status SetStamp(int fd, uint64_t size, const std::string& path) {
+  struct timespec times[2];
+  times[0].tv_sec = 0;
+  times[0].tv_nsec = UTIME_OMIT;  // atime: left alone
+  times[1].tv_sec = StampFor(size);
+  times[1].tv_nsec = 0;
+  if (::futimens(fd, times) != 0) return ErrnoToStatus(errno, absl::StrCat("stamp ", path));
+  return absl::OkStatus();
+}
 
 // What an object's lstat (stat_rc, st) says, for Probe and BatchProbe alike.
 ObjectState StateOf(int stat_rc, const struct stat& st, std::optional<uint64_t> size,
@@ -65,7 +88,7 @@ ObjectState StateOf(int stat_rc, const struct stat& st, std::optional<uint64_t> 
   if (size.has_value() && static_cast<uint64_t>(st.st_size) != *size) {
     return ObjectState::kWrongSize;
   }
-  return ObjectState::kPresent;
+  return Stamped(st) ? ObjectState::kPresent : ObjectState::kUnconfirmed;
 }
 
 }  // namespace
@@ -109,8 +132,18 @@ absl::StatusOr<FileLock> Store::TryLockObject(std::string_view sha256) const {
 absl::Status Store::Publish(const std::string& temp_path, std::string_view sha256) const {
   std::string dest = ObjectPath(sha256);
   CUBIST_RETURN_IF_ERROR(MakeDirs(DirName(dest)));
-  if (::chmod(temp_path.c_str(), 0444) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("chmod ", temp_path));
+  {
+    // The publish record (store.h): the stamp goes on before the name, so the object
+    // is never seen under its name without it.
+    UniqueFd fd(::open(temp_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    struct stat st;
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("open ", temp_path));
+    }
+    CUBIST_RETURN_IF_ERROR(SetStamp(fd.get(), static_cast<uint64_t>(st.st_size), temp_path));
+    if (::fchmod(fd.get(), 0444) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("chmod ", temp_path));
+    }
   }
   // Something planted at the object's path (a symlink, a directory) must not survive:
   // rename() replaces a file or link atomically, but not a directory.
@@ -149,6 +182,24 @@ absl::Status Store::PutBytes(std::string_view sha256, std::string_view bytes,
   return SyncObjectDir(sha256);
 }
 
+absl::Status Store::Confirm(std::string_view sha256, uint64_t* actual_size) const {
+  const std::string path = ObjectPath(sha256);
+  uint64_t size = 0;
+  CUBIST_ASSIGN_OR_RETURN(std::string actual, Sha256File(path, &size));
+  if (actual_size != nullptr) *actual_size = size;
+  if (actual != sha256) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": changed after it was verified (its publish stamp no longer matches): "
+        "sha256 ", actual, " (", size, " bytes), expected ", Sv(sha256)));
+  }
+  // Best effort: an object of another user keeps its old mtime and is hashed again
+  // next time, which costs time, never correctness. A publish that replaced it meanwhile
+  // stamped it already.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (fd.valid()) (void)SetStamp(fd.get(), size, path);
+  return absl::OkStatus();
+}
+
 absl::Status Store::Remove(std::string_view sha256) const {
   std::string path = ObjectPath(sha256);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
@@ -157,9 +208,24 @@ absl::Status Store::Remove(std::string_view sha256) const {
   return absl::OkStatus();
 }
 
+bool Store::IsKept(const Manifest& manifest, std::string_view bytes) const {
+  struct stat st;
+  return ::stat(absl::StrCat(ManifestsDir(), "/", KeptManifestFileName(manifest, bytes)).c_str(),
+                &st) == 0;
+}
+
 absl::Status Store::KeepManifest(const Manifest& manifest, std::string_view bytes) const {
   if (manifest.name.empty()) return absl::OkStatus();
-  return WriteFileIfChanged(absl::StrCat(ManifestsDir(), "/", manifest.name, ".json"), bytes);
+  // The name holds the digest of the bytes: a file there holds these bytes already.
+  if (IsKept(manifest, bytes)) return absl::OkStatus();
+  const std::string path =
+      absl::StrCat(ManifestsDir(), "/", KeptManifestFileName(manifest, bytes));
+  absl::Status s = WriteFileAtomically(path, bytes, 0644);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("keep manifest ", manifest.name,
+                                             " for 'cubist gc': ", s.message(),
+                                             "; its objects are not kept until it is: free "
+                                             "space and run the command again"));
 }
 
 absl::StatusOr<std::vector<std::string>> Store::ListObjects() const {

@@ -77,6 +77,7 @@ void CheckOne(const Store& store, const Artifact& a, const VerifyOptions& option
   e.expected_sha256 = a.sha256;
   e.expected_size = a.size;
   ObjectState st = store.Probe(a.sha256, a.size, &e.actual_size);
+  bool unconfirmed = false;
   switch (st) {
     case ObjectState::kMissing:
       e.state = VerifyState::kMissing;
@@ -105,8 +106,14 @@ void CheckOne(const Store& store, const Artifact& a, const VerifyOptions& option
     }
     case ObjectState::kPresent:
       break;
+    case ObjectState::kUnconfirmed:
+      // Written or truncated since it was published (or published unstamped): the stat
+      // cannot vouch for it, so even a plain verify hashes this one (store.h).
+      unconfirmed = true;
+      break;
   }
-  if (e.state == VerifyState::kOk && options.deep) {
+  if (e.state == VerifyState::kOk && (options.deep || unconfirmed)) {
+    if (buf.empty()) buf.resize(1 << 20);
     uint64_t size = 0;
     auto got = HashObject(store.ObjectPath(a.sha256), buf, &size);
     if (!got.ok()) {
@@ -119,7 +126,12 @@ void CheckOne(const Store& store, const Artifact& a, const VerifyOptions& option
     if (*got != a.sha256) {
       e.state = VerifyState::kHashMismatch;
       e.message = absl::StrCat(a.path, ": sha256 mismatch: expected ", a.sha256, ", got ",
-                               *got, " (", size, " bytes)");
+                               *got, " (", size, " bytes)",
+                               unconfirmed ? "; changed after it was verified (its publish "
+                                             "stamp no longer matches)"
+                                           : "");
+    } else if (unconfirmed) {
+      (void)store.Confirm(a.sha256);  // stamps it again, so the next stat vouches for it
     }
   }
   if (e.state != VerifyState::kOk && options.deep && options.remove_corrupt) {

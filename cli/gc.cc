@@ -1,5 +1,6 @@
-// cubist gc: frees objects no kept manifest references, stale partial downloads and
-// unheld lock files.
+// cubist gc: frees objects no kept manifest or root in use references, stale partial
+// downloads, staging directories and roots, and unheld lock files; --drop forgets a
+// kept manifest (artifacts/keep.h).
 #include <cstdio>
 
 #include "artifacts/gc.h"
@@ -13,6 +14,7 @@ namespace {
 struct GcFlags {
   std::string cache;
   std::vector<std::string> keep;
+  std::vector<std::string> drop;
   bool dry_run = false;
 };
 
@@ -21,6 +23,7 @@ int RunGc(const GcFlags& f) {
   if (!store.ok()) return PrintError(store.status());
   GcOptions options;
   options.dry_run = f.dry_run;
+  options.drop = f.drop;
   for (const std::string& k : f.keep) {
     OpenManifestOptions o;
     auto m = OpenManifest(k, o);
@@ -29,12 +32,16 @@ int RunGc(const GcFlags& f) {
   }
   auto report = CollectGarbage(*store, options);
   if (!report.ok()) return PrintError(report.status());
+  for (const std::string& d : report->dropped) {
+    std::printf("%s kept manifest %s\n", f.dry_run ? "would drop" : "dropped", d.c_str());
+  }
   std::printf("%s %d objects (%s), %d partial downloads, %d lock files, %d parsed "
-              "manifests; kept %d objects of %d manifests; %d busy, skipped; cache %s\n",
+              "manifests, %d abandoned roots; kept %d objects of %d manifests and %d roots in use; "
+              "%d busy, skipped; cache %s\n",
               f.dry_run ? "would remove" : "removed", report->objects_removed,
               HumanBytes(report->bytes_freed).c_str(), report->temps_removed,
-              report->locks_removed, report->parsed_removed, report->objects_kept,
-              report->kept_manifests,
+              report->locks_removed, report->parsed_removed, report->roots_removed,
+              report->objects_kept, report->kept_manifests, report->roots_in_use,
               report->busy_skipped, store->root().c_str());
   return kExitOk;
 }
@@ -47,6 +54,10 @@ void RegisterGc(CLI::App& app, Globals& g) {
       "gc", "Remove cached objects that no kept manifest references, and stale temp files");
   cmd->add_option("--cache", flags->cache, "Cache directory");
   cmd->add_option("--keep", flags->keep, "Also keep this manifest's objects; repeatable");
+  cmd->add_option("--drop", flags->drop,
+                  "Forget a kept manifest, so that its objects no other one names are "
+                  "removed: NAME (every kept version), NAME@VERSION or NAME@DIGEST-PREFIX; "
+                  "repeatable")->type_name("NAME[@VERSION]");
   cmd->add_flag("--dry-run,-n", flags->dry_run, "Say what would be removed; remove nothing");
   cmd->callback([flags, &g] { g.exit_code = RunGc(*flags); });
 }

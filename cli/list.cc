@@ -25,6 +25,7 @@ const char* StateName(ObjectState s) {
     case ObjectState::kMissing: return "missing";
     case ObjectState::kWrongSize: return "corrupt";
     case ObjectState::kNotRegular: return "corrupt";
+    case ObjectState::kUnconfirmed: return "changed";  // `verify` or `fetch` hashes it
   }
   return "?";
 }

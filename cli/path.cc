@@ -32,7 +32,18 @@ int RunPath(const PathFlags& f) {
         "path: ", f.artifact, " is neither an artifact path nor a kernel name in ",
         f.manifest, "; see 'cubist list'")));
   }
-  if (store->Probe(a->sha256, a->size) != ObjectState::kPresent) {
+  ObjectState state = store->Probe(a->sha256, a->size);
+  if (state == ObjectState::kUnconfirmed) {
+    // Changed since it was published: never hand out a path before its bytes are
+    // hashed again (store.h, "the publish record").
+    absl::Status confirmed = store->Confirm(a->sha256);
+    if (!confirmed.ok()) {
+      return PrintError(absl::Status(confirmed.code(), absl::StrCat(
+          "path: ", a->path, ": ", confirmed.message(), "; run 'cubist fetch' to repair")));
+    }
+    state = ObjectState::kPresent;
+  }
+  if (state != ObjectState::kPresent) {
     return PrintError(absl::NotFoundError(absl::StrCat(
         "path: ", a->path, " is not in the cache ", store->root(), "; run 'cubist fetch'")));
   }

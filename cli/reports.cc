@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "artifacts/keep.h"
 #include "artifacts/oci_manifest_source.h"
 #include "base/status_macros.h"
 #include "cli/common.h"
@@ -71,6 +72,12 @@ absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgres
   const Manifest& m = opened.manifest;
   CommandReport out;
   out.notices = opened.notices;
+  // Until the manifest is kept, a root in use (keep.h) holds its objects against a gc
+  // running meanwhile; taken before the first object lands. A kept one needs none.
+  std::optional<RootLease> lease;
+  if (!store.IsKept(m, opened.bytes)) {
+    CUBIST_ASSIGN_OR_RETURN(lease, RootLease::Take(store, m, opened.bytes));
+  }
   FetchReport report;
   const absl::Time start = absl::Now();
   const CacheCheck warm = opened.packed_artifacts.has_value()
@@ -111,10 +118,19 @@ absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgres
     report = FetchArtifacts(store, items, options,
                             progress != nullptr ? progress : &local_progress);
   }
-  if (report.failed == 0 && !m.name.empty()) {
-    // Kept for gc only once everything it names is present.
-    absl::Status kept = store.KeepManifest(m, opened.bytes);
-    if (!kept.ok()) out.notices.push_back(absl::StrCat("warning: ", kept.message()));
+  if (report.failed == 0) {
+    // Kept for gc only once everything it names is present; the root lets go after.
+    // A manifest that cannot be kept is a failed fetch (exit 9 on a full disk): the
+    // next gc would delete what this one reports fetched.
+    CUBIST_RETURN_IF_ERROR(store.KeepManifest(m, opened.bytes));
+    // Never success for objects gone at exit (a gc of an older cubist, which knows no
+    // roots, or an operator's rm): one more stat each, only after downloads.
+    if (!warm.all_present && !CheckAllCached(store, m, f.filters).all_present) {
+      return absl::UnavailableError(absl::StrCat(
+          "fetch ", f.manifest, ": objects were removed from cache ", store.root(),
+          " while this fetch ran (a 'cubist gc' of a version without pending roots?); "
+          "fetch again"));
+    }
   }
   nlohmann::json& j = out.json;
   j["manifest"] = f.manifest;

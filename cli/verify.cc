@@ -33,7 +33,9 @@ int RunVerify(const VerifyFlags& f) {
     std::printf("%s: %d of %zu artifacts %s, %d missing, %d corrupt (%s hashed in %.2f s); "
                 "cache %s\n",
                 report.status.ok() ? "verified" : "FAILED", report.ok, report.entries.size(),
-                f.deep ? "present and re-hashed" : "present with the right size",
+                f.deep ? "present and re-hashed"
+                       : "present and unchanged since verified (size and publish stamp; "
+                         "changed ones re-hashed)",
                 report.missing, report.corrupt, HumanBytes(report.bytes_hashed).c_str(),
                 absl::ToDoubleSeconds(report.elapsed), cache.c_str());
   }

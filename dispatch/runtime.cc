@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Open(const RuntimeOptions& opt
   mo.store = &*rt->store_;
   CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened, OpenManifest(options.manifest, mo));
   rt->manifest_ = std::move(opened.manifest);
+  CUBIST_ASSIGN_OR_RETURN(rt->lease_, RootLease::Take(*rt->store_, rt->manifest_, opened.bytes));
   CUBIST_ASSIGN_OR_RETURN(Registry registry, Registry::Create(rt->manifest_));
   rt->registry_.emplace(std::move(registry));
 
@@ -73,7 +74,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Open(const RuntimeOptions& opt
       image = it->second;
     } else {
       ImageOptions io;
-      io.from_verified_store = true;  // objects/ holds verified content only
+      io.expected_sha256 = a->sha256;  // hashed as read to load: see skip_load_hash
+      io.skip_hash_check = options.skip_load_hash;
       CUBIST_ASSIGN_OR_RETURN(image,
                               rt->modules_->AddImageFile(rt->store_->ObjectPath(a->sha256), io));
       images.emplace(a->path, image);
@@ -132,7 +134,23 @@ absl::Status Runtime::Preload() {
   for (const FunctionId& id : functions_) {
     if (id.valid()) ids.push_back(id);
   }
-  return modules_->Preload(ids);
+  return LoadFailed(modules_->Preload(ids));
+}
+
+absl::Status Runtime::LoadFailed(const absl::Status& status) const {
+  if (status.code() != absl::StatusCode::kDataLoss) return status;
+  // The loader's message names the object's path, which holds its hash.
+  for (const Artifact& a : manifest_.artifacts) {
+    if (status.message().find(a.sha256) == std::string_view::npos) continue;
+    absl::Status removed = store_->Remove(a.sha256);
+    return absl::DataLossError(absl::StrCat(
+        "kernel artifact ", a.path, " of ", manifest_.source, ": ", status.message(), "; ",
+        removed.ok() ? "removed from the cache: the next fetch (or this call again, "
+                       "online) downloads it again"
+                     : absl::StrCat("could not remove it (", removed.message(),
+                                    "): run 'cubist verify --deep'")));
+  }
+  return status;
 }
 
 absl::StatusOr<CUfunction> Runtime::Function(const KernelEntry& kernel) {
@@ -148,7 +166,9 @@ absl::StatusOr<CUfunction> Runtime::Function(const KernelEntry& kernel) {
     // fetching the same object waits on its lock and then finds it present.
     CUBIST_RETURN_IF_ERROR(FetchArtifacts({a->path}));
   }
-  return modules_->GetFunction(functions_[kernel.index]);
+  absl::StatusOr<CUfunction> fn = modules_->GetFunction(functions_[kernel.index]);
+  if (!fn.ok()) return LoadFailed(fn.status());
+  return fn;
 }
 
 std::shared_ptr<const TuningTable> Runtime::tuning() const {

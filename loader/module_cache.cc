@@ -260,11 +260,13 @@ absl::Status ModuleCache::EnsureLoadedLocked(ImageSlot& img) {
     std::string actual = Sha256Hex(bytes);
     stat_bytes_hashed_.fetch_add(bytes.size(), std::memory_order_relaxed);
     if (actual != img.options.expected_sha256) {
-      return fail(absl::DataLossError(absl::StrCat(
+      absl::Status mismatch = absl::DataLossError(absl::StrCat(
           "load ", img.name, ": sha256 mismatch: expected ", img.options.expected_sha256,
           ", got ", actual, " (", bytes.size(),
           " bytes); the bytes changed after they were verified: fetch the artifact "
-          "again (cubist fetch) or check who wrote them")));
+          "again (cubist fetch) or check who wrote them"));
+      // Not sticky for a file: a fetch may repair it (the Runtime removes it for that).
+      return img.from_file ? mismatch : fail(mismatch);
     }
   }
   absl::StatusOr<CubinInfo> info = InspectCubin(bytes);

@@ -20,7 +20,8 @@
 // when the requested dynamic shared memory exceeds 48 KiB,
 // cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) also happen once
 // per function. Failures are sticky: a failed image or function returns the same status
-// on every later call without retrying (the inputs have not changed).
+// on every later call without retrying (the inputs have not changed); except for a file
+// that could not be read or did not hash to its name, which a fetch may repair.
 //
 // Preload() does all of that up front, for engines that must not load during CUDA-graph
 // capture (lazy loading may synchronise the context).

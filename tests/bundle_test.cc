@@ -2,6 +2,10 @@
 // import, and refusal of truncated, tampered and hostile archives.
 #include "artifacts/bundle.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -9,7 +13,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
+#include "artifacts/gc.h"
+#include "artifacts/keep.h"
+#include "artifacts/version_guard.h"
 #include "base/file_util.h"
+#include "base/unique_fd.h"
 #include "base/sha256.h"
 #include "manifest/manifest_parser.h"
 #include "manifest/manifest_writer.h"
@@ -24,6 +32,7 @@ using ::cubist::testing::ReadFileOrDie;
 using ::cubist::testing::TempDir;
 using ::cubist::testing::WriteFileOrDie;
 using ::cubist::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string PutObject(const Store& store, const std::string& bytes) {
@@ -49,11 +58,21 @@ class BundleTest : public ::testing::Test {
     auto d = Store::Open(dir_.Join("dst"));
     ASSERT_TRUE(d.ok()) << d.status();
     dst_.emplace(*std::move(d));
+    inputs_.push_back(MakeInput(3, 40, 700, 300));
+    bundle_ = dir_.Join("set.tar");
+    auto r = CreateBundle(*src_, inputs_, bundle_);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->objects, 3u);
+    EXPECT_EQ(r->bytes, 700u + 1000u + 1300u);
+  }
+  // Set v`version` with three objects of `size`, `size + step`, `size + 2 * step` bytes
+  // (seeded by `seed`), put into src_.
+  BundleInput MakeInput(int64_t version, int seed, size_t size, size_t step) {
     Manifest m;
     m.name = "set";
-    m.version = 3;
+    m.version = version;
     for (int i = 0; i < 3; ++i) {
-      const std::string bytes = RandomBytes(700 + 300 * i, 40 + i);
+      const std::string bytes = RandomBytes(size + step * i, seed + i);
       Artifact a;
       a.path = absl::StrCat("cubins/k", i, ".cubin");
       a.sha256 = PutObject(*src_, bytes);
@@ -63,14 +82,18 @@ class BundleTest : public ::testing::Test {
     BundleInput in;
     in.bytes = WriteManifest(m);
     auto parsed = ParseManifest(in.bytes, "set.json");
-    ASSERT_TRUE(parsed.ok()) << parsed.status();
-    in.manifest = *parsed;
-    inputs_.push_back(in);
-    bundle_ = dir_.Join("set.tar");
-    auto r = CreateBundle(*src_, inputs_, bundle_);
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->objects, 3u);
-    EXPECT_EQ(r->bytes, 700u + 1000u + 1300u);
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    if (parsed.ok()) in.manifest = *parsed;
+    return in;
+  }
+  // A bundle of set v`version` with three objects of its own.
+  std::string MakeBundle(int64_t version, int seed, Manifest* out) {
+    const BundleInput in = MakeInput(version, seed, 500, 100);
+    *out = in.manifest;
+    const std::string path = dir_.Join(absl::StrCat("set-v", version, ".tar"));
+    auto r = CreateBundle(*src_, {in}, path);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return path;
   }
   absl::StatusOr<BundleReport> ImportBytes(const std::string& bytes) {
     WriteFileOrDie(dir_.Join("in.tar"), bytes);
@@ -103,7 +126,9 @@ TEST_F(BundleTest, ImportVerifiesAndPublishesEverything) {
     EXPECT_EQ(ReadFileOrDie(dst_->ObjectPath(a.sha256)), ReadFileOrDie(src_->ObjectPath(a.sha256)));
   }
   EXPECT_EQ(ReadFileOrDie(dir_.Join("manifests/set.json")), inputs_[0].bytes);
-  EXPECT_TRUE(FileExists(dst_->ManifestsDir() + "/set.json"));
+  EXPECT_TRUE(FileExists(absl::StrCat(dst_->ManifestsDir(), "/",
+                                      KeptManifestFileName(inputs_[0].manifest,
+                                                           inputs_[0].bytes))));
   // A second import finds everything cached.
   r = ImportBytes(ReadFileOrDie(bundle_));
   ASSERT_TRUE(r.ok()) << r.status();
@@ -220,6 +245,104 @@ TEST_F(BundleTest, CreateNeedsEveryObjectCached) {
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("cubins/k1.cubin of set.json (sha256 ")));
   EXPECT_FALSE(FileExists(dir_.Join("b.tar")));
+}
+
+// Issue 28, item 3: import applies fetch's rollback guard, and an allowed rollback
+// keeps both versions' objects until the operator drops one by name.
+TEST_F(BundleTest, ImportRefusesARollbackAndAnAllowedOneKeepsBothVersions) {
+  ASSERT_TRUE(ImportBytes(ReadFileOrDie(bundle_)).ok());  // set v3
+  Manifest v2;
+  const std::string old_bundle = MakeBundle(2, 90, &v2);
+  ImportBundleOptions o;
+  EXPECT_THAT(ImportBundle(*dst_, old_bundle, o),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("version 2 is older than version 3"),
+                             HasSubstr("--allow-rollback"))));
+  EXPECT_EQ(CountObjects(*dst_), 3u) << "a refused import stages and publishes nothing";
+  o.trust.allow_rollback = true;
+  ASSERT_TRUE(ImportBundle(*dst_, old_bundle, o).ok());
+  auto highest = VersionGuard(dst_->root()).Highest("set");
+  ASSERT_TRUE(highest.ok() && highest->has_value());
+  EXPECT_EQ((*highest)->version, 3) << "the record keeps the higher version";
+
+  auto gc = CollectGarbage(*dst_, GcOptions{});
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(gc->kept_manifests, 2);
+  EXPECT_EQ(gc->objects_removed, 0);
+  EXPECT_EQ(CountObjects(*dst_), 6u);
+
+  GcOptions drop;
+  drop.drop = {"set@9"};
+  EXPECT_THAT(CollectGarbage(*dst_, drop),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("gc --drop set@9: no kept manifest"),
+                             HasSubstr("set@3"), HasSubstr("nothing was deleted"))));
+  drop.drop = {"set@2"};
+  gc = CollectGarbage(*dst_, drop);
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(gc->objects_removed, 3);
+  for (const Artifact& a : v2.artifacts) {
+    EXPECT_EQ(dst_->Probe(a.sha256, a.size), ObjectState::kMissing) << a.path;
+  }
+  for (const Artifact& a : inputs_[0].manifest.artifacts) {
+    EXPECT_EQ(dst_->Probe(a.sha256, a.size), ObjectState::kPresent) << a.path;
+  }
+}
+
+// Issue 28, item 8: gc removes the staging directory of a killed import, never that of
+// one still running (which holds a flock on it).
+TEST_F(BundleTest, GcRemovesAbandonedStagingDirectoriesOnly) {
+  const std::string dead = dst_->root() + "/tmp/bundle-dead01";
+  const std::string live = dst_->root() + "/tmp/bundle-live01";
+  WriteFileOrDie(dead + "/" + std::string(64, 'a'), RandomBytes(4096, 1));
+  WriteFileOrDie(live + "/" + std::string(64, 'b'), RandomBytes(4096, 2));
+  UniqueFd held(::open(live.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(held.valid());
+  ASSERT_EQ(::flock(held.get(), LOCK_EX), 0);
+
+  GcOptions dry;
+  dry.dry_run = true;
+  auto gc = CollectGarbage(*dst_, dry);
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(gc->temps_removed, 1);
+  EXPECT_TRUE(FileExists(dead + "/" + std::string(64, 'a')));
+  gc = CollectGarbage(*dst_, GcOptions{});
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(gc->temps_removed, 1);
+  EXPECT_EQ(gc->busy_skipped, 1);
+  struct stat st;
+  EXPECT_NE(::stat(dead.c_str(), &st), 0) << "the killed import's staging is gone";
+  EXPECT_TRUE(FileExists(live + "/" + std::string(64, 'b')));
+  held = UniqueFd();  // the importer exits
+  gc = CollectGarbage(*dst_, GcOptions{});
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_NE(::stat(live.c_str(), &st), 0);
+}
+
+// Kept manifests of layout 1 (manifests/<name>.json, older cubist) are still honoured; a
+// pending root whose process is gone (no flock) is reaped, and what only it named goes.
+TEST_F(BundleTest, GcHonoursOldKeptManifestsAndReapsAbandonedRoots) {
+  ASSERT_TRUE(ImportBytes(ReadFileOrDie(bundle_)).ok());
+  const std::string kept = absl::StrCat(
+      dst_->ManifestsDir(), "/", KeptManifestFileName(inputs_[0].manifest, inputs_[0].bytes));
+  ASSERT_EQ(::rename(kept.c_str(), (dst_->ManifestsDir() + "/set.json").c_str()), 0);
+  const BundleInput other = MakeInput(7, 70, 300, 10);  // objects in src_ only
+  for (const Artifact& a : other.manifest.artifacts) {
+    ASSERT_EQ(PutObject(*dst_, ReadFileOrDie(src_->ObjectPath(a.sha256))), a.sha256);
+  }
+  WriteFileOrDie(dst_->ManifestsDir() + "/pending/0123456789abcdef.json", other.bytes);
+
+  auto gc = CollectGarbage(*dst_, GcOptions{});
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(gc->kept_manifests, 1);
+  EXPECT_EQ(gc->roots_removed, 1);
+  EXPECT_EQ(gc->roots_in_use, 0);
+  EXPECT_EQ(gc->objects_removed, 3);
+  EXPECT_EQ(CountObjects(*dst_), 3u);
+  EXPECT_FALSE(FileExists(dst_->ManifestsDir() + "/pending/0123456789abcdef.json"));
+  for (const Artifact& a : inputs_[0].manifest.artifacts) {
+    EXPECT_EQ(dst_->Probe(a.sha256, a.size), ObjectState::kPresent) << a.path;
+  }
 }
 
 }  // namespace

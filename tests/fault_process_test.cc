@@ -158,6 +158,33 @@ TEST_F(FaultProcessTest, DiskFullFailsThatArtifactAndCachesNothingWrong) {
   EXPECT_THAT(out, HasSubstr("verify-rc=5")) << out;  // big.cubin is missing: NotFound
 }
 
+// Issue 28, item 6: the objects fit but the kept manifest does not: that is exit 9
+// (the next gc would delete the set), never a warning and exit 0.
+TEST_F(FaultProcessTest, DiskFullWhileKeepingTheManifestIsExit9) {
+  const std::string manifest = MakeRepo(2, 2000, 3000);
+  // 1.2 MB of white space: the root the fetch holds meanwhile (a copy of the manifest)
+  // fits in the 2 MiB tmpfs, a second copy, the kept one, does not.
+  std::string bytes = ReadFileOrDie(manifest);
+  ASSERT_EQ(bytes[0], '{');
+  bytes.insert(1, std::string(1200 << 10, ' '));
+  WriteFileOrDie(manifest, bytes);
+  std::filesystem::create_directories(cache_);
+  std::string script = absl::StrCat(
+      "set -u\n", "mount -t tmpfs -o size=2m tmpfs ", Q(cache_), " || exit 99\n",
+      Q(CliPath()), " fetch -q --manifest ", Q(manifest), " --cache ", Q(cache_), "\n",
+      "echo \"fetch-rc=$?\"\n",
+      "echo \"kept=$(find ", Q(cache_ + "/manifests"), " -maxdepth 1 -name '*.json' | wc -l)\"\n");
+  std::string out;
+  int rc = 0;
+  if (!RunInMountNamespace(script, &out, &rc) || rc == 99) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root or user namespaces): " << out;
+  }
+  EXPECT_THAT(out, HasSubstr("keep manifest faults for 'cubist gc': ")) << out;
+  EXPECT_THAT(out, HasSubstr("No space left on device")) << out;
+  EXPECT_THAT(out, HasSubstr("fetch-rc=9")) << out;
+  EXPECT_THAT(out, HasSubstr("kept=0")) << out;
+}
+
 TEST_F(FaultProcessTest, UnwritableCacheIsPermissionDeniedAndNamesTheDirectory) {
   std::string manifest = MakeRepo(3, 1000, 5000);
   ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
@@ -266,12 +293,17 @@ TEST_F(FaultProcessTest, CorruptedObjectVerifyDeepFindsItAndFetchRepairs) {
   std::string manifest = MakeRepo(4, 10000, 30000);
   std::string out;
   ASSERT_EQ(Cubist(FetchArgs(manifest), &out), 0) << out;
-  // Flip one byte of one object (disk rot: same size, so a plain verify cannot see it).
+  // Flip one byte of one object (disk rot: same size and mtime, so a plain verify
+  // cannot see it; a write would change the mtime, which a plain verify does see).
   std::string victim = ObjectPath(2);
+  struct stat st;
+  ASSERT_EQ(::stat(victim.c_str(), &st), 0);
   ASSERT_EQ(::chmod(victim.c_str(), 0644), 0);
   std::string bytes = ReadFileOrDie(victim);
   bytes[bytes.size() / 2] ^= 0x01;
   WriteFileOrDie(victim, bytes);
+  const struct timespec times[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, victim.c_str(), times, 0), 0);
   std::string verify = absl::StrCat("verify --manifest ", Q(manifest), " --cache ", Q(cache_));
   EXPECT_EQ(Cubist(verify, &out), 0) << out;
   EXPECT_EQ(Cubist(verify + " --deep", &out), 3) << out;

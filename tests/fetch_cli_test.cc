@@ -2,6 +2,7 @@
 // list, path, gc, offline, exit codes; 8 processes fetching into one cache at once;
 // a process killed with SIGKILL mid-download.
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include "artifacts/store.h"
 #include "base/sha256.h"
 #include "tests/test_util.h"
+#include "tests/testlib/child_process.h"
 #include "tests/testlib/nginx_server.h"
 #include "tests/testlib/sample_repo.h"
 
@@ -51,6 +53,15 @@ class FetchCliTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
     url_ = server_->BaseUrl() + "manifest.json";
+  }
+
+  // Serves the set's checksums.txt (FlashInfer's form: no sizes) beside its files;
+  // returns its URL.
+  std::string ServeChecksums() {
+    std::string sums;
+    for (const Artifact& a : manifest_.artifacts) absl::StrAppend(&sums, a.sha256, " ", a.path, "\n");
+    testing::WriteFileOrDie(repo_ + "/checksums.txt", sums);
+    return server_->BaseUrl() + "checksums.txt";
   }
 
   int Cubist(const std::string& args, std::string* out = nullptr) {
@@ -110,8 +121,13 @@ TEST_F(FetchCliTest, FetchVerifyListPathAndExitCodes) {
   rotten[10] ^= 1;
   ::chmod(ObjectPath(6).c_str(), 0644);
   testing::WriteFileOrDie(ObjectPath(6), rotten);
-  EXPECT_EQ(Cubist(absl::StrCat("verify --manifest ", url_, " --cache ", cache_), &out), 0)
-      << "a size-only check cannot see a flipped bit: " << out;
+  // The write changed the object's mtime, so its publish stamp no longer vouches for it:
+  // even a plain verify hashes it (and leaves it for the deep one to remove).
+  EXPECT_EQ(Cubist(absl::StrCat("verify --manifest ", url_, " --cache ", cache_), &out), 3)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat(manifest_.artifacts[6].path, ": sha256 mismatch: expected ",
+                                          manifest_.artifacts[6].sha256, ", got ", Sha256Hex(rotten))));
+  EXPECT_THAT(out, HasSubstr("changed after it was verified (its publish stamp no longer matches)"));
   EXPECT_EQ(Cubist(absl::StrCat("verify --deep --manifest ", url_, " --cache ", cache_), &out), 3) << out;
   EXPECT_THAT(out, HasSubstr(absl::StrCat(manifest_.artifacts[6].path, ": sha256 mismatch: expected ",
                                           manifest_.artifacts[6].sha256, ", got ", Sha256Hex(rotten))));
@@ -412,12 +428,12 @@ TEST_F(FetchCliTest, GcRemovesWhatNoKeptManifestNeeds) {
   testing::WriteFileOrDie(stale_parse, "stale");
   ASSERT_EQ(Cubist(absl::StrCat("gc --dry-run --cache ", cache_), &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("would remove 1 objects"));
-  EXPECT_THAT(out, HasSubstr("lock files, 1 parsed manifests; kept"));
+  EXPECT_THAT(out, HasSubstr("lock files, 1 parsed manifests, 0 abandoned roots; kept"));
   EXPECT_TRUE(testing::FileExists(absl::StrCat(cache_, "/objects/sha256/aa/", orphan)));
   EXPECT_TRUE(testing::FileExists(stale_parse));
   ASSERT_EQ(Cubist(absl::StrCat("gc --cache ", cache_), &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("removed 1 objects (6 B), 1 partial downloads"));
-  EXPECT_THAT(out, HasSubstr("lock files, 1 parsed manifests; kept"));
+  EXPECT_THAT(out, HasSubstr("lock files, 1 parsed manifests, 0 abandoned roots; kept"));
   EXPECT_FALSE(testing::FileExists(stale_parse));
   EXPECT_THAT(out, HasSubstr("kept 4 objects of 1 manifests"));
   EXPECT_FALSE(testing::FileExists(absl::StrCat(cache_, "/objects/sha256/aa/", orphan)));
@@ -427,16 +443,164 @@ TEST_F(FetchCliTest, GcRemovesWhatNoKeptManifestNeeds) {
 
 TEST_F(FetchCliTest, FetchesAFlashInferChecksumsTxtAndReportsJson) {
   Serve(5, 1000, 5000);
-  std::string sums;
-  for (const Artifact& a : manifest_.artifacts) absl::StrAppend(&sums, a.sha256, " ", a.path, "\n");
-  testing::WriteFileOrDie(repo_ + "/checksums.txt", sums);
+  const std::string sums = ServeChecksums();
   std::string out;
-  ASSERT_EQ(Cubist(absl::StrCat("fetch --json --manifest ", server_->BaseUrl(),
-                                "checksums.txt --cache ", cache_), &out), 0) << out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --json --manifest ", sums, " --cache ", cache_), &out), 0)
+      << out;
   EXPECT_THAT(out, HasSubstr("\"downloaded\": 5"));
   EXPECT_THAT(out, HasSubstr(absl::StrCat("\"url\": \"", server_->BaseUrl(), manifest_.artifacts[0].path)));
   EXPECT_THAT(out, HasSubstr("\"ok\": true"));
   EXPECT_EQ(testing::ReadFileOrDie(ObjectPath(2)), files_[2].data);
+}
+
+// Whether any object has landed under the cache's objects/.
+bool AnObjectLanded(const std::string& cache) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(cache + "/objects", ec)) {
+    if (e.is_regular_file()) return true;
+  }
+  return false;
+}
+
+// Issue 28, item 1: a gc while a fetch runs keeps what the fetch publishes (its pending
+// root), and the fetch's success means the set is there.
+TEST_F(FetchCliTest, GcDuringAFetchKeepsWhatTheFetchPublishes) {
+  Serve(4, 300000, 400000, "300k");  // one at a time: about 5 s in all
+  const std::string log = tmp_.Join("fetch.log");
+  pid_t pid = testing::SpawnCli({"fetch", "-q", "-j", "1", "--manifest", url_, "--cache", cache_},
+                                log);
+  bool landed = false;
+  for (int i = 0; i < 3000 && !landed; ++i) {
+    landed = AnObjectLanded(cache_);
+    if (!landed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(landed) << testing::ReadFileOrDie(log);
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("gc --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("removed 0 objects"));
+  EXPECT_THAT(out, HasSubstr("of 0 manifests and 1 roots in use"));
+  siginfo_t info{};
+  ASSERT_EQ(::waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT), 0);
+  EXPECT_EQ(info.si_pid, 0) << "the fetch ended before gc ran: the test proved nothing";
+  ASSERT_EQ(testing::WaitChild(pid), 0) << testing::ReadFileOrDie(log);
+  ASSERT_EQ(Cubist(absl::StrCat("verify --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  // Done, the fetch let go of its root: the kept manifest holds the set from now on.
+  ASSERT_EQ(Cubist(absl::StrCat("gc --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("removed 0 objects"));
+  EXPECT_THAT(out, HasSubstr("kept 4 objects of 1 manifests and 0 roots in use"));
+}
+
+// Issue 28, item 5: two pins of one name (FlashInfer checksums.txt at two commits) keep
+// a manifest each, so gc keeps both sets.
+TEST_F(FetchCliTest, TwoPinsOfOneNameAreBothKept) {
+  Serve(4, 1000, 5000);
+  for (int pin = 0; pin < 2; ++pin) {
+    std::string sums;
+    for (int i = 2 * pin; i < 2 * pin + 2; ++i) {
+      const Artifact& a = manifest_.artifacts[i];
+      absl::StrAppend(&sums, a.sha256, " ", a.path, "\n");
+      testing::WriteFileOrDie(absl::StrCat(repo_, "/commit", pin, "/bmm/", a.path), files_[i].data);
+    }
+    testing::WriteFileOrDie(absl::StrCat(repo_, "/commit", pin, "/bmm/checksums.txt"), sums);
+  }
+  std::string out;
+  for (int pin = 0; pin < 2; ++pin) {
+    ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", server_->BaseUrl(), "commit", pin,
+                                  "/bmm/checksums.txt --cache ", cache_), &out), 0) << out;
+  }
+  ASSERT_EQ(Cubist(absl::StrCat("gc --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("removed 0 objects"));
+  EXPECT_THAT(out, HasSubstr("kept 4 objects of 2 manifests"));
+  for (int pin = 0; pin < 2; ++pin) {
+    EXPECT_EQ(Cubist(absl::StrCat("verify --offline --manifest ", server_->BaseUrl(), "commit",
+                                  pin, "/bmm/checksums.txt --cache ", cache_), &out), 0) << out;
+  }
+}
+
+// Issue 28, item 3 (fetch): an allowed rollback keeps both versions' objects, the
+// record stays at the higher version, until the operator drops one.
+TEST_F(FetchCliTest, AnAllowedRollbackKeepsBothVersions) {
+  Serve(4, 1000, 5000);  // cli-sample v3
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  // v2 names only the first two files: the other two belong to v3 alone.
+  const std::string v2 = tmp_.Join("v2");
+  testing::WriteSampleRepo(v2, {files_[0], files_[1]}, "cli-sample", 2);
+  const std::string fetch_v2 = absl::StrCat("fetch --manifest ", v2, "/manifest.json --cache ", cache_);
+  EXPECT_EQ(Cubist(fetch_v2, &out), 6) << out;
+  EXPECT_THAT(out, HasSubstr("version 2 is older than version 3"));
+  ASSERT_EQ(Cubist(fetch_v2 + " --allow-rollback", &out), 0) << out;
+  ASSERT_EQ(Cubist(absl::StrCat("gc --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("removed 0 objects"));
+  EXPECT_THAT(out, HasSubstr("kept 4 objects of 2 manifests"));
+  ASSERT_EQ(Cubist(absl::StrCat("verify --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  EXPECT_EQ(Cubist(fetch_v2, &out), 6) << "the record stays at v3: " << out;
+}
+
+// `gc --drop` forgets a kept manifest by name (and version); gc refuses a layout newer
+// than it knows.
+TEST_F(FetchCliTest, GcDropsOnlyWhatItIsToldAndRefusesANewerLayout) {
+  Serve(4, 1000, 5000);
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", url_, " --cache ", cache_), &out), 0) << out;
+  EXPECT_EQ(testing::ReadFileOrDie(cache_ + "/layout"), "cubist.cache/2\n");
+  EXPECT_EQ(Cubist(absl::StrCat("gc --drop other --cache ", cache_), &out), 5) << out;
+  EXPECT_THAT(out, HasSubstr("gc --drop other: no kept manifest is named so (kept: cli-sample@3"));
+  EXPECT_EQ(Cubist(absl::StrCat("gc --drop cli-sample@2 --cache ", cache_), &out), 5) << out;
+
+  testing::WriteFileOrDie(cache_ + "/layout", "cubist.cache/3\n");
+  EXPECT_EQ(Cubist(absl::StrCat("gc --cache ", cache_), &out), 6) << out;
+  EXPECT_THAT(out, HasSubstr("has layout 3, newer than this cubist knows (2); nothing was deleted"));
+  testing::WriteFileOrDie(cache_ + "/layout", "cubist.cache/2\n");
+
+  ASSERT_EQ(Cubist(absl::StrCat("gc --drop cli-sample@3 --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("dropped kept manifest cli-sample v3 (cli-sample@"));
+  EXPECT_THAT(out, HasSubstr("removed 4 objects"));
+  EXPECT_EQ(Cubist(absl::StrCat("verify --manifest ", url_, " --cache ", cache_), &out), 5) << out;
+}
+
+// Issue 28, items 11 and 14: a set without sizes (checksums.txt) whose object is
+// truncated, or written in place through a hard link (as into an exported tree), is
+// caught by the stat the warm path makes anyway (the publish stamp): fetch repairs it,
+// plain verify and path refuse it, without a deep verify.
+TEST_F(FetchCliTest, ObjectsChangedAfterPublishAreCaughtWithoutADeepVerify) {
+  Serve(3, 1000, 5000);
+  const std::string m = ServeChecksums();
+  const std::string fetch = absl::StrCat("fetch --manifest ", m, " --cache ", cache_);
+  std::string out;
+  ASSERT_EQ(Cubist(fetch, &out), 0) << out;
+
+  ASSERT_EQ(::truncate(ObjectPath(1).c_str(), 10), 0);
+  ASSERT_EQ(Cubist(fetch, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("1 downloaded, 0 reused from another process, 2 already cached"));
+  EXPECT_EQ(testing::ReadFileOrDie(ObjectPath(1)), files_[1].data);
+
+  // Root writes through a 0444 hard link: same size, other bytes.
+  const std::string exported = tmp_.Join("exported.cubin");
+  ASSERT_EQ(::link(ObjectPath(2).c_str(), exported.c_str()), 0);
+  {
+    int fd = ::open(exported.c_str(), O_WRONLY);
+    if (fd < 0) {
+      ASSERT_EQ(::chmod(exported.c_str(), 0644), 0);  // not root: make it writable
+      fd = ::open(exported.c_str(), O_WRONLY);
+    }
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, "XXXX", 4, 0), 4);
+    ::close(fd);
+  }
+  EXPECT_EQ(Cubist(absl::StrCat("verify --manifest ", m, " --cache ", cache_), &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat(manifest_.artifacts[2].path, ": sha256 mismatch: expected ",
+                                          manifest_.artifacts[2].sha256)));
+  EXPECT_THAT(out, HasSubstr("changed after it was verified"));
+  EXPECT_EQ(Cubist(absl::StrCat("path --manifest ", m, " --cache ", cache_, " ",
+                                manifest_.artifacts[2].path), &out), 3) << out;
+  EXPECT_THAT(out, HasSubstr("run 'cubist fetch' to repair"));
+  ASSERT_EQ(Cubist(fetch, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("1 downloaded"));
+  EXPECT_EQ(testing::ReadFileOrDie(ObjectPath(2)), files_[2].data);
+  ASSERT_EQ(Cubist(absl::StrCat("verify --manifest ", m, " --cache ", cache_), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("verified: 3 of 3 artifacts present and unchanged since verified"));
+  EXPECT_THAT(out, HasSubstr("(0 B hashed"));
 }
 
 }  // namespace

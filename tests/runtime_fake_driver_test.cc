@@ -2,6 +2,9 @@
 // manifest and cubin (the stub kernels of tests/fixtures/dispatch/moe_stub.cu), the real
 // store and fetcher (file:// source), the real module cache, and the loader's fake
 // driver extended to record what cuLaunchKernelEx would have launched.
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -10,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "artifacts/gc.h"
 #include "base/sha256.h"
 #include "dispatch/moe_gemm.h"
 #include "dispatch/runtime.h"
@@ -30,6 +34,7 @@ using ::cubist::testing::StatusIs;
 using ::cubist::testing::TempDir;
 using ::cubist::testing::TestKernel;
 using ::cubist::testing::WriteFileOrDie;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 class LaunchRecordingDriver : public FakeDriver {
@@ -431,6 +436,70 @@ TEST_F(RuntimeFakeDriverTest, ManyThreadsShareDecisions) {
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(driver_.launches().size(), 400u);
   EXPECT_EQ(driver_.loads(), 1);
+}
+
+// Issue 28, item 13: the bytes handed to the driver are the bytes the manifest names.
+// An object changed in place with its publish stamp put back (a disk fault, or a writer
+// that restores mtime) passes every stat; the hash at load refuses it before the driver
+// sees it, removes it, and the next call fetches and loads the right bytes.
+TEST_F(RuntimeFakeDriverTest, AChangedCubinNeverReachesTheDriver) {
+  auto rt = Open();
+  ASSERT_NE(rt, nullptr);
+  const Artifact& a = rt->manifest().artifacts[0];
+  const std::string object = rt->store().ObjectPath(a.sha256);
+  struct stat st;
+  ASSERT_EQ(::stat(object.c_str(), &st), 0);
+  ASSERT_EQ(::chmod(object.c_str(), 0644), 0);
+  std::string bytes = ReadFileOrDie(object);
+  bytes[bytes.size() / 2] ^= 0x40;
+  WriteFileOrDie(object, bytes);
+  const struct timespec times[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, object.c_str(), times, 0), 0);
+  ASSERT_EQ(rt->store().Probe(a.sha256, a.size), ObjectState::kPresent) << "stats cannot tell";
+
+  const KernelEntry& k = *rt->registry().Find("bf16_swiglu_m64n64");
+  EXPECT_THAT(rt->Function(k),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(absl::StrCat("kernel artifact ", kStubPath, " of ")),
+                             HasSubstr(absl::StrCat("sha256 mismatch: expected ", a.sha256,
+                                                    ", got ", Sha256Hex(bytes))),
+                             HasSubstr("removed from the cache"))));
+  EXPECT_EQ(driver_.loads(), 0);
+  EXPECT_EQ(rt->store().Probe(a.sha256, a.size), ObjectState::kMissing);
+  auto f = rt->Function(k);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(driver_.loads(), 1);
+  EXPECT_EQ(rt->modules().stats().bytes_hashed, 2 * *a.size);
+}
+
+TEST_F(RuntimeFakeDriverTest, TheLoadHashCanBeTurnedOffExplicitly) {
+  options_.skip_load_hash = true;
+  auto rt = Open();
+  ASSERT_NE(rt, nullptr);
+  ASSERT_TRUE(rt->Function(*rt->registry().Find("bf16_swiglu_m64n64")).ok());
+  EXPECT_EQ(driver_.loads(), 1);
+  EXPECT_EQ(rt->modules().stats().bytes_hashed, 0u);
+}
+
+// The lease of a lazily loading engine: while the Runtime lives, gc keeps its
+// manifest's objects, kept manifest or not; once it is gone they are garbage again.
+TEST_F(RuntimeFakeDriverTest, GcNeverTakesTheKernelsOfALiveRuntime) {
+  auto rt = Open();
+  ASSERT_NE(rt, nullptr);
+  const std::string sha = rt->manifest().artifacts[0].sha256;
+  auto gc = CollectGarbage(rt->store(), GcOptions{});
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(gc->roots_in_use, 1);
+  EXPECT_EQ(gc->objects_removed, 0);
+  EXPECT_EQ(rt->store().Probe(sha, std::nullopt), ObjectState::kPresent);
+  ASSERT_TRUE(rt->Function(*rt->registry().Find("bf16_swiglu_m64n64")).ok());
+
+  const Store store = rt->store();
+  rt.reset();
+  gc = CollectGarbage(store, GcOptions{});
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(gc->roots_in_use, 0);
+  EXPECT_EQ(gc->objects_removed, 1);
 }
 
 TEST(RuntimeOpenTest, MissingManifestIsNotFound) {

@@ -1,12 +1,15 @@
 #include "artifacts/store.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "artifacts/keep.h"
 #include "base/sha256.h"
+#include "manifest/manifest.h"
 #include "tests/test_util.h"
 
 namespace cubist {
@@ -75,6 +78,70 @@ TEST(StoreTest, ProbeNeverFollowsLinksAndChecksSize) {
   ASSERT_TRUE(store->Remove(other).ok());
   EXPECT_EQ(store->Probe(other, 5), ObjectState::kMissing);
   EXPECT_TRUE(store->Remove(other).ok()) << "removing a missing object is fine";
+}
+
+// The publish record (store.h): Publish stamps the mtime from the size; a write breaks
+// it (kUnconfirmed); Confirm hashes, keeps and restamps a right object and refuses a
+// changed one without removing it.
+TEST(StoreTest, PublishStampsAndConfirmHashesWhatChangedSince) {
+  testing::TempDir tmp;
+  auto store = Store::Open(tmp.Join("c"));
+  ASSERT_TRUE(store.ok());
+  const std::string data = "hello, stamp";
+  const std::string sha = Sha256Hex(data);
+  testing::WriteFileOrDie(store->TempPath(sha), data);
+  ASSERT_TRUE(store->Publish(store->TempPath(sha), sha).ok());
+  struct stat st;
+  ASSERT_EQ(::stat(store->ObjectPath(sha).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mtim.tv_sec, StampFor(data.size()));
+  EXPECT_EQ(st.st_mtim.tv_nsec, 0);
+  EXPECT_EQ(store->Probe(sha, std::nullopt), ObjectState::kPresent);
+
+  // Touched (as an older cubist's objects are): unconfirmed, then confirmed and stamped.
+  ASSERT_EQ(::utimensat(AT_FDCWD, store->ObjectPath(sha).c_str(), nullptr, 0), 0);
+  EXPECT_EQ(store->Probe(sha, std::nullopt), ObjectState::kUnconfirmed);
+  uint64_t size = 0;
+  CUBIST_ASSERT_OK(store->Confirm(sha, &size));
+  EXPECT_EQ(size, data.size());
+  EXPECT_EQ(store->Probe(sha, data.size()), ObjectState::kPresent);
+
+  // Written in place, same size: unconfirmed; Confirm says DataLoss and leaves it.
+  ASSERT_EQ(::chmod(store->ObjectPath(sha).c_str(), 0644), 0);
+  const std::string changed = "HELLO, stamp";
+  testing::WriteFileOrDie(store->ObjectPath(sha), changed);
+  EXPECT_EQ(store->Probe(sha, data.size()), ObjectState::kUnconfirmed);
+  EXPECT_THAT(store->Confirm(sha),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(absl::StrCat("changed after it was verified (its publish stamp "
+                                              "no longer matches): sha256 ", Sha256Hex(changed)))));
+  EXPECT_EQ(store->Probe(sha, data.size()), ObjectState::kUnconfirmed);
+}
+
+// Kept manifests are keyed by name and digest, inside manifests/, whatever the name.
+TEST(StoreTest, KeptManifestsOfOneNameAndTwoDigestsAreTwoFiles) {
+  testing::TempDir tmp;
+  auto store = Store::Open(tmp.Join("c"));
+  ASSERT_TRUE(store.ok());
+  for (const std::string& name : {std::string("bmm"), std::string("../a/b"),
+                                  std::string(199, '%'), std::string(300, 'n')}) {
+    Manifest m;
+    m.name = name;
+    for (const std::string bytes : {"first pin", "second pin"}) {
+      m.digest = Sha256Hex(bytes);
+      EXPECT_FALSE(store->IsKept(m, bytes));
+      CUBIST_ASSERT_OK(store->KeepManifest(m, bytes));
+      EXPECT_TRUE(store->IsKept(m, bytes));
+      const std::string file = KeptManifestFileName(m, bytes);
+      EXPECT_EQ(file.find('/'), std::string::npos) << file;
+      EXPECT_LE(file.size(), 255u);
+      EXPECT_EQ(testing::ReadFileOrDie(store->ManifestsDir() + "/" + file), bytes);
+    }
+  }
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(store->ManifestsDir())) {
+    files += e.is_regular_file();
+  }
+  EXPECT_EQ(files, 8u);
 }
 
 TEST(StoreTest, PublishRefusesADirectoryPlantedAtTheObjectPath) {

@@ -3,6 +3,7 @@
 // parsed_manifest_cache.h) and what keeps it safe: keyed by the manifest's digest,
 // damaged or misfiled entries ignored, signatures still checked, atomic entries under
 // concurrent writers. And the pieces: the ETag header, WriteFileIfChanged, BatchProbe.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -529,13 +530,18 @@ TEST(BatchProbeTest, AnswersAsProbeDoes) {
   auto store = Store::Open(tmp.Join("cache"));
   ASSERT_TRUE(store.ok());
   const std::string present = std::string(64, 'a'), dir = std::string(64, 'b'),
-                    link = std::string(64, 'c'), missing = std::string(64, 'd');
+                    link = std::string(64, 'c'), missing = std::string(64, 'd'),
+                    unstamped = std::string(64, 'e');
   testing::WriteFileOrDie(store->ObjectPath(present), "12345");
+  testing::WriteFileOrDie(store->ObjectPath(unstamped), "12345");
+  // As Publish leaves it: the mtime stamped from the size (store.h).
+  const struct timespec stamp[2] = {{0, UTIME_OMIT}, {StampFor(5), 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, store->ObjectPath(present).c_str(), stamp, 0), 0);
   ASSERT_TRUE(MakeDirs(store->ObjectPath(dir)).ok());
   ASSERT_TRUE(MakeDirs(DirName(store->ObjectPath(link))).ok());
   ASSERT_EQ(::symlink(store->ObjectPath(present).c_str(), store->ObjectPath(link).c_str()), 0);
   const Store::BatchProbe probe(*store);
-  for (const std::string& sha : {present, dir, link, missing}) {
+  for (const std::string& sha : {present, dir, link, missing, unstamped}) {
     for (std::optional<uint64_t> size : {std::optional<uint64_t>(), std::optional<uint64_t>(5),
                                          std::optional<uint64_t>(6)}) {
       EXPECT_EQ(probe.Probe(sha, size), store->Probe(sha, size)) << sha.substr(0, 1);
@@ -545,6 +551,7 @@ TEST(BatchProbeTest, AnswersAsProbeDoes) {
   EXPECT_EQ(probe.Probe(present, 6), ObjectState::kWrongSize);
   EXPECT_EQ(probe.Probe(link, std::nullopt), ObjectState::kNotRegular);
   EXPECT_EQ(probe.Probe(missing, std::nullopt), ObjectState::kMissing);
+  EXPECT_EQ(probe.Probe(unstamped, 5), ObjectState::kUnconfirmed);
 }
 
 }  // namespace
