@@ -71,6 +71,12 @@ class Cleanup {
   std::string path_;
 };
 
+// A manifest's member file name: its own name, so that the name a bundle gives a file
+// (and `bundle import -o DIR` writes it under) is the set's.
+std::string MemberFile(const Manifest& manifest, std::string_view bytes) {
+  return absl::StrCat(manifest.name, IsJson(bytes) ? ".json" : ".checksums.txt");
+}
+
 struct PendingManifest {
   std::string member;  // manifests/<file>
   std::string bytes;
@@ -87,7 +93,7 @@ absl::StatusOr<BundleReport> CreateBundle(const Store& store,
   std::set<std::string> names;
   std::map<std::string, uint64_t> objects;  // sorted: the archive's order
   for (const BundleInput& in : inputs) {
-    const std::string file = absl::StrCat(in.manifest.name, IsJson(in.bytes) ? ".json" : ".checksums.txt");
+    const std::string file = MemberFile(in.manifest, in.bytes);
     if (absl::Status s = ValidateArtifactPath(file); !s.ok() || in.manifest.name.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bundle: manifest ", in.manifest.source, ": its name ",
@@ -132,8 +138,7 @@ absl::StatusOr<BundleReport> CreateBundle(const Store& store,
   };
   CUBIST_RETURN_IF_ERROR(member(kMarkerMember, kBundleMarker));
   for (const BundleInput& in : inputs) {
-    const std::string name = absl::StrCat(Sv(kManifestsDir), in.manifest.name,
-                                          IsJson(in.bytes) ? ".json" : ".checksums.txt");
+    const std::string name = absl::StrCat(Sv(kManifestsDir), MemberFile(in.manifest, in.bytes));
     CUBIST_RETURN_IF_ERROR(member(name, in.bytes));
     report.manifests.push_back(name);
     if (in.signature.has_value()) CUBIST_RETURN_IF_ERROR(member(name + ".sig", *in.signature));
@@ -266,6 +271,12 @@ absl::StatusOr<BundleReport> ImportBundleFrom(const Store& store, ByteSource sou
     parse.checksums_name = file.substr(0, file.find('.'));
     if (parse.checksums_name.empty()) parse.checksums_name = "checksums";
     CUBIST_ASSIGN_OR_RETURN(p.manifest, ParseManifestOrChecksums(p.bytes, source, parse));
+    if (MemberFile(p.manifest, p.bytes) != file) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": holds the set ", QuoteForMessage(p.manifest.name), ", which a bundle names ",
+          Sv(kManifestsDir), MemberFile(p.manifest, p.bytes),
+          "; a member's name must be its manifest's: the bundle was altered"));
+    }
     CUBIST_RETURN_IF_ERROR(CheckManifestExpiry(p.manifest, options.trust, absl::Now()));
     for (const Artifact& a : p.manifest.artifacts) wanted.emplace(a.sha256, a.size);
   }

@@ -67,6 +67,11 @@ TransportResult TransportResultOf(CURLcode rc) {
     case CURLE_SSL_CONNECT_ERROR:
     case CURLE_WEIRD_SERVER_REPLY:
       return TransportResult::kTransient;
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+      return TransportResult::kUntrusted;
     default:
       return TransportResult::kFatal;
   }

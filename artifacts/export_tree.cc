@@ -1,17 +1,22 @@
 #include "artifacts/export_tree.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <filesystem>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/file_util.h"
 #include "base/sha256.h"
@@ -25,16 +30,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Removes the temporary tree unless the export succeeded.
+// The temporary tree of an export in progress, flock()ed by its process for as long as
+// the process lives (a flock, not a pid: containers sharing a directory see different
+// pids), so that a later export can tell a killed export's leftovers from a live one.
+// Removes the tree unless the export succeeded.
 class TempTree {
  public:
-  explicit TempTree(std::string path) : path_(std::move(path)) {}
+  TempTree(std::string path, UniqueFd lock) : path_(std::move(path)), lock_(std::move(lock)) {}
   ~TempTree() {
     if (!path_.empty()) {
       std::error_code ec;
       fs::remove_all(path_, ec);
     }
   }
+  TempTree(TempTree&& other) noexcept
+      : path_(std::exchange(other.path_, {})), lock_(std::move(other.lock_)) {}
   TempTree(const TempTree&) = delete;
   TempTree& operator=(const TempTree&) = delete;
   const std::string& path() const { return path_; }
@@ -42,7 +52,64 @@ class TempTree {
 
  private:
   std::string path_;
+  UniqueFd lock_;
 };
+
+// True for the name of an export's temporary directory: ".<base>.cubist-export-XXXXXX".
+bool IsExportTempName(std::string_view name) {
+  return name.size() > 1 && name[0] == '.' && absl::StrContains(Sv(name), ".cubist-export-");
+}
+
+// Opens `path` (a directory, never followed through a link) and takes its flock without
+// waiting; an invalid fd when it is not a directory or someone holds the lock.
+UniqueFd TryLockDir(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  if (fd.valid() && ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) fd.Reset();
+  return fd;
+}
+
+// Removes the temporary directories in `parent` of exports whose process died (killed
+// mid-way: nothing else removes them). One whose flock is held is a live export's.
+void ReapStaleTemps(const std::string& parent) {
+  DIR* d = ::opendir(parent.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    if (IsExportTempName(e->d_name)) names.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  for (const std::string& name : names) {
+    const std::string path = absl::StrCat(parent, "/", name);
+    UniqueFd lock = TryLockDir(path);
+    if (!lock.valid()) continue;
+    std::error_code ec;
+    fs::remove_all(path, ec);  // under its lock: its creator re-checks the path after locking
+  }
+}
+
+// Creates and flock()s the temporary directory for `root`. The creator locks after
+// mkdtemp, so a reaper may lock (and remove) it first: the path is checked to still be
+// the locked directory, else another name is tried.
+absl::StatusOr<TempTree> MakeLockedTemp(const std::string& parent, const std::string& base) {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    std::string templ = absl::StrCat(parent, "/.", base, ".cubist-export-XXXXXX");
+    if (::mkdtemp(templ.data()) == nullptr) {
+      return ErrnoToStatus(errno,
+                           absl::StrCat("export: create a temporary directory in ", parent));
+    }
+    UniqueFd lock = TryLockDir(templ);
+    struct stat locked, at_path;
+    if (lock.valid() && ::fstat(lock.get(), &locked) == 0 &&
+        ::lstat(templ.c_str(), &at_path) == 0 && locked.st_ino == at_path.st_ino &&
+        locked.st_dev == at_path.st_dev) {
+      ::chmod(templ.c_str(), 0755);
+      return TempTree(std::move(templ), std::move(lock));
+    }
+  }
+  return absl::AbortedError(absl::StrCat(
+      "export: temporary directories in ", parent, " kept being removed by another "
+      "process; run the export again"));
+}
 
 // mkdir for each component of `subdir` under `dir`, refusing a component that exists as
 // anything but a real directory (a planted symlink would send the tree elsewhere).
@@ -106,6 +173,122 @@ absl::Status CopyVerified(const std::string& from, const std::string& to, const 
   return absl::OkStatus();
 }
 
+// True when `path` is `dir` or below it (both canonical).
+bool IsWithin(const fs::path& path, const fs::path& dir) {
+  auto [d, p] = std::mismatch(dir.begin(), dir.end(), path.begin(), path.end());
+  return d == dir.end();
+}
+
+// Refuses a target that would take the cache with it, or write into it.
+absl::Status CheckOutsideCache(const Store& store, const std::string& root) {
+  std::error_code ec;
+  const fs::path cache = fs::weakly_canonical(store.root(), ec);
+  if (ec) return absl::OkStatus();
+  const fs::path target = fs::weakly_canonical(root, ec);
+  if (ec) return absl::OkStatus();
+  if (IsWithin(target, cache)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "export: ", root, " is inside the cache ", store.root(),
+        "; refusing to write there (the cache holds only what cubist verified): export to a "
+        "directory outside it"));
+  }
+  if (IsWithin(cache, target)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "export: ", root, " holds the cache ", store.root(),
+        "; replacing it would delete the cache: export to another directory"));
+  }
+  return absl::OkStatus();
+}
+
+// The (device, inode) of every object the manifest names, to recognize hard links.
+std::set<std::pair<dev_t, ino_t>> ObjectInodes(const Store& store, const Manifest& manifest) {
+  std::set<std::pair<dev_t, ino_t>> out;
+  for (const Artifact& a : manifest.artifacts) {
+    struct stat st;
+    if (::lstat(store.ObjectPath(a.sha256).c_str(), &st) == 0) out.emplace(st.st_dev, st.st_ino);
+  }
+  return out;
+}
+
+// True when the regular file `path` (stat `st`) is a hard link to a cache object:
+// first among this manifest's objects, else by its hash (an older set's export).
+bool IsLinkToObject(const Store& store, const std::string& path, const struct stat& st,
+                    const std::set<std::pair<dev_t, ino_t>>& known) {
+  if (st.st_nlink < 2) return false;
+  if (known.count({st.st_dev, st.st_ino}) > 0) return true;
+  auto hash = Sha256File(path);
+  if (!hash.ok()) return false;
+  struct stat object;
+  return ::lstat(store.ObjectPath(*hash).c_str(), &object) == 0 &&
+         object.st_dev == st.st_dev && object.st_ino == st.st_ino;
+}
+
+// Decides whether the directory at `root` may be replaced: absent, empty, made by an
+// earlier export (its marker file), made by an export older than the marker (every file
+// a hard link to a cache object), or `replace`. Never when another export lives inside it
+// (`--pin a` after `--pin a/b/c`), or when a live export builds inside it.
+absl::Status CheckReplaceable(const Store& store, const Manifest& manifest,
+                              const std::string& root, const ExportOptions& options) {
+  struct stat st;
+  if (::lstat(root.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoToStatus(errno, absl::StrCat("export: stat ", root));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "export: ", root, " exists and is ", S_ISLNK(st.st_mode) ? "a symlink" : "not a directory",
+        "; refusing to replace it: remove it or export elsewhere"));
+  }
+  const bool marked = ::lstat(absl::StrCat(root, "/", kExportMarker).c_str(), &st) == 0 &&
+                      S_ISREG(st.st_mode);
+  std::set<std::pair<dev_t, ino_t>> known;
+  std::string foreign;  // the first file that no export made
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const std::string path = it->path().string();
+    const std::string name = it->path().filename().string();
+    if (it.depth() > 0 && name == kExportMarker) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "export: replacing ", root, " would delete the export at ", DirName(path),
+          " inside it; refusing: remove that export by hand first, or export elsewhere"));
+    }
+    if (IsExportTempName(name) && it->is_directory()) {
+      if (!TryLockDir(path).valid()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "export: another export is writing ", path, " inside ", root,
+            "; refusing to replace it now: try again when it has finished"));
+      }
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (marked || options.replace || !foreign.empty()) continue;
+    if (::lstat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) continue;
+    const std::string rel = path.substr(root.size() + 1);
+    bool ours = false;
+    if (S_ISREG(st.st_mode)) {
+      if (known.empty()) known = ObjectInodes(store, manifest);
+      ours = IsLinkToObject(store, path, st, known);
+      for (const auto& [extra, bytes] : options.extra_files) {
+        if (!ours && extra == rel) {
+          auto held = ReadFileToString(path, bytes.size());
+          ours = held.ok() && *held == bytes;
+        }
+      }
+    }
+    if (!ours) foreign = rel;
+  }
+  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("export: list ", root));
+  if (!foreign.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "export: ", root, " is not empty and was not made by cubist export (no ",
+        kExportMarker, " file, and ", foreign,
+        " is not a hard link to a cache object); refusing to replace it: export into an "
+        "empty or new directory, or pass --replace to replace it anyway"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckHash(const std::string& path, const Artifact& a) {
   CUBIST_ASSIGN_OR_RETURN(std::string actual, Sha256File(path));
   if (actual != a.sha256) {
@@ -145,24 +328,26 @@ absl::StatusOr<ExportReport> ExportTree(const Store& store, const Manifest& mani
   std::string top = dir;
   while (top.size() > 1 && top.back() == '/') top.pop_back();
   ExportReport report;
+  report.root = options.subdir.empty() ? top : absl::StrCat(top, "/", options.subdir);
+  CUBIST_RETURN_IF_ERROR(CheckOutsideCache(store, report.root));
+  if (manifest.FindArtifact(kExportMarker) != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "export: ", manifest.source.empty() ? manifest.name : manifest.source,
+        " has an artifact named ", kExportMarker, ", the name of export's own marker file"));
+  }
   if (options.subdir.empty()) {
-    report.root = top;
     CUBIST_RETURN_IF_ERROR(MakeDirs(DirName(top)));
   } else {
-    report.root = absl::StrCat(top, "/", options.subdir);
     CUBIST_RETURN_IF_ERROR(MakeDirs(top));
     const std::string parent_rel = DirName(options.subdir);
     CUBIST_RETURN_IF_ERROR(MakeRealDirs(top, parent_rel == "." ? "" : parent_rel));
   }
   const std::string parent = DirName(report.root);
   const std::string base = fs::path(report.root).filename().string();
+  CUBIST_RETURN_IF_ERROR(CheckReplaceable(store, manifest, report.root, options));
 
-  std::string templ = absl::StrCat(parent, "/.", base, ".cubist-export-XXXXXX");
-  if (::mkdtemp(templ.data()) == nullptr) {
-    return ErrnoToStatus(errno, absl::StrCat("export: create a temporary directory in ", parent));
-  }
-  TempTree temp(templ);
-  ::chmod(temp.path().c_str(), 0755);
+  ReapStaleTemps(parent);
+  CUBIST_ASSIGN_OR_RETURN(TempTree temp, MakeLockedTemp(parent, base));
 
   for (const Artifact& a : manifest.artifacts) {
     const std::string object = store.ObjectPath(a.sha256);
@@ -209,6 +394,15 @@ absl::StatusOr<ExportReport> ExportTree(const Store& store, const Manifest& mani
     report.bytes += bytes.size();
   }
 
+  {
+    const std::string to = absl::StrCat(temp.path(), "/", kExportMarker);
+    const std::string marker = absl::StrCat(
+        "Made by cubist export from ", manifest.source.empty() ? manifest.name : manifest.source,
+        ".\nThe next export to this directory replaces the whole tree; remove this file to "
+        "keep it from that.\n");
+    CUBIST_RETURN_IF_ERROR(WriteFileAtomically(to, marker, 0444));
+  }
+
   // Data first, then the rename: syncfs flushes the whole tree in one call.
   {
     UniqueFd fd(::open(temp.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -216,14 +410,10 @@ absl::StatusOr<ExportReport> ExportTree(const Store& store, const Manifest& mani
       return ErrnoToStatus(errno, absl::StrCat("export: flush ", temp.path()));
     }
   }
+  // Checked again: the tree may have appeared or changed while this one was built.
+  CUBIST_RETURN_IF_ERROR(CheckReplaceable(store, manifest, report.root, options));
   struct stat st;
   if (::lstat(report.root.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "export: ", report.root, " exists and is ",
-          S_ISLNK(st.st_mode) ? "a symlink" : "not a directory",
-          "; refusing to replace it: remove it or export elsewhere"));
-    }
     if (::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, report.root.c_str(),
                     RENAME_EXCHANGE) != 0) {
       return ErrnoToStatus(errno, absl::StrCat("export: swap ", temp.path(), " and ",

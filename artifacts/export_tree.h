@@ -16,6 +16,19 @@
 // stays. The directories cubist creates on the way to <dir>/<subdir> are checked not to
 // be symlinks, so the export cannot be redirected outside <dir>.
 //
+// Only a tree an export made is replaced: each export writes a marker file,
+// kExportMarker, at <dir>/<subdir> (for FlashInfer that is the pin directory, since
+// <dir> is a FLASHINFER_CUBIN_DIR shared with other pins and FlashInfer's own files).
+// An existing directory there is replaced when it is empty, holds the marker, holds only
+// hard links to cache objects (a tree exported before the marker existed), or
+// `options.replace` says so; never when it holds another export (`--pin a` after
+// `--pin a/b/c`) and never when the target is inside the cache or holds it: those are
+// FailedPrecondition naming the directory.
+//
+// A killed export leaves its temporary directory behind; each temporary directory is
+// flock()ed by its process while it lives, and the next export into the same parent
+// removes those whose lock is free.
+//
 // Errors: NotFound when artifacts are missing from the cache (all named in the count,
 // the first by path; the fix is `cubist fetch`), DataLoss when a copy does not hash to
 // its artifact, FailedPrecondition for a symlink or a non-directory in the way,
@@ -34,6 +47,9 @@
 
 namespace cubist {
 
+// The marker file an export writes at the root of its tree.
+inline constexpr char kExportMarker[] = ".cubist-export";
+
 struct ExportOptions {
   // Relative path under the export directory where the set's root goes ("" for the
   // directory itself); must satisfy path_rules.h.
@@ -42,6 +58,8 @@ struct ExportOptions {
   bool deep = false;
   // Copy even where a hard link would work (tests; filesystems where links mislead).
   bool copy_only = false;
+  // Replace a non-empty directory at the target that no export made (`--replace`).
+  bool replace = false;
   // Small files written into the tree besides the artifacts (path -> bytes), e.g. the
   // checksums.txt a checksums manifest was read from. Paths satisfy path_rules.h and
   // must not be artifact paths.

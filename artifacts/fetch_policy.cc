@@ -26,6 +26,8 @@ constexpr Row kTable[] = {
      false},
     {FetchEvent::kFatalTransport, FetchAction::kNextSource, absl::StatusCode::kUnavailable,
      false},
+    {FetchEvent::kUntrusted, FetchAction::kNextSource, absl::StatusCode::kPermissionDenied,
+     false},
     {FetchEvent::kOversize, FetchAction::kDropNextSource, absl::StatusCode::kDataLoss, false},
     {FetchEvent::kSizeMismatch, FetchAction::kDropNextSource, absl::StatusCode::kDataLoss,
      true},
@@ -52,6 +54,7 @@ std::string_view FetchEventName(FetchEvent event) {
     case FetchEvent::kTransient: return "transient";
     case FetchEvent::kOtherStatus: return "other status";
     case FetchEvent::kFatalTransport: return "fatal transport";
+    case FetchEvent::kUntrusted: return "untrusted";
     case FetchEvent::kOversize: return "oversize";
     case FetchEvent::kSizeMismatch: return "size mismatch";
     case FetchEvent::kHashMismatch: return "hash mismatch";
@@ -88,6 +91,7 @@ FetchEvent ClassifyTransfer(const TransferFacts& f) {
       return FetchEvent::kRangeRefused;
     case TransportResult::kTransient: return FetchEvent::kTransient;
     case TransportResult::kFatal: return FetchEvent::kFatalTransport;
+    case TransportResult::kUntrusted: return FetchEvent::kUntrusted;
   }
   if (!http_error) return FetchEvent::kBodyComplete;
   const long code = f.http_status;

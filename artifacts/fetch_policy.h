@@ -28,6 +28,7 @@ enum class TransportResult {
   kFileMissing,  // a file:// source that does not exist
   kRangeError,   // the server would not resume where we asked
   kTransient,    // connect failure, timeout, reset, short body: may work if tried again
+  kUntrusted,    // TLS: the server's certificate is not trusted (unknown CA, wrong host)
   kFatal,        // anything else (unsupported protocol, malformed URL, ...)
 };
 
@@ -49,12 +50,19 @@ enum class FetchEvent {
   kTransient,       // TransportResult::kTransient
   kOtherStatus,     // any other HTTP status
   kFatalTransport,  // TransportResult::kFatal
+  kUntrusted,       // TransportResult::kUntrusted: no retry fixes it (PermissionDenied)
   kOversize,        // more bytes than declared
   kSizeMismatch,    // complete, but not the declared size
   kHashMismatch,    // complete and the right size, but another SHA-256
   kVerified,        // size and SHA-256 match
 };
 std::string_view FetchEventName(FetchEvent event);
+
+// What a TLS trust failure adds to its message: the fix, since no retry can make it.
+inline constexpr char kUntrustedServerFix[] =
+    "the server's certificate is not trusted (issued by a CA this machine does not know, "
+    "or for another host name); add the CA that issued it with SSL_CERT_FILE, SSL_CERT_DIR "
+    "or CURL_CA_BUNDLE, or use the host name its certificate names";
 
 // Maps one transfer's facts to its event. Size and hash events come from the caller's
 // verification after kBodyComplete.

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <random>
@@ -28,6 +29,7 @@
 #include "artifacts/group_commit.h"
 #include "artifacts/oci_manifest_source.h"
 #include "artifacts/sources.h"
+#include "artifacts/verify.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "base/strings.h"
@@ -128,7 +130,8 @@ int Severity(absl::StatusCode code) {
     case absl::StatusCode::kPermissionDenied: return 4;
     case absl::StatusCode::kDeadlineExceeded: return 3;
     case absl::StatusCode::kUnavailable: return 2;
-    case absl::StatusCode::kNotFound: return 1;
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kInvalidArgument: return 1;
     default: return 0;
   }
 }
@@ -357,6 +360,7 @@ class Worker {
         Finish(job, job->waited_for_lock ? FetchOutcome::kReused : FetchOutcome::kCached);
         return;
       }
+      if (FailedOnManifestSize(job, state)) return;
       if (s_.options.offline) {
         Fail(job, absl::NotFoundError(absl::StrCat(
                       "fetch ", a.path, ": not in the cache, and --offline forbids the "
@@ -394,6 +398,7 @@ class Worker {
         Finish(job, job->waited_for_lock ? FetchOutcome::kReused : FetchOutcome::kCached);
         return;
       }
+      if (FailedOnManifestSize(job, state)) return;
       if (state != ObjectState::kMissing) {
         // Wrong size or something planted there: never trust it, replace it.
         absl::Status rm = s_.store.Remove(a.sha256);
@@ -411,22 +416,47 @@ class Worker {
     StartTransfer(job);
   }
 
+  // An object of another size than the manifest says that hashes to its name is right,
+  // and the manifest entry is not: the object is kept (another set may need it) and the
+  // artifact fails with DataLoss naming the manifest. Published objects never change, so
+  // hashing one needs no lock.
+  bool FailedOnManifestSize(Job* job, ObjectState state) {
+    const Artifact& a = A(job);
+    uint64_t object_size = 0;
+    if (state != ObjectState::kWrongSize ||
+        !ObjectHashesToName(s_.store, a.sha256, &object_size)) {
+      return false;
+    }
+    absl::Status wrong =
+        ManifestSizeWrong(s_.options.manifest, a.path, a.sha256, *a.size, object_size);
+    Fail(job, absl::Status(wrong.code(), absl::StrCat("fetch ", wrong.message())));
+    return true;
+  }
+
   // Opens the object's temp file. A partial file left by a killed process is resumed:
   // its bytes are hashed again (the new hasher must cover them) and the transfer asks
   // for the rest. Only the lock holder gets here, so nobody else writes this file.
   absl::Status OpenTemp(Job* job) {
     const Artifact& a = A(job);
     std::string path = s_.store.TempPath(a.sha256);
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
-    if (!fd.valid() && errno == ELOOP) {
-      // A symlink planted where our partial file belongs: never follow it, replace it.
-      // Only the lock holder writes here, so removing it races with nobody.
-      ::unlink(path.c_str());
+    // Non-blocking, so that a FIFO planted there cannot stall the open (or later writes).
+    UniqueFd fd(
+        ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644));
+    struct stat st;
+    bool replace = !fd.valid() && (errno == ELOOP || errno == EISDIR);
+    if (fd.valid() && ::fstat(fd.get(), &st) == 0 && !S_ISREG(st.st_mode)) replace = true;
+    if (replace) {
+      // A symlink, directory or FIFO where our partial file belongs: never use it,
+      // replace it. Only the lock holder writes here, so removing it races with nobody.
+      fd.Reset();
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
       fd.Reset(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
     }
     if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", path));
-    struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
+    if (::fcntl(fd.get(), F_SETFL, 0) != 0 || ::fstat(fd.get(), &st) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("stat ", path));
+    }
     uint64_t existing = static_cast<uint64_t>(st.st_size);
     job->hasher.Finish();
     job->offset = 0;
@@ -550,6 +580,12 @@ class Worker {
   }
 
   void StartTransfer(Job* job) {
+    // libcurl opens a file:// source blocking: a FIFO there would hang this worker.
+    if (absl::Status regular = CheckFileUrlIsRegular(job->item->urls[job->source]);
+        !regular.ok()) {
+      NextSource(job, regular.code(), absl::StrCat("from ", regular.message()));
+      return;
+    }
     auto t = std::make_unique<Transfer>();
     t->job = job;
     t->url = job->item->urls[job->source];
@@ -645,8 +681,13 @@ class Worker {
                     ? absl::StrCat(from, ": answered a different byte range than requested")
                     : HttpOrTransportError(facts, from, t, rc);
         break;
+      case FetchEvent::kUntrusted:
+        error = absl::StrCat(HttpOrTransportError(facts, from, t, rc), ": ", kUntrustedServerFix);
+        break;
       default:
-        error = HttpOrTransportError(facts, from, t, rc);
+        error = rc == CURLE_OPERATION_TIMEDOUT && Connected(t)
+                    ? TooSlowError(from, t)
+                    : HttpOrTransportError(facts, from, t, rc);
         break;
     }
     if (event != FetchEvent::kVerified) {
@@ -683,6 +724,24 @@ class Worker {
       }
     };
     s_.committer.Submit(std::move(p));
+  }
+
+  bool Connected(const Transfer& t) const {
+    curl_off_t connect_us = 0;
+    curl_->easy_getinfo(t.easy.get(), CURLINFO_CONNECT_TIME_T, &connect_us);
+    return connect_us > 0;
+  }
+
+  // A transfer that had connected and then timed out is a stall: the low-speed limit
+  // ended it, there being no total timeout. Said in cubist's words, with
+  // the rate it got, instead of libcurl's.
+  std::string TooSlowError(const std::string& from, const Transfer& t) const {
+    curl_off_t rate = 0;
+    curl_->easy_getinfo(t.easy.get(), CURLINFO_SPEED_DOWNLOAD_T, &rate);
+    return absl::StrCat(from, ": too slow (", static_cast<int64_t>(rate), " B/s for ",
+                        absl::ToInt64Seconds(curl_options_.low_speed_time),
+                        " s; the floor is ", curl_options_.low_speed_bytes,
+                        " B/s): the source or the network is stalled");
   }
 
   // "from URL: HTTP 503", "from URL: HTTP 404 (not found)", "from URL: <curl's words>".

@@ -42,6 +42,8 @@
 namespace cubist {
 
 struct FetchOptions {
+  // The manifest's name or location, for messages that blame it.
+  std::string manifest;
   int jobs = 16;    // transfers in flight, all threads together
   int threads = 0;  // event loops; 0 picks min(cores, 4)
   // No network at all: artifacts not in the cache are reported as NotFound.

@@ -143,6 +143,7 @@ absl::StatusOr<LocationRead> ReadLocationIfChanged(std::string_view location,
                                                    absl::Duration timeout, int attempts,
                                                    const ReadSeams& seams) {
   LocationRead out;
+  CUBIST_RETURN_IF_ERROR(CheckFileUrlIsRegular(location));
   if (!IsUrl(location)) {
     CUBIST_ASSIGN_OR_RETURN(out.bytes, ReadFileToString(std::string(location), max_bytes));
     return out;
@@ -185,6 +186,9 @@ absl::StatusOr<LocationRead> ReadLocationIfChanged(std::string_view location,
       return absl::NotFoundError(absl::StrCat(
           url, ": ", r.facts.result == TransportResult::kFileMissing ? "no such file"
                                                                     : why + " (not found)"));
+    }
+    if (event == FetchEvent::kUntrusted) {
+      return absl::PermissionDeniedError(absl::StrCat(url, ": ", why, ": ", kUntrustedServerFix));
     }
     const FetchDecision d = Decide(event, state, policy, r.retry_after, jitter(rng));
     if (d.action == FetchAction::kRetry || d.action == FetchAction::kRestartRetry) {
@@ -278,6 +282,9 @@ absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
     if (parsed.has_value()) (void)parsed->Put(out.manifest, out.bytes, source);
   }
   out.manifest.source = source;
+  if (IsNetworkUrl(location)) {
+    CUBIST_RETURN_IF_ERROR(CheckRemoteManifestSources(out.manifest, location));
+  }
   CUBIST_RETURN_IF_ERROR(CheckManifestExpiry(out.manifest, options.trust, absl::Now()));
   if (options.store != nullptr && !out.manifest.name.empty() && out.manifest.version > 0) {
     VersionGuard guard(options.store->root());

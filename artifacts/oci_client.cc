@@ -16,6 +16,7 @@
 #include "artifacts/credential_helper.h"
 #include "artifacts/curl_library.h"
 #include "artifacts/curl_options.h"
+#include "artifacts/curl_transport.h"
 #include "artifacts/fetch_policy.h"
 #include "base/clock.h"
 #include "base/file_util.h"
@@ -24,6 +25,15 @@
 
 namespace cubist {
 namespace {
+
+// A failed libcurl transfer: a TLS trust failure is PermissionDenied with the fix (no
+// retry makes it work), anything else Unavailable.
+absl::Status TransferError(CURLcode rc, std::string message) {
+  if (TransportResultOf(rc) == TransportResult::kUntrusted) {
+    return absl::PermissionDeniedError(absl::StrCat(message, ": ", kUntrustedServerFix));
+  }
+  return absl::UnavailableError(std::move(message));
+}
 
 std::string OriginOf(std::string_view url) {
   size_t scheme = url.find("://");
@@ -313,9 +323,9 @@ absl::StatusOr<std::string> RegistryAuth::FetchToken(const AuthChallenge& challe
   long code = 0;
   curl->easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
   if (rc != CURLE_OK) {
-    return absl::UnavailableError(absl::StrCat("registry ", ref_.host, ": token endpoint ",
-                                               realm->second, ": ",
-                                               errbuf[0] ? errbuf : curl->easy_strerror(rc)));
+    return TransferError(rc, absl::StrCat("registry ", ref_.host, ": token endpoint ",
+                                          realm->second, ": ",
+                                          errbuf[0] ? errbuf : curl->easy_strerror(rc)));
   }
   if (code == 401 || code == 403) {
     return absl::PermissionDeniedError(
@@ -466,7 +476,7 @@ absl::StatusOr<HttpResponse> RegistryClient::SendOnce(std::string_view method,
   if (rc != CURLE_OK) {
     std::string why = errbuf[0] ? errbuf : curl_->easy_strerror(rc);
     if (reader.error != 0) why = absl::StrCat("reading the upload: ", strerror(reader.error));
-    return absl::UnavailableError(absl::StrCat(Sv(method), " ", url, ": ", why));
+    return TransferError(rc, absl::StrCat(Sv(method), " ", url, ": ", why));
   }
   curl_->easy_getinfo(e, CURLINFO_RESPONSE_CODE, &response.status);
   return response;

@@ -201,12 +201,21 @@ absl::StatusOr<PushReport> PushArtifactSet(const OciReference& ref, const PushSo
   }
   std::vector<uint64_t> sizes;
   for (const Artifact& a : source.manifest.artifacts) {
-    std::string path = absl::StrCat(source.artifact_dir, "/", a.path);
+    std::string path =
+        source.artifact_dir.empty() ? "" : absl::StrCat(source.artifact_dir, "/", a.path);
     struct stat st;
-    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    const bool beside = !path.empty() && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    if (!beside && source.cache != nullptr &&
+        source.cache->Probe(a.sha256, a.size) == ObjectState::kPresent &&
+        ::stat(source.cache->ObjectPath(a.sha256).c_str(), &st) == 0) {
+      path = source.cache->ObjectPath(a.sha256);  // verified when it was published
+    } else if (!beside) {
       return absl::NotFoundError(absl::StrCat(
-          "push ", a.path, ": no file at ", path,
-          "; push reads the artifacts beside the manifest, as 'manifest build' wrote it"));
+          "push ", a.path, ": ", path.empty() ? "" : absl::StrCat("no file at ", path, ", and "),
+          source.cache == nullptr ? "no cache to take it from"
+                                  : absl::StrCat("not in the cache at ", source.cache->root()),
+          "; push reads the artifacts beside the manifest, as 'manifest build' wrote it, or "
+          "from the cache a 'cubist fetch' of the set filled"));
     }
     uint64_t size = static_cast<uint64_t>(st.st_size);
     if (a.size.has_value() && *a.size != size) {

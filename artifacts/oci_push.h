@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "artifacts/oci_reference.h"
+#include "artifacts/store.h"
 #include "manifest/manifest.h"
 
 namespace cubist {
@@ -43,13 +44,15 @@ struct PushReport {
 };
 
 // The set to push: the cubist manifest's exact bytes (what the signature signs), the
-// parsed manifest, its detached signature when there is one, and the directory its
-// artifact paths are relative to.
+// parsed manifest, its detached signature when there is one, the directory its
+// artifact paths are relative to ("" for none), and a cache to take an artifact from
+// when it is not in that directory (a fetched set, mirrored into a site's registry).
 struct PushSource {
   std::string manifest_bytes;
   Manifest manifest;
   std::optional<std::string> signature;
   std::string artifact_dir;
+  const Store* cache = nullptr;
 };
 
 // The OCI image manifest for `source` whose blobs have the given sizes (exposed for

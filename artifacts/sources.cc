@@ -1,6 +1,9 @@
 #include "artifacts/sources.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 
 #include "absl/strings/match.h"
@@ -52,7 +55,62 @@ std::string PercentEncodePath(std::string_view path) {
   return out;
 }
 
+// The local path of a file:// URL ("file:///a%20b" -> "/a b"; "file://localhost/x" ->
+// "/x").
+std::string FileUrlPath(std::string_view url) {
+  std::string_view rest = url.substr(7);
+  if (absl::StartsWithIgnoreCase(Sv(rest), "localhost/")) rest.remove_prefix(9);
+  rest = rest.substr(0, rest.find_first_of("?#"));
+  std::string out;
+  out.reserve(rest.size());
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < rest.size(); ++i) {
+    if (rest[i] == '%' && i + 2 < rest.size() + 0 && hex(rest[i + 1]) >= 0 &&
+        hex(rest[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(rest[i + 1]) * 16 + hex(rest[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(rest[i]);
+    }
+  }
+  return out;
+}
+
+const char* FileKind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "not a regular file";
+}
+
 }  // namespace
+
+absl::Status CheckFileUrlIsRegular(std::string_view url) {
+  if (!absl::StartsWithIgnoreCase(Sv(url), "file://")) return absl::OkStatus();
+  const std::string path = FileUrlPath(url);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      Sv(url), ": ", path, " is ", FileKind(st.st_mode),
+      "; cubist reads local sources only from regular files"));
+}
+
+absl::Status CheckRemoteManifestSources(const Manifest& manifest, std::string_view location) {
+  for (size_t i = 0; i < manifest.base_urls.size(); ++i) {
+    if (IsNetworkUrl(manifest.base_urls[i])) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sv(location), ": base_urls[", i, "] is ", manifest.base_urls[i],
+        "; a manifest read over the network may name only http:// and https:// sources "
+        "(to use a local copy, pass it yourself with --mirror)"));
+  }
+  return absl::OkStatus();
+}
 
 std::string NormalizeBase(std::string_view base) {
   std::string out;

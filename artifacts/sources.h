@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace cubist {
 
 struct Manifest;
@@ -28,6 +30,17 @@ std::string NormalizeBase(std::string_view base);
 // base + the artifact's path with each segment percent-encoded (RFC 3986 unreserved
 // characters kept).
 std::string JoinUrl(std::string_view base, std::string_view relative_path);
+
+// For a file:// URL: the local file it names must be a regular file (or not exist: the
+// read then reports it missing). A FIFO would block the reader forever, a directory or
+// device is no artifact: InvalidArgument naming the path. Other URLs: OK.
+[[nodiscard]] absl::Status CheckFileUrlIsRegular(std::string_view url);
+
+// A manifest read over the network (http(s)://, oci://) names only http(s) sources in
+// base_urls: it must not make cubist read local files. InvalidArgument naming the entry;
+// the user's own --mirror file://... is not the manifest's, and stays allowed.
+[[nodiscard]] absl::Status CheckRemoteManifestSources(const Manifest& manifest,
+                                                      std::string_view location);
 
 // The ordered, de-duplicated list of bases for a manifest.
 std::vector<std::string> ArtifactBases(const Manifest& manifest,

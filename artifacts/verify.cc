@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
+#include "base/strings.h"
 #include "base/unique_fd.h"
 
 namespace cubist {
@@ -51,6 +52,25 @@ absl::StatusOr<std::string> HashObject(const std::string& path, std::vector<char
   return ToHex(h.Finish());
 }
 
+}  // namespace
+
+bool ObjectHashesToName(const Store& store, std::string_view sha256, uint64_t* size) {
+  std::vector<char> buf(1 << 20);
+  auto got = HashObject(store.ObjectPath(sha256), buf, size);
+  return got.ok() && *got == sha256;
+}
+
+absl::Status ManifestSizeWrong(std::string_view manifest, std::string_view path,
+                               std::string_view sha256, uint64_t manifest_size,
+                               uint64_t object_size) {
+  return absl::DataLossError(absl::StrCat(
+      Sv(path), ": the manifest ", Sv(manifest), " says ", manifest_size, " bytes, but the "
+      "cached object sha256 ", Sv(sha256), " has ", object_size, " bytes and hashes to its name: the "
+      "manifest entry is wrong, not the object (kept); fix the manifest or ask its publisher"));
+}
+
+namespace {
+
 void CheckOne(const Store& store, const Artifact& a, const VerifyOptions& options,
               std::vector<char>& buf, VerifyEntry& e, std::atomic<uint64_t>& hashed) {
   e.path = a.path;
@@ -69,11 +89,20 @@ void CheckOne(const Store& store, const Artifact& a, const VerifyOptions& option
                                " is not a regular file (a planted link?); remove it and "
                                "run 'cubist fetch'");
       return;
-    case ObjectState::kWrongSize:
+    case ObjectState::kWrongSize: {
       e.state = VerifyState::kSizeMismatch;
+      uint64_t size = 0;
+      if (ObjectHashesToName(store, a.sha256, &size)) {
+        hashed.fetch_add(size);
+        e.actual_sha256 = a.sha256;
+        e.message = std::string(
+            ManifestSizeWrong(options.manifest, a.path, a.sha256, *a.size, size).message());
+        return;  // the object is right: never removed
+      }
       e.message = absl::StrCat(a.path, ": size mismatch: expected ", *a.size, " bytes, got ",
                                e.actual_size);
       break;
+    }
     case ObjectState::kPresent:
       break;
   }

@@ -4,12 +4,18 @@
 // A deep check that finds a corrupt object removes it (under the object's lock): an
 // object's presence promises verified content, so a corrupt one must not stay where a
 // loader or a `fetch` would trust it. The next `cubist fetch` downloads it again.
+//
+// An object whose size differs from the manifest's is hashed (deep or not): when its
+// bytes hash to its name the object is right and the manifest entry is wrong, so it is
+// never removed (any unsigned manifest could otherwise evict another set's objects from
+// a shared cache); that entry is DataLoss naming the manifest and both sizes.
 #ifndef CUBIST_ARTIFACTS_VERIFY_H_
 #define CUBIST_ARTIFACTS_VERIFY_H_
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,6 +26,7 @@
 namespace cubist {
 
 struct VerifyOptions {
+  std::string manifest;         // its name or location, for messages that blame it
   bool deep = false;
   int threads = 0;              // 0: every core
   bool remove_corrupt = true;   // deep only
@@ -48,6 +55,15 @@ struct VerifyReport {
   // corrupt (it wins over missing), else NotFound when any is missing.
   absl::Status status;
 };
+
+// True when the object `sha256` in `store` is a regular file whose bytes hash to its
+// name; `size` receives its length. Reads the whole object.
+bool ObjectHashesToName(const Store& store, std::string_view sha256, uint64_t* size);
+
+// The DataLoss for a manifest entry whose size is wrong for an object that hashes right.
+absl::Status ManifestSizeWrong(std::string_view manifest, std::string_view path,
+                               std::string_view sha256, uint64_t manifest_size,
+                               uint64_t object_size);
 
 VerifyReport VerifyArtifacts(const Store& store, const std::vector<Artifact>& artifacts,
                              const VerifyOptions& options);

@@ -14,12 +14,21 @@
 namespace cubist {
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path, uint64_t max_bytes) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // Non-blocking open: a FIFO at `path` must not wait for a writer forever.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
   std::string out;
   struct stat st;
-  if (::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) &&
-      static_cast<uint64_t>(st.st_size) <= max_bytes) {
+  if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat(path, ": stat"));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": is ",
+        S_ISDIR(st.st_mode)    ? "a directory"
+        : S_ISFIFO(st.st_mode) ? "a FIFO"
+                               : "not a regular file",
+        "; cubist reads manifests, signatures and keys only from regular files"));
+  }
+  if (static_cast<uint64_t>(st.st_size) <= max_bytes) {
     out.reserve(static_cast<size_t>(st.st_size));
   }
   char buf[1 << 16];

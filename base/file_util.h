@@ -15,8 +15,10 @@
 
 namespace cubist {
 
-// Reads a whole file. A file larger than `max_bytes` is InvalidArgument (read stops at
-// max_bytes + 1, so memory stays bounded). NotFound when it does not exist.
+// Reads a whole regular file. A file larger than `max_bytes` is InvalidArgument (read
+// stops at max_bytes + 1, so memory stays bounded). NotFound when it does not exist;
+// InvalidArgument for a directory, FIFO or device (opened non-blocking, so a FIFO
+// never hangs the reader).
 [[nodiscard]] absl::StatusOr<std::string> ReadFileToString(
     const std::string& path, uint64_t max_bytes = uint64_t{1} << 30);
 

@@ -27,6 +27,7 @@ struct ExportFlags {
   bool offline = false;
   bool deep = false;
   bool copy = false;
+  bool replace = false;
   bool quiet = false;
   TrustFlags trust;
 };
@@ -55,6 +56,7 @@ int RunExport(const ExportFlags& f) {
   ExportOptions options;
   options.deep = f.deep;
   options.copy_only = f.copy;
+  options.replace = f.replace;
   if (f.layout == "flashinfer") {
     options.subdir = PinFor(f, opened->manifest);
     if (options.subdir.empty()) {
@@ -106,6 +108,8 @@ void RegisterExport(CLI::App& app, Globals& g) {
   cmd->add_flag("--offline", f->offline, "Read a URL manifest from the cache's copy");
   cmd->add_flag("--deep", f->deep, "Re-hash hard-linked files too (copies always are)");
   cmd->add_flag("--copy", f->copy, "Copy every file instead of hard-linking");
+  cmd->add_flag("--replace", f->replace,
+                 "Replace a non-empty directory at the target that cubist export did not make");
   cmd->add_flag("-q,--quiet", f->quiet, "Print nothing on success");
   AddTrustFlags(cmd, &f->trust);
   cmd->callback([f, &g] { g.exit_code = RunExport(*f); });

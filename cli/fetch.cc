@@ -124,6 +124,11 @@ void RegisterFetch(CLI::App& app, Globals& g) {
   cmd->add_option("--retries", flags->retries, "Attempts per source for transient failures")
       ->check(CLI::Range(1, 20))
       ->capture_default_str();
+  cmd->add_option("--stall-seconds", flags->stall_seconds,
+                  "A transfer slower than 1 KiB/s for this long is abandoned as stalled "
+                  "(retried, then the next source)")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
   cmd->add_flag("--no-fsync", flags->no_fsync,
                 "Skip flushing objects to disk before publishing them (throwaway caches and "
                 "benchmarks: a power loss may then leave a truncated object that only "

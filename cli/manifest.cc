@@ -157,29 +157,48 @@ int RunImport(const ImportFlags& f) {
   }
   const std::string dir = PinDirectory(f.location);
   const std::string checksums_location = dir + "/checksums.txt";
-  const std::string header_location = absl::StrCat(dir, "/", kFlashinferMetaInfoPath);
   ManifestParseOptions parse;
   constexpr uint64_t kMaxHeaderBytes = uint64_t{128} << 20;
   const absl::Duration timeout = absl::Seconds(60);
   absl::StatusOr<std::string> sums =
       ReadLocation(checksums_location, parse.max_bytes, timeout, /*attempts=*/4);
   if (!sums.ok()) return PrintError(Annotate(sums.status(), "manifest import"));
-  absl::StatusOr<std::string> header =
-      ReadLocation(header_location, kMaxHeaderBytes, timeout, /*attempts=*/4);
-  if (!header.ok()) {
-    return PrintError(Annotate(header.status(),
-                               "manifest import: the pin's kernel list (only trtllm-gen "
-                               "pins such as batched_gemm-* have one)"));
-  }
   const std::string pin = FlashinferPinFromLocation(checksums_location);
   // A pin directory's own name ("batched_gemm-91e0ba0-896b90b") is the default name.
   parse.checksums_name = f.name;
   absl::StatusOr<Manifest> checksums = ParseChecksums(*sums, checksums_location, parse);
   if (!checksums.ok()) return PrintError(checksums.status());
+  // The kernel list: under the name checksums.txt lists, else under each known name.
+  std::vector<std::string> header_paths;
+  for (const char* path : kFlashinferMetaInfoPaths) {
+    if (checksums->FindArtifact(path) != nullptr) header_paths.push_back(path);
+  }
+  if (header_paths.empty()) header_paths.assign(std::begin(kFlashinferMetaInfoPaths),
+                                                std::end(kFlashinferMetaInfoPaths));
+  absl::StatusOr<std::string> header = absl::NotFoundError("");
+  std::string header_location;
+  std::string header_path;
+  for (const std::string& path : header_paths) {
+    header_path = path;
+    header_location = absl::StrCat(dir, "/", path);
+    header = ReadLocation(header_location, kMaxHeaderBytes, timeout, /*attempts=*/4);
+    if (header.status().code() != absl::StatusCode::kNotFound) break;
+  }
+  if (header.status().code() == absl::StatusCode::kNotFound) {
+    return PrintError(absl::NotFoundError(absl::StrCat(
+        "manifest import: the pin's kernel list: ", dir, " has neither ",
+        kFlashinferMetaInfoPath, " nor ", kFlashinferFmhaMetaInfoPath,
+        " (only trtllm-gen pins, such as batched_gemm-* and the attention pin, have one); "
+        "is this a FlashInfer cubin pin directory?")));
+  }
+  if (!header.ok()) {
+    return PrintError(Annotate(header.status(), "manifest import: the pin's kernel list"));
+  }
 
   FlashinferImportOptions options;
   options.version = f.version;
   options.pin = pin;
+  options.header_path = header_path;
   options.base_urls = f.base_urls;
   if (options.base_urls.empty() && (IsUrl(dir) || !f.output.empty())) {
     // The manifest may be written anywhere; its artifacts stay where the pin is.
@@ -310,7 +329,8 @@ void RegisterManifest(CLI::App& app, Globals& g) {
       ->required();
   i->add_option("LOCATION", imp->location,
                 "The pin: a directory or URL holding checksums.txt and "
-                "include/flashinferMetaInfo.h (or the checksums.txt itself)")
+                "include/flashinferMetaInfo.h (the attention pin: flashInferMetaInfo.h), or "
+                "the checksums.txt itself")
       ->required();
   i->add_option("-o,--output", imp->output, "Write the manifest here (atomically) instead of stdout");
   i->add_option("--name", imp->name, "Manifest name (default: the pin directory's name)");

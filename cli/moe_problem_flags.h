@@ -75,7 +75,10 @@ struct ProblemFlags {
   }
 };
 
-inline void AddProblemFlags(CLI::App* cmd, ProblemFlags* f, bool sm_required) {
+// shape_required: --n and --k are required flags (run makes them optional because its
+// `--op moe` describes a layer instead, and checks them itself for a GEMM).
+inline void AddProblemFlags(CLI::App* cmd, ProblemFlags* f, bool sm_required,
+                            bool shape_required = true) {
   cmd->add_option("--weights", f->weights,
                   "Weight (B) format: bf16, fp8, fp8-block, mxfp4, mxfp8, nvfp4")
       ->required()
@@ -92,9 +95,12 @@ inline void AddProblemFlags(CLI::App* cmd, ProblemFlags* f, bool sm_required) {
       ->type_name("T");
   cmd->add_option("--tokens", f->tokens, "Total tokens (the offsets' total) instead")
       ->type_name("TOTAL");
-  cmd->add_option("--n", f->n, "N: output columns per expert (both halves when gated)")
-      ->required();
-  cmd->add_option("--k", f->k, "K: the reduction length")->required();
+  auto* n = cmd->add_option("--n", f->n, "N: output columns per expert (both halves when gated)");
+  auto* k = cmd->add_option("--k", f->k, "K: the reduction length");
+  if (shape_required) {
+    n->required();
+    k->required();
+  }
   auto* sm = cmd->add_option("--sm", f->sm,
                              sm_required ? "Device SM, e.g. 90a (H100/H200), 100 (B200)"
                                          : "Device SM (default: the GPU's)")

@@ -96,9 +96,11 @@ absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgres
     std::vector<FetchItem> items = PlanFetch(m, f.mirrors, f.filters);
     if (items.empty() && !f.filters.empty()) return NoMatchError(f);
     FetchOptions options;
+    options.manifest = f.manifest;
     options.jobs = f.jobs;
     options.offline = f.offline;
     options.attempts_per_source = f.retries;
+    options.low_speed_time = absl::Seconds(f.stall_seconds);
     options.durable = !f.no_fsync;
     if (IsOciReference(m.source)) {
       CUBIST_ASSIGN_OR_RETURN(OciReference ref, ParseOciReference(m.source));
@@ -151,6 +153,7 @@ absl::StatusOr<CommandReport> RunVerifyReport(const VerifyRequest& f, VerifyRepo
                           OpenManifestForCommand(f.manifest, f.trust, &store, f.offline,
                                                  /*record_version=*/false));
   VerifyOptions options;
+  options.manifest = f.manifest;
   options.deep = f.deep;
   options.threads = f.threads;
   VerifyReport report = VerifyArtifacts(store, opened.manifest.artifacts, options);

@@ -41,6 +41,9 @@ struct FetchRequest {
   std::vector<std::string> mirrors;
   std::vector<std::string> filters;
   int retries = 4;
+  // A transfer under 1 KiB/s for this many seconds is a stall (retried, then the next
+  // source).
+  int stall_seconds = 20;
   bool no_fsync = false;
   TrustFlags trust;
   // The report's "artifacts" array, one entry per artifact. The command's text output

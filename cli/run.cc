@@ -15,6 +15,7 @@
 #include "cli/common.h"
 #include "cli/exit_codes.h"
 #include "cli/moe_problem_flags.h"
+#include "cli/run_moe_layer.h"
 #include "dispatch/moe_gemm.h"
 #include "dispatch/operand_fill.h"
 #include "dispatch/reference.h"
@@ -38,6 +39,7 @@ struct RunFlags {
   bool offline = false;
   bool allow_inexact = false;
   TrustFlags trust;
+  MoeLayerRunFlags layer;  // --op moe
 };
 
 // One operand as the kernel sees it, readable element by element on the host.
@@ -208,7 +210,43 @@ absl::StatusOr<CheckResult> RunAndCheck(const RunFlags& f, Runtime& rt, MoeGemm&
   return result;
 }
 
+int RunLayerCommand(const RunFlags& f) {
+  MoeLayerRunFlags l = f.layer;
+  l.weights = f.problem.weights;
+  l.activations = f.problem.activations;
+  l.activation = f.problem.activation;
+  l.experts = static_cast<int>(f.problem.experts);
+  l.tokens = static_cast<int>(f.problem.tokens);
+  l.iterations = f.iterations;
+  l.warmup = f.warmup;
+  l.seed = f.seed;
+  l.json = f.json;
+  absl::StatusOr<MoeLayerOptions> options = MoeLayerOptionsFromFlags(l);
+  if (!options.ok()) {
+    PrintError(options.status());
+    return absl::IsInvalidArgument(options.status()) ? kExitUsage : ExitCodeFor(options.status());
+  }
+  absl::StatusOr<RuntimeOptions> ro =
+      RuntimeOptionsForCommand(f.manifest, f.cache, f.device, f.offline, f.trust);
+  if (!ro.ok()) return PrintError(ro.status());
+  auto rt = Runtime::Open(*ro);
+  if (!rt.ok()) return PrintError(rt.status());
+  if (auto s = (*rt)->MakeCurrent(); !s.ok()) return PrintError(s);
+  return RunMoeLayer(l, *options, **rt);
+}
+
 int RunRun(const RunFlags& f) {
+  if (f.problem.op == "moe") return RunLayerCommand(f);
+  if (f.problem.op != "moe_gemm") {
+    PrintError(absl::InvalidArgumentError(absl::StrCat(
+        "--op: '", f.problem.op, "' is not moe_gemm (one GEMM) or moe (the routed layer)")));
+    return kExitUsage;
+  }
+  if (f.problem.n <= 0 || f.problem.k <= 0) {
+    PrintError(absl::InvalidArgumentError(
+        "--n and --k are required for --op moe_gemm (the GEMM's shape)"));
+    return kExitUsage;
+  }
   absl::StatusOr<MoeProblem> problem = f.problem.ToProblem();
   if (!problem.ok()) {
     PrintError(problem.status());
@@ -286,7 +324,28 @@ void RegisterRun(CLI::App& app, Globals& g) {
       "run", "Run a MoE GEMM problem on the GPU: random inputs, checked against the CPU "
              "reference on a sample, timed (median) in TFLOP/s");
   cmd->add_option("--manifest", f->manifest, "Manifest URL or path")->required()->type_name("URL|PATH");
-  AddProblemFlags(cmd, &f->problem, /*sm_required=*/false);
+  AddProblemFlags(cmd, &f->problem, /*sm_required=*/false, /*shape_required=*/false);
+  cmd->add_option("--op", f->problem.op,
+                  "moe_gemm (default): one grouped GEMM; moe: the routed MoE layer "
+                  "(routing, sort, gather, both GEMMs, finalize)")
+      ->type_name("OP");
+  cmd->add_option("--top-k", f->layer.top_k, "moe: experts per token")->type_name("K");
+  cmd->add_option("--hidden", f->layer.hidden, "moe: hidden size H")->type_name("H");
+  cmd->add_option("--intermediate", f->layer.intermediate,
+                  "moe: intermediate size I (GEMM1 has 2I rows when gated)")
+      ->type_name("I");
+  cmd->add_option("--routing", f->layer.routing,
+                  "moe: default, renormalize (default), renormalize_naive, deepseek_v3, "
+                  "llama4, topk, sigmoid, sigmoid_renorm")
+      ->type_name("METHOD");
+  cmd->add_option("--n-group", f->layer.n_group, "moe: deepseek_v3 expert groups");
+  cmd->add_option("--topk-group", f->layer.topk_group, "moe: deepseek_v3 groups kept");
+  cmd->add_option("--routed-scaling-factor", f->layer.routed_scaling_factor,
+                  "moe: deepseek_v3 weight scale");
+  cmd->add_option("--max-chunk-tokens", f->layer.max_chunk_tokens,
+                  "moe: tokens per pass (bounds the workspace; 0: one pass)");
+  cmd->add_option("--check-tokens", f->layer.check_tokens,
+                  "moe: tokens checked against the CPU reference (default 16)");
   cmd->add_option("--kernel", f->pin, "Use this kernel (debugging)")->type_name("NAME");
   cmd->add_option("--device", f->device, "CUDA device ordinal (default 0)");
   cmd->add_option("--iterations", f->iterations, "Timed launches (default 20)");

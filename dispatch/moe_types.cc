@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/strings.h"
+#include "kernels/moe_layer_abi.h"
 
 namespace cubist {
 namespace {
@@ -25,8 +26,13 @@ constexpr Activation kActivations[] = {
 absl::StatusOr<Op> ParseOp(std::string_view name) {
   if (name == "moe_gemm") return Op::kMoeGemm;
   if (name == "trtllm_bmm") return Op::kTrtllmBmm;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown op '", Sv(name), "'; expected moe_gemm or trtllm_bmm"));
+  if (name == moe::kMoeRouteOp) return Op::kMoeRoute;
+  if (name == moe::kMoeSortOp) return Op::kMoeSort;
+  if (name == moe::kMoeGatherOp) return Op::kMoeGather;
+  if (name == moe::kMoeFinalizeOp) return Op::kMoeFinalize;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown op '", Sv(name),
+      "'; expected moe_gemm, trtllm_bmm, moe_route, moe_sort, moe_gather or moe_finalize"));
 }
 
 absl::StatusOr<DataFormat> ParseDataFormat(std::string_view name) {
@@ -50,6 +56,10 @@ std::string_view OpName(Op op) {
   switch (op) {
     case Op::kMoeGemm: return "moe_gemm";
     case Op::kTrtllmBmm: return "trtllm_bmm";
+    case Op::kMoeRoute: return moe::kMoeRouteOp;
+    case Op::kMoeSort: return moe::kMoeSortOp;
+    case Op::kMoeGather: return moe::kMoeGatherOp;
+    case Op::kMoeFinalize: return moe::kMoeFinalizeOp;
   }
   return "?";
 }

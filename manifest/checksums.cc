@@ -111,6 +111,18 @@ absl::StatusOr<Manifest> ParseChecksums(std::string_view bytes, std::string_view
     a.sha256 = std::string(line.substr(0, 64));
     m.artifacts.push_back(std::move(a));
   }
+  for (const Artifact& a : m.artifacts) {
+    std::string_view parent = ListedParentOf(
+        a.path, [&](std::string_view p) { return lines_by_path.contains(Sv(p)); });
+    if (!parent.empty()) {
+      return LineError(source, lines_by_path.find(a.path)->second,
+                       absl::StrCat(QuoteForMessage(a.path), " lies under ",
+                                    QuoteForMessage(parent), " (line ",
+                                    lines_by_path.find(Sv(parent))->second,
+                                    "), which is listed as a file; a path cannot be both a "
+                                    "file and a directory"));
+    }
+  }
   if (m.artifacts.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         Sv(source), ": no entries; expected lines '<64 hex> <path>' (is this a checksums.txt?)"));

@@ -235,12 +235,12 @@ absl::StatusOr<Manifest> ImportFlashinferPin(const Manifest& checksums,
                                              std::string_view header,
                                              std::string_view header_source,
                                              const FlashinferImportOptions& options) {
-  if (const Artifact* h = checksums.FindArtifact(kFlashinferMetaInfoPath); h != nullptr) {
+  if (const Artifact* h = checksums.FindArtifact(options.header_path); h != nullptr) {
     const std::string actual = Sha256Hex(header);
     if (actual != h->sha256) {
       return absl::DataLossError(absl::StrCat(
           Sv(header_source), ": sha256 ", actual, " but ", checksums.source,
-          " lists ", h->sha256, " for ", kFlashinferMetaInfoPath,
+          " lists ", h->sha256, " for ", options.header_path,
           "; the header belongs to another pin or is corrupt: fetch it again"));
     }
   }

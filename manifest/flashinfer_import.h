@@ -41,8 +41,12 @@ inline constexpr char kTrtllmBmmOp[] = "trtllm_bmm";
 // The pin's list of files; an artifact of the imported manifest (its hash is the parsed
 // checksums manifest's digest).
 inline constexpr char kFlashinferChecksumsPath[] = "checksums.txt";
-// Where the kernel list lives inside a pin.
+// Where the kernel list lives inside a pin: the GEMM pins' name, and the attention
+// (FMHA) pin's, with a capital I.
 inline constexpr char kFlashinferMetaInfoPath[] = "include/flashinferMetaInfo.h";
+inline constexpr char kFlashinferFmhaMetaInfoPath[] = "include/flashInferMetaInfo.h";
+inline constexpr const char* kFlashinferMetaInfoPaths[] = {kFlashinferMetaInfoPath,
+                                                           kFlashinferFmhaMetaInfoPath};
 // The manifest extra that records the pin's directory relative to FLASHINFER_CUBIN_DIR
 // ("<40 hex>/batched_gemm-91e0ba0-896b90b"); `cubist export --layout flashinfer` reads it.
 inline constexpr char kFlashinferPinExtra[] = "flashinfer_pin";
@@ -52,6 +56,9 @@ struct FlashinferImportOptions {
   int64_t version = 1;
   std::string pin;    // recorded as kFlashinferPinExtra when not empty
   std::vector<std::string> base_urls;
+  // The header's path inside the pin (one of kFlashinferMetaInfoPaths), whose hash
+  // checksums.txt lists.
+  std::string header_path = kFlashinferMetaInfoPath;
 };
 
 // `checksums` is the parsed checksums.txt of the pin (ParseChecksums), `header` the bytes

@@ -301,6 +301,16 @@ absl::StatusOr<Manifest> ParseManifestJson(const Json& doc, std::string_view sou
     }
     m.artifacts.push_back(std::move(a));
   }
+  for (size_t i = 0; i < m.artifacts.size(); ++i) {
+    std::string_view parent = ListedParentOf(
+        m.artifacts[i].path, [&](std::string_view p) { return paths.contains(Sv(p)); });
+    if (!parent.empty()) {
+      return af.Index(i).Key("path").Error(absl::StrCat(
+          QuoteForMessage(m.artifacts[i].path), " lies under ", QuoteForMessage(parent), " (",
+          af.Index(paths.find(Sv(parent))->second).path(), "), which is listed as a file; a path "
+          "cannot be both a file and a directory"));
+    }
+  }
 
   if (const Json* kernels = Find(doc, "kernels"); kernels != nullptr) {
     CUBIST_ASSIGN_OR_RETURN(m.kernels, ParseKernelArray(*kernels, root.Key("kernels"), &paths));

@@ -26,6 +26,19 @@ inline constexpr size_t kMaxArtifactPathBytes = 4096;
 // Callers prefix their context ("manifest.json: artifacts[3].path: ").
 [[nodiscard]] absl::Status ValidateArtifactPath(std::string_view path);
 
+// A set's paths name files, so none may be another's directory: "x" and "x/y" cannot
+// both be listed (the export of such a set, or its files on disk, cannot exist). Returns
+// the first proper prefix of `path` ("x" for "x/y/z", then "x/y") that `listed(prefix)`
+// says is in the set, or "" when none is.
+template <typename Listed>
+std::string_view ListedParentOf(std::string_view path, const Listed& listed) {
+  for (size_t slash = path.find('/'); slash != std::string_view::npos;
+       slash = path.find('/', slash + 1)) {
+    if (listed(path.substr(0, slash))) return path.substr(0, slash);
+  }
+  return {};
+}
+
 }  // namespace cubist
 
 #endif  // CUBIST_MANIFEST_PATH_RULES_H_

@@ -175,6 +175,28 @@ TEST_F(BundleTest, HostileMembersAreRefusedByName) {
   EXPECT_FALSE(FileExists(dir_.Join("x")));
 }
 
+// A member's file name is its manifest's: manifests/victim.json holding the set "set"
+// would otherwise be written over -o DIR/victim.json, another set's manifest.
+TEST_F(BundleTest, AMemberNamedAfterAnotherSetIsRefused) {
+  const std::string full = ReadFileOrDie(bundle_);
+  const size_t objects_start = full.find("objects/sha256/");
+  ASSERT_NE(objects_start, std::string::npos);
+  const std::string& manifest = inputs_[0].bytes;
+  std::string data = manifest;
+  data.resize((manifest.size() + 511) / 512 * 512, '\0');
+  const std::string bytes = full.substr(0, 1024) +
+                            Header("manifests/victim.json", '0', manifest.size()) + data +
+                            full.substr(objects_start);  // the first object's header on
+  WriteFileOrDie(dir_.Join("manifests/victim.json"), "the victim's manifest");
+  EXPECT_THAT(ImportBytes(bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(":manifests/victim.json: holds the set \"set\", which a bundle "
+                                 "names manifests/set.json; a member's name must be its "
+                                 "manifest's")));
+  EXPECT_EQ(ReadFileOrDie(dir_.Join("manifests/victim.json")), "the victim's manifest");
+  EXPECT_EQ(CountObjects(*dst_), 0u);
+}
+
 TEST_F(BundleTest, UnknownObjectsAndNonBundlesAreRefused) {
   EXPECT_THAT(ImportBytes(std::string(4096, 'x')),
               StatusIs(absl::StatusCode::kInvalidArgument,

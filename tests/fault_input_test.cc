@@ -4,7 +4,9 @@
 // bounded time and bounded memory (the child's peak RSS, from wait4), and write nothing
 // outside the cache. Rows of docs/reliability.md's fault matrix name these tests.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,6 +59,30 @@ RunResult RunCli(const std::vector<std::string>& args, const std::string& log) {
   r.rc = ::cubist::testing::WaitChild(::cubist::testing::SpawnCli(args, log), &ru);
   r.elapsed = absl::Now() - start;
   r.max_rss_mb = ru.ru_maxrss / 1024;
+  r.output = ReadFileOrDie(log);
+  return r;
+}
+
+// RunCli for a run that might hang (a FIFO that blocks a reader): a child still running
+// after `limit` is killed, and the result says so (rc -1).
+RunResult RunCliWithin(const std::vector<std::string>& args, const std::string& log,
+                       absl::Duration limit) {
+  RunResult r;
+  const absl::Time start = absl::Now();
+  const pid_t pid = ::cubist::testing::SpawnCli(args, log);
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (absl::Now() - start > limit) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      r.elapsed = absl::Now() - start;
+      r.output = ReadFileOrDie(log);
+      return r;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.elapsed = absl::Now() - start;
   r.output = ReadFileOrDie(log);
   return r;
 }
@@ -203,6 +229,80 @@ TEST_F(FaultInputTest, EndlessManifestOverHttpStopsAtTheCap) {
   ExpectRefused(r, "larger than the limit", 224);
   uint64_t sent = (*server)->Requests()[0].body_bytes_sent;
   EXPECT_LT(sent, uint64_t{256} << 20) << "the client kept reading";
+}
+
+// A manifest read over HTTP names a file:// source: refused before anything is read
+// from the local disk (exit 8). The user's own --mirror file://... stays allowed.
+TEST_F(FaultInputTest, RemoteManifestMayNameOnlyHttpSources) {
+  const std::string data = "kernel bytes";
+  WriteFileOrDie(dir_.Join("local/k.cubin"), data);
+  auto server = FaultHttpServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string art = absl::StrCat(R"({"path": "k.cubin", "sha256": ")", Sha256Hex(data),
+                                       R"(", "size": )", data.size(), "}");
+  (*server)->Serve("/file.json",
+                   absl::StrCat(R"({"schema": "cubist.manifest/1", "name": "r", "version": 1, )",
+                                R"("base_urls": ["https://mirror.example/", "file://)",
+                                dir_.Join("local/"), R"("], "artifacts": [)", art, "]}"));
+  RunResult r = FetchLocation((*server)->Url("/file.json"));
+  ExpectRefused(r, absl::StrCat((*server)->Url("/file.json"), ": base_urls[1] is file://",
+                                dir_.Join("local/"), "; a manifest read over the network may "
+                                "name only http:// and https:// sources"));
+  EXPECT_FALSE(FileExists(dir_.Join("cache/objects/sha256/" + Sha256Hex(data).substr(0, 2))));
+
+  (*server)->Serve("/http.json",
+                   absl::StrCat(R"({"schema": "cubist.manifest/1", "name": "h", "version": 1, )",
+                                R"("base_urls": ["http://127.0.0.1:9/"], "artifacts": [)", art,
+                                "]}"));
+  r = RunCli({"fetch", "-q", "--manifest", (*server)->Url("/http.json"), "--cache",
+              dir_.Join("cache"), "--mirror", "file://" + dir_.Join("local/")},
+             dir_.Join("out.log"));
+  EXPECT_EQ(r.rc, 0) << r.output;
+}
+
+// FIFOs where cubist reads local files (a manifest, its .sig, an artifact behind a
+// file:// source) end in a classified error at once, never a hang; so does a directory
+// where the .sig belongs.
+TEST_F(FaultInputTest, FifosAndDirectoriesInPlaceOfLocalFilesFailAtOnce) {
+  const std::string fifo = dir_.Join("fifo.json");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  RunResult r = RunCliWithin({"fetch", "-q", "--manifest", fifo, "--cache", dir_.Join("cache")},
+                             dir_.Join("out.log"), absl::Seconds(20));
+  EXPECT_EQ(r.rc, 8) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(fifo + ": is a FIFO; cubist reads manifests, signatures and "
+                                  "keys only from regular files"));
+
+  // A signed manifest's .sig as a FIFO, then as a directory.
+  r = RunCli({"keygen", "-q", "-o", dir_.Join("k.pem")}, dir_.Join("out.log"));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const std::string data = "kernel bytes";
+  WriteFileOrDie(dir_.Join("repo/k.cubin"), data);
+  const std::string manifest = dir_.Join("repo/manifest.json");
+  WriteFileOrDie(manifest,
+                 absl::StrCat(R"({"schema": "cubist.manifest/1", "name": "s", "version": 1, )",
+                              R"("artifacts": [{"path": "k.cubin", "sha256": ")",
+                              Sha256Hex(data), R"(", "size": )", data.size(), "}]}"));
+  const std::vector<std::string> signed_fetch = {"fetch", "-q", "--manifest", manifest,
+                                                 "--cache", dir_.Join("cache"),
+                                                 "--trusted-key", dir_.Join("k.pub")};
+  ASSERT_EQ(::mkfifo((manifest + ".sig").c_str(), 0644), 0);
+  r = RunCliWithin(signed_fetch, dir_.Join("out.log"), absl::Seconds(20));
+  EXPECT_EQ(r.rc, 8) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(manifest + ".sig: is a FIFO"));
+  ASSERT_EQ(::unlink((manifest + ".sig").c_str()), 0);
+  ASSERT_EQ(::mkdir((manifest + ".sig").c_str(), 0755), 0);
+  r = RunCliWithin(signed_fetch, dir_.Join("out.log"), absl::Seconds(20));
+  EXPECT_EQ(r.rc, 8) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(manifest + ".sig: is a directory"));
+
+  // The artifact itself a FIFO behind the manifest's own directory (a file:// source).
+  ASSERT_EQ(::unlink(dir_.Join("repo/k.cubin").c_str()), 0);
+  ASSERT_EQ(::mkfifo(dir_.Join("repo/k.cubin").c_str(), 0644), 0);
+  r = RunCliWithin({"fetch", "-q", "--manifest", manifest, "--cache", dir_.Join("cache")},
+                   dir_.Join("out.log"), absl::Seconds(20));
+  EXPECT_EQ(r.rc, 8) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(absl::StrCat(dir_.Join("repo/k.cubin"), " is a FIFO; cubist "
+                                               "reads local sources only from regular files")));
 }
 
 }  // namespace

@@ -11,7 +11,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "artifacts/store.h"
 #include "base/sha256.h"
 #include "tests/test_util.h"
@@ -32,7 +34,8 @@ class FetchCliTest : public ::testing::Test {
     cache_ = tmp_.Join("cache");
   }
 
-  void Serve(int count, size_t min_size, size_t max_size, const std::string& limit_rate = "") {
+  void Serve(int count, size_t min_size, size_t max_size, const std::string& limit_rate = "",
+             const testing::TestTls* tls = nullptr) {
     files_ = testing::MakeSampleFiles(count, min_size, max_size, 7);
     manifest_ = testing::WriteSampleRepo(repo_, files_, "cli-sample", 3);
     NginxServer::Options o;
@@ -40,6 +43,10 @@ class FetchCliTest : public ::testing::Test {
     o.workdir = tmp_.Join("nginx");
     o.limit_rate = limit_rate;
     o.workers = 2;
+    if (tls != nullptr) {
+      o.tls_cert = tls->cert;
+      o.tls_key = tls->key;
+    }
     auto s = NginxServer::Start(o);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
@@ -48,6 +55,24 @@ class FetchCliTest : public ::testing::Test {
 
   int Cubist(const std::string& args, std::string* out = nullptr) {
     return testing::RunCommand(absl::StrCat(testing::CliPath(), " ", args), out);
+  }
+  // Cubist with only the CA variables `ca_env` ("SSL_CERT_FILE=..." or "") set.
+  int CubistWithCa(const std::string& ca_env, const std::string& args, std::string* out) {
+    return testing::RunCommand(absl::StrCat("env -u SSL_CERT_FILE -u SSL_CERT_DIR -u "
+                                            "CURL_CA_BUNDLE ", ca_env, " ", testing::CliPath(),
+                                            " ", args),
+                               out);
+  }
+
+  // The served manifest, written elsewhere (so that its own directory holds no artifact)
+  // with `base_url` as its only base URL; returns its path.
+  std::string WithBaseUrl(const std::string& base_url) {
+    const std::string local = tmp_.Join("local/manifest.json");
+    testing::WriteFileOrDie(
+        local, absl::StrReplaceAll(testing::ReadFileOrDie(repo_ + "/manifest.json"),
+                                   {{"\"artifacts\"", absl::StrCat("\"base_urls\": [\"", base_url,
+                                                                   "\"], \"artifacts\"")}}));
+    return local;
   }
 
   std::string ObjectPath(int i) {
@@ -162,6 +187,126 @@ TEST_F(FetchCliTest, CorruptServerFileExitsWithIntegrityCode) {
                                           ": size mismatch: expected ")));
   EXPECT_THAT(out, HasSubstr("4 downloaded"));
   EXPECT_THAT(out, HasSubstr("1 failed"));
+}
+
+// A manifest that states a wrong size for a known hash cannot evict the object (which
+// another set needs): fetch and verify, plain and deep, blame the manifest entry with
+// both sizes (exit 3) and the object stays.
+TEST_F(FetchCliTest, AWrongSizeInAManifestNeverEvictsAnObjectThatHashesRight) {
+  Serve(3, 1000, 5000);
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", url_, " --cache ", cache_), &out), 0)
+      << out;
+  const Artifact& a = manifest_.artifacts[1];
+  const std::string liar = tmp_.Join("liar.json");
+  testing::WriteFileOrDie(
+      liar, absl::StrCat(R"({"schema": "cubist.manifest/1", "name": "liar", "version": 1, )",
+                         R"("base_urls": [")", server_->BaseUrl(), R"("], "artifacts": [)",
+                         R"({"path": "evict.cubin", "sha256": ")", a.sha256, R"(", "size": )",
+                         *a.size + 1, "}]}"));
+  const std::string blame =
+      absl::StrCat("evict.cubin: the manifest ", liar, " says ", *a.size + 1,
+                   " bytes, but the cached object sha256 ", a.sha256, " has ", *a.size,
+                   " bytes and hashes to its name: the manifest entry is wrong");
+  for (const char* command : {"fetch", "verify", "verify --deep"}) {
+    SCOPED_TRACE(command);
+    EXPECT_EQ(Cubist(absl::StrCat(command, " --manifest ", liar, " --cache ", cache_), &out), 3)
+        << out;
+    EXPECT_THAT(out, HasSubstr(blame));
+    EXPECT_THAT(out, ::testing::Not(HasSubstr("removed from the cache")));
+    EXPECT_EQ(testing::ReadFileOrDie(ObjectPath(1)), files_[1].data);
+  }
+  EXPECT_EQ(Cubist(absl::StrCat("verify --deep --manifest ", url_, " --cache ", cache_), &out), 0)
+      << out;
+}
+
+// A source that trickles (1 B/s) is abandoned as stalled once the stall window has
+// passed, in cubist's words with the rate it got, and exits 4 (network).
+TEST_F(FetchCliTest, ATrickleFailsAsTooSlowAfterTheStallWindow) {
+  Serve(1, 20000, 20000, "1");
+  // The manifest from disk (the server trickles everything), its artifact from the server.
+  const std::string local = WithBaseUrl(server_->BaseUrl());
+  std::string out;
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Cubist(absl::StrCat("fetch -q --retries 1 --stall-seconds 2 --manifest ", local,
+                                " --cache ", cache_),
+                   &out),
+            4)
+      << out;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("from ", server_->BaseUrl(),
+                                          manifest_.artifacts[0].path, ": too slow (")));
+  EXPECT_THAT(out, HasSubstr(" B/s for 2 s; the floor is 1024 B/s): the source or the network "
+                             "is stalled"));
+}
+
+// A directory or a FIFO planted where an object's partial download goes (tmp/<hash>.part)
+// is replaced, and the fetch succeeds.
+TEST_F(FetchCliTest, ADirectoryOrAFifoAtAPartPathIsReplaced) {
+  Serve(2, 1000, 5000);
+  const std::string part0 = absl::StrCat(cache_, "/tmp/", manifest_.artifacts[0].sha256, ".part");
+  const std::string part1 = absl::StrCat(cache_, "/tmp/", manifest_.artifacts[1].sha256, ".part");
+  testing::WriteFileOrDie(part0 + "/inside", "x");
+  ASSERT_EQ(::mkfifo(part1.c_str(), 0644), 0);
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", url_, " --cache ", cache_), &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("2 downloaded"));
+  EXPECT_EQ(testing::ReadFileOrDie(ObjectPath(0)), files_[0].data);
+  EXPECT_EQ(testing::ReadFileOrDie(ObjectPath(1)), files_[1].data);
+  EXPECT_FALSE(testing::FileExists(part0));
+  EXPECT_FALSE(testing::FileExists(part1));
+}
+
+// HTTPS with a private CA: unknown to cubist, or the right CA for another host name,
+// the manifest read and the artifacts' downloads fail at once with exit 7 (trust: no
+// retry helps) naming the variables that add a CA; with SSL_CERT_FILE or CURL_CA_BUNDLE
+// naming the CA they succeed.
+TEST_F(FetchCliTest, TlsTrustFailuresExit7NamingTheCaVariables) {
+  absl::StatusOr<testing::TestTls> tls = testing::MakeTestTls(tmp_.Join("tls"));
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  Serve(3, 1000, 5000, "", &*tls);
+  const std::string fix = "add the CA that issued it with SSL_CERT_FILE, SSL_CERT_DIR or "
+                          "CURL_CA_BUNDLE";
+  const std::string trust_ca = "SSL_CERT_FILE=" + tls->ca;
+  std::string out;
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(CubistWithCa("", absl::StrCat("fetch -q --manifest ", url_, " --cache ", cache_),
+                         &out),
+            7)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("cubist: error: ", url_, ": ")));
+  EXPECT_THAT(out, HasSubstr(fix));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "a trust failure is not retried";
+
+  const std::string wrong_host = absl::StrCat("https://127.0.0.1:", server_->port(),
+                                              "/manifest.json");
+  EXPECT_EQ(CubistWithCa(trust_ca,
+                         absl::StrCat("fetch -q --manifest ", wrong_host, " --cache ", cache_),
+                         &out),
+            7)
+      << out;
+  EXPECT_THAT(out, HasSubstr(fix));
+
+  // The manifest from disk, its artifacts over HTTPS only.
+  const std::string local = WithBaseUrl(server_->BaseUrl());
+  EXPECT_EQ(CubistWithCa("", absl::StrCat("fetch -q --manifest ", local, " --cache ", cache_),
+                         &out),
+            7)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("from ", server_->BaseUrl())));
+  EXPECT_THAT(out, HasSubstr(fix));
+
+  ASSERT_EQ(CubistWithCa("CURL_CA_BUNDLE=" + tls->ca,
+                         absl::StrCat("fetch -q --manifest ", local, " --cache ", cache_), &out),
+            0)
+      << out;
+  ASSERT_EQ(CubistWithCa(trust_ca, absl::StrCat("fetch --manifest ", url_, " --cache ", cache_),
+                         &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("3 already cached"));
 }
 
 TEST_F(FetchCliTest, OfflineUsesTheCachedManifestAndListsWhatIsMissing) {

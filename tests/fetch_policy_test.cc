@@ -14,7 +14,7 @@ constexpr FetchEvent kAllEvents[] = {
     FetchEvent::kBodyComplete, FetchEvent::kNotFound,       FetchEvent::kServerBusy,
     FetchEvent::kRangeRefused, FetchEvent::kTransient,      FetchEvent::kOtherStatus,
     FetchEvent::kFatalTransport, FetchEvent::kOversize,     FetchEvent::kSizeMismatch,
-    FetchEvent::kHashMismatch, FetchEvent::kVerified,
+    FetchEvent::kHashMismatch, FetchEvent::kVerified,     FetchEvent::kUntrusted,
 };
 
 TransferFacts Http(long status) {
@@ -57,6 +57,7 @@ TEST(FetchPolicyTest, ClassifiesTransportResults) {
   EXPECT_EQ(ClassifyTransfer(Transport(TransportResult::kTransient)), FetchEvent::kTransient);
   EXPECT_EQ(ClassifyTransfer(Transport(TransportResult::kFatal)),
             FetchEvent::kFatalTransport);
+  EXPECT_EQ(ClassifyTransfer(Transport(TransportResult::kUntrusted)), FetchEvent::kUntrusted);
   EXPECT_EQ(ClassifyTransfer(Transport(TransportResult::kFileMissing)),
             FetchEvent::kNotFound);
   // libcurl's range error on a 2xx is a server that would not resume...
@@ -95,6 +96,7 @@ TEST(FetchPolicyTest, TheTable) {
       {FetchEvent::kTransient, FetchAction::kRetry, absl::StatusCode::kUnavailable},
       {FetchEvent::kOtherStatus, FetchAction::kNextSource, absl::StatusCode::kUnavailable},
       {FetchEvent::kFatalTransport, FetchAction::kNextSource, absl::StatusCode::kUnavailable},
+      {FetchEvent::kUntrusted, FetchAction::kNextSource, absl::StatusCode::kPermissionDenied},
       {FetchEvent::kOversize, FetchAction::kDropNextSource, absl::StatusCode::kDataLoss},
       {FetchEvent::kSizeMismatch, FetchAction::kDropNextSource, absl::StatusCode::kDataLoss},
       {FetchEvent::kHashMismatch, FetchAction::kDropNextSource, absl::StatusCode::kDataLoss},

@@ -1,5 +1,7 @@
 // FlashInfer users end to end: `cubist manifest import flashinfer`, `select --op
 // trtllm_bmm`, `fetch` and `export --layout flashinfer` (cli/manifest.cc, cli/export.cc).
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,12 +21,16 @@ using ::cubist::testing::FileExists;
 using ::cubist::testing::ReadFileOrDie;
 using ::cubist::testing::RunCommand;
 using ::cubist::testing::TempDir;
+using ::cubist::testing::WriteFileOrDie;
 using ::cubist::testing::WritePin;
 using ::cubist::testing::NginxServer;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 constexpr char kPin[] = "d2c5915bf45ae64308a947824c14966c2718a292/batched_gemm-91e0ba0-896b90b";
+constexpr char kCubin[] =
+    "Bmm_Bfloat16_MxE2m1Bfloat16_Fp32_t128x8x256_s4_et128x8_m128x8x32_c1x1x1_rM_TN_transOut_"
+    "swiGlu_sm100f.cubin";
 
 class FlashinferCliTest : public ::testing::Test {
  protected:
@@ -91,7 +97,28 @@ TEST_F(FlashinferCliTest, ImportRefusesAPinWithoutKernelList) {
   ASSERT_EQ(::unlink((pin_dir_ + "/include/flashinferMetaInfo.h").c_str()), 0);
   std::string out;
   EXPECT_EQ(Import(&out), 5) << out;
-  EXPECT_THAT(out, HasSubstr("manifest import: the pin's kernel list"));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("manifest import: the pin's kernel list: ", pin_dir_,
+                                          " has neither include/flashinferMetaInfo.h nor "
+                                          "include/flashInferMetaInfo.h")));
+}
+
+// The attention (FMHA) pin's header is include/flashInferMetaInfo.h, capital I.
+TEST_F(FlashinferCliTest, ImportFindsTheAttentionPinsCapitalIHeader) {
+  const std::string fmha = dir_.Join("fmha/e2b0f1c4a6d83b5f7e9a0c1d2b3a4f5e6d7c8b9a/fmha");
+  WritePin(fmha, DefaultPinKernels(), "include/flashInferMetaInfo.h");
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("manifest import flashinfer ", fmha, " -o ", dir_.Join("f.json")),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("3 kernels, digest "));
+  ::unlink((fmha + "/include/flashInferMetaInfo.h").c_str());
+  EXPECT_EQ(Cubist(absl::StrCat("manifest import flashinfer ", fmha, " -o ", dir_.Join("f.json")),
+                   &out),
+            5)
+      << out;
+  EXPECT_THAT(out, HasSubstr("has neither include/flashinferMetaInfo.h nor "
+                             "include/flashInferMetaInfo.h"));
 }
 
 // The pin served by a real nginx, as FlashInfer's artifactory serves it: import by URL needs
@@ -204,6 +231,128 @@ TEST_F(FlashinferCliTest, ExportRefusesASymlinkInTheWayAndMissingObjects) {
   std::string listing;
   RunCommand("ls -A " + elsewhere, &listing);
   EXPECT_EQ(listing, "");
+}
+
+// Export replaces only what an export made: a foreign directory's files stay, and the
+// refusal names the directory and --replace.
+TEST_F(FlashinferCliTest, ExportRefusesToReplaceADirectoryItDidNotMake) {
+  std::string out;
+  ASSERT_EQ(Import(&out), 0) << out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", manifest_, " -q"), &out), 0) << out;
+  const std::string d = dir_.Join("d");
+  WriteFileOrDie(d + "/keep", "x\n");
+  EXPECT_EQ(Cubist(absl::StrCat("export --layout plain --manifest ", manifest_, " ", d), &out), 6)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("export: ", d, " is not empty and was not made by "
+                                          "cubist export (no .cubist-export file, and keep is "
+                                          "not a hard link to a cache object)")));
+  EXPECT_THAT(out, HasSubstr("or pass --replace to replace it anyway"));
+  EXPECT_EQ(ReadFileOrDie(d + "/keep"), "x\n");
+  EXPECT_FALSE(FileExists(d + "/" + kCubin));
+
+  // Asked for by name, it is replaced; the tree now carries the marker, so the next
+  // export replaces it without being asked.
+  ASSERT_EQ(Cubist(absl::StrCat("export --layout plain --replace --manifest ", manifest_, " ", d),
+                   &out),
+            0)
+      << out;
+  EXPECT_FALSE(FileExists(d + "/keep"));
+  EXPECT_THAT(ReadFileOrDie(d + "/.cubist-export"), StartsWith("Made by cubist export from "));
+  ASSERT_EQ(Cubist(absl::StrCat("export --layout plain --manifest ", manifest_, " ", d), &out), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("(replacing the previous tree)"));
+}
+
+// A tree exported before the marker existed holds only hard links to cache objects: it
+// is replaced; one file of someone else's in it and it is not.
+TEST_F(FlashinferCliTest, ExportAcceptsAnUnmarkedTreeOfHardLinksOnly) {
+  std::string out;
+  ASSERT_EQ(Import(&out), 0) << out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", manifest_, " -q"), &out), 0) << out;
+  const std::string root = dir_.Join("fi");
+  const std::string pin = absl::StrCat(root, "/", kPin);
+  ASSERT_EQ(Cubist(absl::StrCat("export --manifest ", manifest_, " ", root), &out), 0) << out;
+  ASSERT_EQ(::unlink((pin + "/.cubist-export").c_str()), 0);
+  ASSERT_EQ(Cubist(absl::StrCat("export --manifest ", manifest_, " ", root), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("(replacing the previous tree)"));
+
+  ASSERT_EQ(::unlink((pin + "/.cubist-export").c_str()), 0);
+  WriteFileOrDie(pin + "/notes.txt", "mine\n");
+  EXPECT_EQ(Cubist(absl::StrCat("export --manifest ", manifest_, " ", root), &out), 6) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("export: ", pin, " is not empty and was not made by "
+                                          "cubist export (no .cubist-export file, and "
+                                          "notes.txt is not a hard link to a cache object)")));
+  EXPECT_EQ(ReadFileOrDie(pin + "/notes.txt"), "mine\n");
+}
+
+// Pointed at the cache, into it, or at a directory holding it, export refuses (exit 6)
+// and the cache stays whole.
+TEST_F(FlashinferCliTest, ExportRefusesTheCacheAndADirectoryHoldingIt) {
+  std::string out;
+  ASSERT_EQ(Import(&out), 0) << out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", manifest_, " -q"), &out), 0) << out;
+  const std::string cache = dir_.Join("cache");
+  for (const std::string& target : {cache, cache + "/objects/sha256", cache + "/x"}) {
+    EXPECT_EQ(Cubist(absl::StrCat("export --layout plain --replace --manifest ", manifest_, " ",
+                                  target),
+                     &out),
+              6)
+        << out;
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("export: ", target, " is inside the cache ", cache,
+                                            "; refusing to write there")));
+  }
+  EXPECT_EQ(Cubist(absl::StrCat("export --layout plain --replace --manifest ", manifest_, " ",
+                                dir_.path()),
+                   &out),
+            6)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("export: ", dir_.path(), " holds the cache ", cache,
+                                          "; replacing it would delete the cache")));
+  EXPECT_EQ(Cubist(absl::StrCat("verify --manifest ", manifest_), &out), 0) << out;
+  EXPECT_TRUE(FileExists(pin_dir_ + "/checksums.txt"));
+}
+
+// `--pin a` after `--pin a/b/c`: the export at a/b/c is not deleted.
+TEST_F(FlashinferCliTest, ExportNeverDeletesAnotherExportInsideItsTarget) {
+  std::string out;
+  ASSERT_EQ(Import(&out), 0) << out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", manifest_, " -q"), &out), 0) << out;
+  const std::string root = dir_.Join("fi");
+  ASSERT_EQ(Cubist(absl::StrCat("export --pin a/b/c --manifest ", manifest_, " ", root), &out), 0)
+      << out;
+  for (const char* flags : {"", "--replace "}) {
+    EXPECT_EQ(Cubist(absl::StrCat("export --pin a ", flags, "--manifest ", manifest_, " ", root),
+                     &out),
+              6)
+        << out;
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("export: replacing ", root,
+                                            "/a would delete the export at ", root,
+                                            "/a/b/c inside it")));
+  }
+  EXPECT_TRUE(FileExists(absl::StrCat(root, "/a/b/c/", kCubin)));
+}
+
+// A killed export leaves its temporary tree beside the target; the next export removes
+// it, but not the one a live export holds (its flock).
+TEST_F(FlashinferCliTest, ExportRemovesTheTemporaryTreesOfKilledExports) {
+  std::string out;
+  ASSERT_EQ(Import(&out), 0) << out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", manifest_, " -q"), &out), 0) << out;
+  const std::string root = dir_.Join("fi");
+  const std::string parent = absl::StrCat(root, "/d2c5915bf45ae64308a947824c14966c2718a292");
+  const std::string stale = parent + "/.batched_gemm-91e0ba0-896b90b.cubist-export-Ab12Cd";
+  const std::string live = parent + "/.other.cubist-export-Xy34Zw";
+  WriteFileOrDie(stale + "/half/written.cubin", std::string(4096, 'k'));
+  WriteFileOrDie(live + "/being/built.cubin", "k");
+  int held = ::open(live.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
+
+  ASSERT_EQ(Cubist(absl::StrCat("export --manifest ", manifest_, " ", root), &out), 0) << out;
+  EXPECT_FALSE(FileExists(stale));
+  EXPECT_EQ(ReadFileOrDie(live + "/being/built.cubin"), "k");
+  EXPECT_TRUE(FileExists(absl::StrCat(root, "/", kPin, "/", kCubin)));
+  ::close(held);
 }
 
 }  // namespace

@@ -114,6 +114,32 @@ TEST_F(ManifestCliTest, CheckRejectsInvalidManifestWithExitCode8) {
   EXPECT_THAT(out, StartsWith("cubist: error: " + file + ":2:13: syntax error: "));
 }
 
+// "x" and "x/y" cannot both be files: check (and every parse, so fetch too) refuses
+// the set naming both paths, in a JSON manifest and in a checksums.txt.
+TEST_F(ManifestCliTest, CheckRefusesAPathThatIsAlsoAnotherPathsDirectory) {
+  const std::string file = other_.Join("manifest.json");
+  const std::string art = R"(", "sha256": ")" + std::string(64, 'a') + R"(", "size": 1})";
+  WriteFileOrDie(file, R"({"schema": "cubist.manifest/1", "name": "n", "version": 1,
+  "artifacts": [{"path": "x)" + art + R"(, {"path": "k)" + art + R"(, {"path": "x/y/z)" + art +
+                           "]}");
+  std::string out;
+  EXPECT_EQ(Cubist("manifest check " + Q(file), &out), 8);
+  EXPECT_EQ(out, "cubist: error: " + file +
+                     ": artifacts[2].path: \"x/y/z\" lies under \"x\" (artifacts[0]), which is "
+                     "listed as a file; a path cannot be both a file and a directory\n");
+  EXPECT_EQ(Cubist("fetch --offline --cache " + Q(other_.Join("cache")) + " --manifest " +
+                       Q(file),
+                   &out),
+            8);
+  EXPECT_THAT(out, HasSubstr("\"x/y/z\" lies under \"x\""));
+
+  const std::string sums = other_.Join("abc/checksums.txt");
+  WriteFileOrDie(sums, std::string(64, 'a') + " a/b.cubin\n" + std::string(64, 'b') + " a\n");
+  EXPECT_EQ(Cubist("manifest check " + Q(sums), &out), 8);
+  EXPECT_THAT(out, HasSubstr(":1: \"a/b.cubin\" lies under \"a\" (line 2), which is listed as "
+                             "a file"));
+}
+
 TEST_F(ManifestCliTest, CheckAcceptsChecksumsTxt) {
   const std::string file = other_.Join("abc/checksums.txt");
   WriteFileOrDie(file, std::string(64, 'a') + " x.cubin\r\n" + std::string(64, 'b') + "  y.cubin\r\n");

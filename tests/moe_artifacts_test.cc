@@ -1,9 +1,10 @@
 // Publishing check (CI, no GPU): `scripts/build-artifacts --small` builds a subset of the
-// moe_gemm family into the build tree, and the result must be a valid repository:
-// the project's manifest parser accepts manifest.json, every artifact's size and SHA-256
-// match its file, and each cubin, inspected by the loader's ELF reader, is sm_90a SASS
-// holding exactly the kernel its entry names, with the ABI's parameter size, the block
-// size the entry promises and no local-memory frame. Skipped when nvcc is absent.
+// moe_gemm family and the MoE layer's own kernels (one cubin, kernels/moe_layer.cu) into
+// the build tree, and the result must be a valid repository: the project's manifest
+// parser accepts manifest.json, every artifact's size and SHA-256 match its file, and
+// each cubin, inspected by the loader's ELF reader, is sm_90a SASS holding exactly the
+// kernels its entries name, with the ABI's parameter size, the block size the entry
+// promises and no local-memory frame. Skipped when nvcc is absent.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <iterator>
 #include <set>
 #include <string>
 
@@ -20,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_layout.h"
+#include "kernels/moe_layer_abi.h"
 #include "loader/cubin.h"
 #include "manifest/manifest_parser.h"
 #include "tests/test_util.h"
@@ -71,6 +74,48 @@ class MoeArtifactsTest : public ::testing::Test {
   static std::string* output_;
   static int status_;
 };
+// The layer's kernels (kernels/moe_layer_abi.h's table): function, op, block size,
+// parameter struct size. Every build has them, in this order, unless --no-layer.
+struct LayerKernel {
+  const char* function;
+  const char* op;
+  int threads;
+  int param_bytes;
+};
+constexpr LayerKernel kLayerKernels[] = {
+    {"cubist_moe_route", moe::kMoeRouteOp, moe::kMoeRouteThreads,
+     sizeof(moe::MoeRouteParams)},
+    {"cubist_moe_sort_fused", moe::kMoeSortOp, moe::kMoeSortThreads,
+     sizeof(moe::MoeSortParams)},
+    {"cubist_moe_sort_count", moe::kMoeSortOp, moe::kMoeSortThreads,
+     sizeof(moe::MoeSortParams)},
+    {"cubist_moe_sort_scan", moe::kMoeSortOp, moe::kMoeSortThreads,
+     sizeof(moe::MoeSortParams)},
+    {"cubist_moe_sort_scatter", moe::kMoeSortOp, moe::kMoeSortThreads,
+     sizeof(moe::MoeSortParams)},
+    {"cubist_moe_gather_bf16", moe::kMoeGatherOp, moe::kMoeGatherThreads,
+     sizeof(moe::MoeGatherParams)},
+    {"cubist_moe_finalize", moe::kMoeFinalizeOp, moe::kMoeFinalizeThreads,
+     sizeof(moe::MoeFinalizeParams)},
+};
+constexpr char kLayerCubin[] = "cubins/sm_90a/moe_layer.cubin";
+// What --list prints after the selected GEMMs.
+constexpr char kLayerList[] =
+    "cubist_moe_route\n"
+    "cubist_moe_sort_fused\n"
+    "cubist_moe_sort_count\n"
+    "cubist_moe_sort_scan\n"
+    "cubist_moe_sort_scatter\n"
+    "cubist_moe_gather_bf16\n"
+    "cubist_moe_finalize\n";
+
+const LayerKernel* FindLayerKernel(const std::string& function) {
+  for (const LayerKernel& l : kLayerKernels) {
+    if (function == l.function) return &l;
+  }
+  return nullptr;
+}
+
 std::string* MoeArtifactsTest::dir_ = nullptr;
 std::string* MoeArtifactsTest::output_ = nullptr;
 int MoeArtifactsTest::status_ = -1;
@@ -81,11 +126,38 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->name, "moe-gemm-sm90a");
   EXPECT_EQ(m->version, 3);
-  ASSERT_EQ(m->kernels.size(), 6u);  // the --small preset
-  ASSERT_EQ(m->artifacts.size(), 6u);
-  std::set<std::string> formats;
+  // The --small preset: 6 GEMMs in a cubin each, and the layer's 7 kernels in one.
+  ASSERT_EQ(m->kernels.size(), 13u);
+  ASSERT_EQ(m->artifacts.size(), 7u);
+  std::set<std::string> formats, layer;
   for (const KernelSpec& k : m->kernels) {
     SCOPED_TRACE(k.name);
+    if (const LayerKernel* l = FindLayerKernel(k.function)) {
+      layer.insert(k.function);
+      EXPECT_EQ(k.name, k.function);
+      EXPECT_EQ(k.op, l->op);
+      EXPECT_EQ(k.abi, moe::kMoeLayerAbi);
+      EXPECT_EQ(k.arch, "sm_90a");
+      EXPECT_EQ(k.artifact, kLayerCubin);
+      EXPECT_EQ(k.threads, l->threads);
+      EXPECT_EQ(k.weight_format, "bf16");
+      EXPECT_EQ(k.activation_format, "bf16");
+      EXPECT_EQ(k.activation, "identity");
+      EXPECT_EQ(k.tile_m, 1);
+      EXPECT_EQ(k.tile_n, 1);
+      EXPECT_EQ(k.tile_k, 1);
+      EXPECT_EQ(k.cluster, (std::array<int, 3>{1, 1, 1}));
+      EXPECT_EQ(k.stages, 1);
+      EXPECT_EQ(k.shared_mem_bytes, 0);
+      EXPECT_THAT(k.extras.at("grid"), HasSubstr("CTA"));
+      EXPECT_THAT(k.extras.at("registers"), ::testing::MatchesRegex("[1-9][0-9]*"));
+      if (k.op == moe::kMoeRouteOp) {
+        EXPECT_EQ(k.extras.at("dynamic_shared"), "\"MoeRouteSharedBytes(E)\"");
+      } else {
+        EXPECT_EQ(k.extras.count("dynamic_shared"), 0u);
+      }
+      continue;
+    }
     EXPECT_EQ(k.op, "moe_gemm");
     // Generation 2 (TMA, persistent) kernels take parameter struct version 2.
     const bool tma = k.name.rfind("moe_gemm_tma_", 0) == 0;
@@ -131,6 +203,7 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   }
   EXPECT_EQ(formats,
             (std::set<std::string>{"bf16xbf16", "mxfp4xbf16", "fp8xfp8", "nvfp4xnvfp4"}));
+  EXPECT_EQ(layer.size(), std::size(kLayerKernels));
 }
 
 TEST_F(MoeArtifactsTest, ArtifactsMatchTheirHashesAndSizes) {
@@ -163,6 +236,24 @@ TEST_F(MoeArtifactsTest, CubinsAreSm90aWithTheAbiParameterStruct) {
     EXPECT_EQ(img.sm.major, 9);
     EXPECT_EQ(img.sm.minor, 0);
     EXPECT_EQ(img.sm.variant, SmTarget::Variant::kArch);  // sm_90a: wgmma needs it
+    if (const LayerKernel* l = FindLayerKernel(k.function)) {
+      // The layer's cubin holds its seven kernels and nothing else.
+      std::set<std::string> names;
+      for (const KernelInfo& ki : img.kernels) names.insert(ki.name);
+      EXPECT_EQ(names.size(), std::size(kLayerKernels));
+      for (const LayerKernel& each : kLayerKernels) EXPECT_EQ(names.count(each.function), 1u);
+      auto ki = std::find_if(img.kernels.begin(), img.kernels.end(),
+                             [&](const KernelInfo& i) { return i.name == k.function; });
+      ASSERT_NE(ki, img.kernels.end());
+      ASSERT_TRUE(ki->param_bytes.has_value());
+      EXPECT_EQ(*ki->param_bytes, l->param_bytes);
+      ASSERT_TRUE(ki->max_threads.has_value());  // __launch_bounds__ of the header's count
+      EXPECT_EQ(*ki->max_threads, k.threads);
+      if (ki->frame_bytes) EXPECT_EQ(*ki->frame_bytes, 0) << "registers spilled to local memory";
+      ASSERT_TRUE(ki->registers.has_value());
+      EXPECT_EQ(std::to_string(*ki->registers), k.extras.at("registers"));
+      continue;
+    }
     ASSERT_EQ(img.kernels.size(), 1u);  // one kernel per cubin
     const KernelInfo& ki = img.kernels[0];
     EXPECT_EQ(ki.name, k.function);
@@ -193,10 +284,17 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_mxfp4_mxfp8_swiglu_m64n128k128\n"
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m64n128k256\n"
             "moe_gemm_mxfp4_mxfp8_geglu_m64n128k128\n"
-            "moe_gemm_tma_mxfp4_mxfp8_geglu_m64n128k256\n");
+            "moe_gemm_tma_mxfp4_mxfp8_geglu_m64n128k256\n" +
+                std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
-  // The whole family: 95 generation-1 kernels, 120 generation-2 (TMA) ones.
+  // The whole family: 95 generation-1 kernels, 120 generation-2 (TMA) ones; then the
+  // layer's 7, which the GEMM selection flags do not filter.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 222);
+  EXPECT_TRUE(out.ends_with(kLayerList)) << out;
+  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --no-layer 2>&1", &out),
+            0);
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 215);
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("cubist_moe_")));
   // mxfp4 x mxfp8 of generation 2: the bf16-MMA kernels up to 64 tokens
   // (kernels/moe_gemm_fp4.cu), then the fp8-MMA ones: weights decoded by converters
   // (kernels/moe_gemm_fp4_fp8.cu, tile_k 128) and into registers (kernels/moe_gemm_fp4.cu,
@@ -209,9 +307,10 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m32n128k256\n"
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m64n128k256\n"
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m128n128k128\n"
-            "moe_gemm_tma_mxfp4_mxfp8_swiglu_m128n128k256\n");
+            "moe_gemm_tma_mxfp4_mxfp8_swiglu_m128n128k256\n" +
+                std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --generation 2 "
-                       "--formats fp8 --activations relu2 2>&1", &out), 0) << out;
+                       "--formats fp8 --activations relu2 --no-layer 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
             "moe_gemm_tma_fp8_fp8_relu2_m64n128k128\n"
             "moe_gemm_tma_fp8_fp8_relu2_m128n128k128\n");
@@ -221,12 +320,13 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
 }
 
 // ptxas serializes every wgmma of a kernel (a wait after each) when one is left in flight
-// across a loop's back edge or issued under a runtime condition (docs/kernels.md, "fp8 per
-// tensor"); build-artifacts reports each such kernel. The 64-row fp8 per-tensor kernel, the
-// fp4 kernels that decode weights into registers (here mxfp4 x mxfp8 with 64 tokens, and
-// with 128 on e4m3 wgmma) and the converter-fed fp8-MMA mxfp4 x mxfp8 one must stay free of
-// it; the 128-row fp8 kernel keeps its serialized loop because it measured faster, and is
-// the check's positive case.
+// across a loop's back edge or issued under a runtime condition (docs/kernels.md,
+// "Serialized wgmma"). The 64-row fp8 per-tensor kernel, the fp4 kernels that decode
+// weights into registers (here mxfp4 x mxfp8 with 64 tokens, and with 128 on e4m3 wgmma)
+// and the converter-fed fp8-MMA mxfp4 x mxfp8 one must stay free of it; build-artifacts
+// would name such a kernel. The 128-row fp8 kernel keeps its serialized loop because it
+// measured faster: the check's positive case, counted once in the summary, not named as a
+// problem.
 TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
   TempDir dir;
@@ -234,13 +334,15 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts '" + dir.Join("art") +
                            "' --generation 2 --formats fp8,mxfp4xmxfp8 --activations relu2 "
                            "--tiles 64x128x128,128x128x128,64x128x256,128x128x256 "
-                           "--writer python 2>&1",
+                           "--writer python --no-layer 2>&1",
                        &out),
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("build-artifacts: 5 kernels in"));
-  EXPECT_THAT(out, HasSubstr("build-artifacts: ptxas serialized the wgmma of "
-                             "moe_gemm_tma_fp8_fp8_relu2_m128n128k128 (C7514)\n"));
+  EXPECT_THAT(out, HasSubstr("; 1 with the wgmma serialized by ptxas, as designed: "
+                             "docs/kernels.md, \"Serialized wgmma\")\n"));
+  EXPECT_THAT(out, HasSubstr("build-artifacts: [5/5] "));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("ptxas serialized the wgmma of")));
   for (const char* name :
        {"moe_gemm_tma_fp8_fp8_relu2_m64n128k128", "moe_gemm_tma_mxfp4_mxfp8_relu2_m64n128k256",
         "moe_gemm_tma_mxfp4_mxfp8_relu2_m128n128k128",
@@ -249,6 +351,7 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
     EXPECT_TRUE(FileExists(dir.Join(std::string("art/cubins/sm_90a/") + name + ".cubin")))
         << name;
   }
+  EXPECT_FALSE(FileExists(dir.Join(std::string("art/") + kLayerCubin)));  // --no-layer
   // Only the tile that regrids activations (e4m3 wgmma with 128 tokens, tile_k 256) says
   // it is inexact, so that the dispatcher takes it only when asked (KernelEntry::exact).
   const std::string path = dir.Join("art/manifest.json");

@@ -135,6 +135,48 @@ TEST_F(OciRegistryTest, PushThenFetchByTagByDigestAndOffline) {
   EXPECT_THAT(out, HasSubstr("the cache holds no copy of this artifact set"));
 }
 
+// Mirroring a fetched set: the manifest alone (no artifacts beside it), its artifacts
+// taken from the cache a fetch filled; a cache without them is NotFound naming both.
+TEST_F(OciRegistryTest, PushTakesArtifactsFromTheCache) {
+  StartRegistry();
+  MakeRepo(6, 1000, 9000);
+  std::string out;
+  const std::string c1 = tmp_.Join("c1");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", repo_, "/manifest.json --cache ", c1),
+                   &out),
+            0)
+      << out;
+  const std::string alone = tmp_.Join("alone/manifest.json");
+  testing::WriteFileOrDie(alone, testing::ReadFileOrDie(repo_ + "/manifest.json"));
+  EXPECT_EQ(Cubist(absl::StrCat("push -q --cache ", tmp_.Join("empty"), " --manifest ", alone,
+                                " ", Ref("mirror/sample:v1")),
+                   &out),
+            5)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("push ", files_[0].path, ": no file at ",
+                                          tmp_.Join("alone/"), files_[0].path)));
+  ASSERT_EQ(Cubist(absl::StrCat("push --cache ", c1, " --manifest ", alone, " ",
+                                Ref("mirror/sample:v1")),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("6 artifacts, 8 blobs uploaded"));
+
+  const std::string c2 = tmp_.Join("c2");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", Ref("mirror/sample:v1"), " --cache ", c2),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("6 downloaded"));
+  ExpectAllCached(c2);
+  // The set fetched from the registry, pushed on by its reference from that cache.
+  ASSERT_EQ(Cubist(absl::StrCat("push -q --cache ", c2, " --manifest ", Ref("mirror/sample:v1"),
+                                " ", Ref("again/sample:v1")),
+                   &out),
+            0)
+      << out;
+}
+
 TEST_F(OciRegistryTest, PushAgainSkipsEveryBlobAndGivesTheSameDigest) {
   StartRegistry();
   MakeRepo(12, 100, 5000);

@@ -154,7 +154,7 @@ TEST_F(SelectCliTest, BadFlagValuesAreUsageErrors) {
                    "--tokens-per-expert 4 --n 64 --k 64 --sm 90",
                    &out),
             2);
-  EXPECT_THAT(out, HasSubstr("--op: unknown op 'gemv'; expected moe_gemm or trtllm_bmm"));
+  EXPECT_THAT(out, HasSubstr("--op: unknown op 'gemv'; expected moe_gemm, trtllm_bmm, moe_route"));
   EXPECT_EQ(Select("--weights bf16 --activations bf16 --experts 8 --tokens-per-expert 4 "
                    "--n 64 --k 64 --sm hopper",
                    &out),

@@ -23,8 +23,9 @@ from ._tensors import describe
 
 _cubist._register_errors(BY_CODE)
 
-__all__ = ["Runtime", "MoeGemm", "fetch", "verify", "select", "FORMATS", "ACTIVATIONS"] + list(
-    _error_names)
+__all__ = ["Runtime", "MoeGemm", "MoeLayer", "fetch", "verify", "select", "FORMATS",
+           "ACTIVATIONS", "ROUTING_METHODS", "GATED_LAYOUTS", "gated_weights"] + list(
+               _error_names)
 __version__ = "0.1.0"
 
 FORMATS = ("bf16", "fp8", "fp8-block", "mxfp4", "mxfp8", "nvfp4")
@@ -149,15 +150,19 @@ class MoeGemm:
     out[t] = act(A[t] . B[e]^T) for the rows t of expert e, offsets[e] <= t < offsets[e+1].
 
     pinned_kernel: always this kernel (debugging). pdl: programmatic dependent launch.
+    allow_inexact: selection and tune may also choose kernels that round an operand on
+    purpose (manifest "exact": false; MoeGemmOptions::allow_inexact). Off, results are
+    exact whatever the cost model or the timings say; a pinned kernel is used either way.
     """
 
     _next_handle = 1
 
-    def __init__(self, runtime, *, pinned_kernel=None, pdl=False):
+    def __init__(self, runtime, *, pinned_kernel=None, pdl=False, allow_inexact=False):
         if not isinstance(runtime, Runtime):
             raise _bad("runtime", f"expected cubist.Runtime, got {type(runtime).__name__}")
         self.runtime = runtime
-        self._native = _cubist.MoeGemm(runtime._native, str(pinned_kernel or ""), bool(pdl))
+        self._native = _cubist.MoeGemm(runtime._native, str(pinned_kernel or ""), bool(pdl),
+                                       bool(allow_inexact))
         self._native_run = self._native.run
         self._native.set_device(self.runtime.device)
         self._fast_run = self._native.fast_run
@@ -370,6 +375,8 @@ def _install_run(cls):
 
 
 _install_run(MoeGemm)
+from ._moe_layer import (  # noqa: E402 (needs Runtime)
+    GATED_LAYOUTS, MoeLayer, ROUTING_METHODS, _live_layers, gated_weights)
 _stream_getter = None
 _torch_op = None  # torch.ops.cubist.moe_gemm once cubist.ops is imported
 
@@ -429,15 +436,16 @@ def verify(manifest, cache_dir=None, deep=False, *, offline=False, threads=0,
 
 def select(manifest, *, weights, activations, experts, n, k, sm, activation="identity",
            tokens=None, tokens_per_expert=None, sm_count=0, op="moe_gemm", output_format=None,
-           kernel=None, explain=False, cache_dir=None, offline=False, trusted_keys=(),
-           trusted_keys_files=(), check=True):
+           kernel=None, explain=False, allow_inexact=False, cache_dir=None, offline=False,
+           trusted_keys=(), trusted_keys_files=(), check=True):
     """The kernel a manifest offers for a problem, without a GPU (`cubist select --json`'s
     report; `explain` adds every kernel's verdict). sm: "90", "90a", "100f", ...
-    Give tokens (total) or tokens_per_expert. With `check`, no kernel raises
-    NotFoundError (with the report)."""
+    Give tokens (total) or tokens_per_expert. allow_inexact: kernels that round an operand
+    on purpose (manifest "exact": false) are candidates too (`--allow-inexact`). With
+    `check`, no kernel raises NotFoundError (with the report)."""
     return _report(_cubist.select(
         str(manifest), str(cache_dir or ""), op, weights, activations, activation,
         int(experts), -1 if tokens is None else int(tokens),
         -1 if tokens_per_expert is None else int(tokens_per_expert), int(n), int(k), str(sm),
-        int(sm_count), output_format or "", kernel or "", bool(explain), bool(offline),
-        _strs(trusted_keys), _strs(trusted_keys_files)), check)
+        int(sm_count), output_format or "", kernel or "", bool(explain), bool(allow_inexact),
+        bool(offline), _strs(trusted_keys), _strs(trusted_keys_files)), check)

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from . import _live_gemms, InvalidArgumentError
+from . import _live_gemms, _live_layers, InvalidArgumentError
 
 
 @torch.library.custom_op("cubist::moe_gemm", mutates_args=("out",), device_types="cuda")
@@ -38,4 +38,27 @@ def moe_gemm(handle: int, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tenso
 @moe_gemm.register_fake
 def _(handle, a, b, offsets, out, a_scale, b_scale, a_global_scale, b_global_scale, alpha,
       beta, limit, weights, activations, activation):
+    return None
+
+
+@torch.library.custom_op("cubist::moe", mutates_args=("out",), device_types="cuda")
+def moe(handle: int, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, out: torch.Tensor,
+        router_logits: Optional[torch.Tensor], routing_bias: Optional[torch.Tensor],
+        topk_ids: Optional[torch.Tensor], topk_weights: Optional[torch.Tensor],
+        alpha: Optional[torch.Tensor], beta: Optional[torch.Tensor],
+        limit: Optional[torch.Tensor], accumulate: bool) -> None:
+    """torch.ops.cubist.moe: cubist.MoeLayer.__call__ into `out`, the layer named by its
+    handle (MoeLayer.handle). The workspace is the layer's own, from torch's caching
+    allocator (call layer.prepare(max_tokens, ...) before capturing a graph)."""
+    layer = _live_layers.get(handle)
+    if layer is None:
+        raise InvalidArgumentError(f"handle: no live cubist.MoeLayer has handle {handle}")
+    layer(x, w1, w2, router_logits=router_logits, routing_bias=routing_bias,
+          topk_ids=topk_ids, topk_weights=topk_weights, alpha=alpha, beta=beta, limit=limit,
+          out=out, accumulate=accumulate)
+
+
+@moe.register_fake
+def _(handle, x, w1, w2, out, router_logits, routing_bias, topk_ids, topk_weights, alpha,
+      beta, limit, accumulate):
     return None

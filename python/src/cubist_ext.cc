@@ -28,6 +28,7 @@
 #include "cli/moe_problem_flags.h"
 #include "cli/reports.h"
 #include "dispatch/moe_gemm.h"
+#include "dispatch/moe_layer.h"
 #include "dispatch/moe_types.h"
 #include "dispatch/runtime.h"
 
@@ -481,10 +482,11 @@ bool ReadFastArgs(int64_t device, PyObject* const* v, MoeGemmArgs& args, uintptr
 
 class PyMoeGemm {
  public:
-  PyMoeGemm(PyRuntime& rt, std::string pinned_kernel, bool pdl) {
+  PyMoeGemm(PyRuntime& rt, std::string pinned_kernel, bool pdl, bool allow_inexact) {
     MoeGemmOptions o;
     o.pinned_kernel = std::move(pinned_kernel);
     o.programmatic_dependent_launch = pdl;
+    o.allow_inexact = allow_inexact;
     op_ = Check(MoeGemm::Create(rt.get(), std::move(o)));
   }
 
@@ -617,6 +619,100 @@ class PyMoeGemm {
   int64_t launches_ = 0;
 };
 
+// The routed MoE layer (dispatch/moe_layer.h). Options come once, as keywords checked by
+// MoeLayer::Create; Run takes the buffers as integer pointers (python/cubist/__init__.py
+// checks the tensors and draws the workspace from torch's caching allocator).
+class PyMoeLayer {
+ public:
+  PyMoeLayer(PyRuntime& rt, const std::string& weights, const std::string& activations,
+             const std::string& activation, int64_t num_experts, int64_t top_k,
+             int64_t hidden, int64_t intermediate, const std::string& routing,
+             int64_t n_group, int64_t topk_group, double routed_scaling_factor,
+             bool apply_weight_on_input, const std::string& logits,
+             int64_t local_expert_offset, int64_t num_local_experts,
+             int64_t max_chunk_tokens, const std::string& finalize, bool pdl) {
+    MoeLayerOptions& o = options_;
+    o.weight_format = Check(ParseDataFormat(weights));
+    o.activation_format = Check(ParseDataFormat(activations));
+    o.activation = Check(ParseActivation(activation));
+    o.num_experts = num_experts;
+    o.top_k = top_k;
+    o.hidden = hidden;
+    o.intermediate = intermediate;
+    o.routing_method = routing;
+    o.n_group = n_group;
+    o.topk_group = topk_group;
+    o.routed_scaling_factor = static_cast<float>(routed_scaling_factor);
+    o.apply_weight_on_input = apply_weight_on_input;
+    o.logits_format = logits;
+    o.local_expert_offset = local_expert_offset;
+    o.num_local_experts = num_local_experts;
+    o.max_chunk_tokens = max_chunk_tokens;
+    o.finalize = finalize;
+    o.programmatic_dependent_launch = pdl;
+    op_ = Check(MoeLayer::Create(rt.get(), o));
+  }
+
+  size_t WorkspaceSize(int64_t max_tokens) const {
+    return Check(MoeLayer::WorkspaceSize(options_, max_tokens));
+  }
+
+  // The workspace's arrays (byte offsets) for batches of up to max_tokens tokens.
+  nb::dict WorkspaceLayout(int64_t max_tokens) const {
+    const MoeLayerWorkspace w = Check(MoeLayer::WorkspaceLayout(options_, max_tokens));
+    nb::dict d;
+    d["chunk_tokens"] = w.chunk_tokens;
+    d["row_capacity"] = w.row_capacity;
+    d["topk_ids"] = w.topk_ids;
+    d["topk_weights"] = w.topk_weights;
+    d["offsets"] = w.offsets;
+    d["dropped"] = w.dropped;
+    d["expanded_to_permuted"] = w.expanded_to_permuted;
+    d["permuted_to_expanded"] = w.permuted_to_expanded;
+    d["rows"] = w.rows;
+    d["bytes"] = w.bytes;
+    return d;
+  }
+
+  // p: hidden_states, router_logits, routing_bias, topk_ids, topk_weights, w1, w2, alpha,
+  // beta, limit, out, workspace (MoeLayerArgs' order).
+  void Run(int64_t tokens, const std::vector<uint64_t>& p, size_t workspace_bytes,
+           bool accumulate, uintptr_t stream, int64_t max_tokens) {
+    MoeLayerArgs a = ArgsOf(tokens, p, workspace_bytes, accumulate);
+    if (max_tokens >= 0) {
+      Check(WithoutGil([&] { return op_->CanImplement(a, max_tokens); }));  // may load
+      return;
+    }
+    Check(op_->Run(a, reinterpret_cast<CUstream>(stream)));
+  }
+
+ private:
+  static MoeLayerArgs ArgsOf(int64_t tokens, const std::vector<uint64_t>& p,
+                             size_t workspace_bytes, bool accumulate) {
+    if (p.size() != 12) Raise(absl::InvalidArgumentError("moe layer: 12 pointers expected"));
+    MoeLayerArgs a;
+    a.tokens = tokens;
+    a.hidden_states = p[0];
+    a.router_logits = p[1];
+    a.routing_bias = p[2];
+    a.topk_ids = p[3];
+    a.topk_weights = p[4];
+    a.w1 = p[5];
+    a.w2 = p[6];
+    a.alpha = p[7];
+    a.beta = p[8];
+    a.limit = p[9];
+    a.out = p[10];
+    a.workspace = p[11];
+    a.workspace_bytes = workspace_bytes;
+    a.accumulate = accumulate;
+    return a;
+  }
+
+  MoeLayerOptions options_;
+  std::unique_ptr<MoeLayer> op_;
+};
+
 // Sets the Python exception `run` raises for a failed status: the class registered for
 // its code (cubist/_errors.py), the message unchanged.
 void SetStatusError(const absl::Status& s) {
@@ -725,6 +821,15 @@ NB_MODULE(_cubist, m) {
   using namespace cubist;
   using namespace cubist::python;
   m.doc() = "cubist's native layer; use the `cubist` package";
+
+  // nanobind reports the instances, types and functions still alive when the interpreter
+  // ends. torch keeps what it was given until after that point: a MoeGemm used under
+  // torch.compile or in a CUDA graph stays referenced from torch's caches, and with it
+  // the Runtime and the bound methods, so every such script ended with ~30 lines of
+  // "nanobind: leaked ..." - not a bug in the user's code, and nothing cubist can release
+  // first (the objects are torch's to drop). To hunt a real reference leak in the binding,
+  // take this line out for the hunt.
+  nb::set_leak_warnings(false);
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -860,7 +965,7 @@ NB_MODULE(_cubist, m) {
   }
   nb::class_<PyMoeGemm> moe_gemm(m, "MoeGemm");
   RunState().native_type = reinterpret_cast<PyTypeObject*>(moe_gemm.ptr());
-  moe_gemm.def(nb::init<PyRuntime&, std::string, bool>(), nb::keep_alive<1, 2>())
+  moe_gemm.def(nb::init<PyRuntime&, std::string, bool, bool>(), nb::keep_alive<1, 2>())
       .def_static("_without_gpu", [](int64_t device) { return new PyMoeGemm(device); })
       .def("_last_launch", &PyMoeGemm::LastLaunch)
       .def("run", &PyMoeGemm::Run)
@@ -890,6 +995,16 @@ NB_MODULE(_cubist, m) {
       .def("can_implement", &PyMoeGemm::CanImplement)
       .def("kernel_for", &PyMoeGemm::KernelFor)
       .def("tune", &PyMoeGemm::Tune);
+
+  nb::class_<PyMoeLayer>(m, "MoeLayer")
+      .def(nb::init<PyRuntime&, const std::string&, const std::string&, const std::string&,
+                    int64_t, int64_t, int64_t, int64_t, const std::string&, int64_t, int64_t,
+                    double, bool, const std::string&, int64_t, int64_t, int64_t,
+                    const std::string&, bool>(),
+           nb::keep_alive<1, 2>())
+      .def("workspace_size", &PyMoeLayer::WorkspaceSize)
+      .def("workspace_layout", &PyMoeLayer::WorkspaceLayout)
+      .def("run", &PyMoeLayer::Run);
 
   m.def("fetch",
         [](std::string manifest, std::string cache, int jobs, bool offline,
@@ -929,8 +1044,8 @@ NB_MODULE(_cubist, m) {
         [](std::string manifest, std::string cache, std::string op, std::string weights,
            std::string activations, std::string activation, int64_t experts, int64_t tokens,
            int64_t tokens_per_expert, int64_t n, int64_t k, std::string sm, int sm_count,
-           std::string output_format, std::string kernel, bool explain, bool offline,
-           std::vector<std::string> keys, std::vector<std::string> key_files) {
+           std::string output_format, std::string kernel, bool explain, bool allow_inexact,
+           bool offline, std::vector<std::string> keys, std::vector<std::string> key_files) {
           cli::ProblemFlags p;
           p.op = std::move(op);
           p.weights = std::move(weights);
@@ -950,6 +1065,7 @@ NB_MODULE(_cubist, m) {
           r.problem = Check(p.ToProblem());
           r.pin = std::move(kernel);
           r.explain = explain;
+          r.allow_inexact = allow_inexact;
           r.offline = offline;
           r.trust = TrustOf(std::move(keys), std::move(key_files), false, false);
           std::unique_ptr<cli::Selection> s = Check(WithoutGil([&] { return cli::Select(r); }));

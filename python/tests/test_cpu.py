@@ -595,6 +595,16 @@ def test_fetch_offline_missing_is_not_found(served_set, tmp_path):
     assert "offline" in e.value.report["artifacts"][0]["error"]
 
 
+def cli_select(cli, manifest, *flags):
+    """`cubist select --json` for the bf16 SwiGLU problem of the select tests (8 experts x
+    16 tokens, N 1024, K 512, sm_90), with `flags` added."""
+    return json.loads(subprocess.run(
+        [cli, "select", "--manifest", str(manifest), "--weights", "bf16", "--activations",
+         "bf16", "--activation", "swiglu", "--experts", "8", "--tokens-per-expert", "16",
+         "--n", "1024", "--k", "512", "--sm", "90", "--json", *flags],
+        check=True, capture_output=True, text=True).stdout)
+
+
 def test_select_equals_the_cli_report(served_set, cli):
     _, manifest = served_set
     report = cubist.select(str(manifest), weights="bf16", activations="bf16",
@@ -602,12 +612,7 @@ def test_select_equals_the_cli_report(served_set, cli):
                            k=512, sm="90", explain=True)
     assert report["kernel"] == "moe_gemm_bf16_bf16_swiglu_m64n128k64"
     assert report["problem"]["tokens"] == 128
-    by_cli = json.loads(subprocess.run(
-        [cli, "select", "--manifest", str(manifest), "--weights", "bf16", "--activations",
-         "bf16", "--activation", "swiglu", "--experts", "8", "--tokens-per-expert", "16",
-         "--n", "1024", "--k", "512", "--sm", "90", "--explain", "--json"],
-        check=True, capture_output=True, text=True).stdout)
-    assert by_cli == report
+    assert cli_select(cli, manifest, "--explain") == report
     with pytest.raises(cubist.NotFoundError, match=r"no kernel for moe_gemm\{weights=mxfp4"):
         cubist.select(str(manifest), weights="mxfp4", activations="bf16", experts=8,
                       tokens=128, n=1024, k=512, sm="90")
@@ -648,3 +653,69 @@ def test_the_command_keeps_its_exit_codes(cli, tmp_path):
     missing = subprocess.run([cli, "verify", "--manifest", str(tmp_path / "none.json"),
                               "--cache", str(tmp_path / "c")], capture_output=True, text=True)
     assert missing.returncode == 5 and "run 'cubist fetch' first" in missing.stderr
+
+
+def inexact_set(tmp_path):
+    """write_set's kernels, marked as rounding an operand on purpose ("exact": false)."""
+    from conftest import write_set
+    manifest = write_set(tmp_path / "repo")
+    doc = json.loads(manifest.read_text())
+    for kernel in doc["kernels"]:
+        kernel["exact"] = False
+    manifest.write_text(json.dumps(doc, indent=1))
+    return manifest
+
+
+def test_select_takes_inexact_kernels_only_when_allowed(tmp_path, cli):
+    manifest = inexact_set(tmp_path)
+    problem = dict(weights="bf16", activations="bf16", activation="swiglu", experts=8,
+                   tokens_per_expert=16, n=1024, k=512, sm="90")
+    with pytest.raises(cubist.NotFoundError, match=r"no kernel for moe_gemm"):
+        cubist.select(str(manifest), **problem)
+    report = cubist.select(str(manifest), allow_inexact=True, **problem)
+    assert report["kernel"] == "moe_gemm_bf16_bf16_swiglu_m64n128k64"
+    assert cli_select(cli, manifest, "--allow-inexact") == report
+
+
+class RecordingNativeGemm:
+    """Stands in for _cubist.MoeGemm (which needs a GPU runtime): records its arguments."""
+    made = []
+
+    def __init__(self, *args):
+        RecordingNativeGemm.made.append(args)
+        self.run = self.fast_run = None
+
+    def set_device(self, device):
+        pass
+
+
+def test_moe_gemm_hands_allow_inexact_to_the_native_op(monkeypatch):
+    monkeypatch.setattr(cubist._cubist, "MoeGemm", RecordingNativeGemm)
+    rt = cubist.Runtime.__new__(cubist.Runtime)
+    rt._native, rt.device = "native runtime", 0
+    RecordingNativeGemm.made.clear()
+    cubist.MoeGemm(rt)
+    cubist.MoeGemm(rt, allow_inexact=True, pinned_kernel="k", pdl=True)
+    assert RecordingNativeGemm.made == [("native runtime", "", False, False),
+                                        ("native runtime", "k", True, True)]
+    assert "allow_inexact" in inspect.signature(cubist.MoeGemm).parameters
+
+
+def test_native_moe_gemm_takes_allow_inexact():
+    # The native constructor's signature (nanobind's docstring): runtime, pinned kernel,
+    # pdl, allow_inexact - what cubist.MoeGemm passes above.
+    doc = cubist._cubist.MoeGemm.__init__.__doc__
+    assert doc.count("bool") == 2, doc
+
+
+def test_objects_alive_at_exit_are_not_reported_as_leaks():
+    # torch keeps a MoeGemm used under torch.compile past the interpreter's end; stand-in:
+    # an op whose reference is never dropped. nanobind would print "nanobind: leaked 1
+    # instances!" and more at exit; the module turns that report off (cubist_ext.cc).
+    code = ("import ctypes, cubist\n"
+            "g = cubist._cubist.MoeGemm._without_gpu(0)\n"
+            "ctypes.pythonapi.Py_IncRef(ctypes.py_object(g))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert "leaked" not in r.stderr, r.stderr

@@ -217,6 +217,24 @@ def test_kernel_for_and_tune(gemm, rt):
     assert gemm.kernel_for(**args)["kernel"] == r["winner"]
 
 
+def test_inexact_kernels_are_tuned_only_when_allowed(gemm, rt):
+    import json
+    kernels = json.loads(pathlib.Path(MANIFEST).read_text())["kernels"]
+    inexact = {k["name"] for k in kernels if k.get("exact") is False
+               and (k["weight_format"], k["activation_format"], k["activation"])
+               == ("mxfp4", "mxfp8", "identity")}
+    if not inexact:
+        pytest.skip("the manifest has no inexact mxfp4 x mxfp8 kernel")
+    args = dict(weights="mxfp4", activations="mxfp8", activation="identity", experts=8,
+                tokens=1024, n=1024, k=1024, top_k=64, warmup=1, iterations=2, record=False)
+    exact_only = {t["kernel"] for t in gemm.tune(**args)["timings"]}
+    allowed = cubist.MoeGemm(rt, allow_inexact=True)
+    with_inexact = {t["kernel"] for t in allowed.tune(**args)["timings"]}
+    assert not exact_only & inexact
+    assert inexact <= with_inexact
+    assert with_inexact - inexact == exact_only
+
+
 def test_dlpack_and_cuda_array_interface_inputs(gemm):
     a, b, offsets = problem(8, [16] * 8, 512, 256)
     want = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
@@ -313,3 +331,100 @@ def test_example_layer_matches_torch(rt):
     torch.cuda.synchronize()
     # index_add_'s float atomics may sum a row's top-k terms in another order.
     assert moe_layer.relative_error(captured, got) < 1e-3
+
+
+def _layer_problem(e=16, k=4, h=256, inter=128, t=37, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(t, h, generator=g, device="cuda").to(torch.bfloat16)
+    logits = torch.randn(t, e, generator=g, device="cuda")
+    w1 = (torch.randn(e, 2 * inter, h, generator=g, device="cuda") * h ** -0.5).to(torch.bfloat16)
+    w2 = (torch.randn(e, h, inter, generator=g, device="cuda") * inter ** -0.5).to(torch.bfloat16)
+    return x, logits, w1, w2
+
+
+def _torch_layer(x, logits, w1, w2, k):
+    """renormalize routing + SwiGLU in plain torch, one expert at a time (reference)."""
+    vals, ids = logits.float().topk(k, dim=-1)
+    w = torch.softmax(vals, dim=-1)
+    inter = w1.shape[1] // 2
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for t in range(x.shape[0]):
+        for j in range(k):
+            e = ids[t, j]
+            c = x[t].float() @ w1[e].float().t()
+            hid = (F.silu(c[inter:]) * c[:inter]).to(torch.bfloat16)
+            y = (hid.float() @ w2[e].float().t()).to(torch.bfloat16)
+            out[t] += w[t, j] * y.float()
+    return out.to(torch.bfloat16), ids.int(), w
+
+
+def test_moe_layer_matches_torch_and_is_deterministic(rt):
+    x, logits, w1, w2 = _layer_problem()
+    layer = cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128)
+    got = layer(x, w1, w2, router_logits=logits)
+    want, _, _ = _torch_layer(x, logits, w1, w2, 4)
+    assert moe_layer.relative_error(got, want) < 1e-2
+    again = layer(x, w1, w2, router_logits=logits)
+    torch.cuda.synchronize()
+    assert torch.equal(got, again)  # the deterministic finalize: the same bits
+
+
+def test_moe_layer_pre_routed_equals_routed(rt):
+    x, logits, w1, w2 = _layer_problem(seed=1)
+    layer = cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128)
+    routed = layer(x, w1, w2, router_logits=logits)
+    vals, ids = logits.topk(4, dim=-1)
+    pre = layer(x, w1, w2, topk_ids=ids.int().contiguous(),
+                topk_weights=torch.softmax(vals, dim=-1).contiguous())
+    torch.cuda.synchronize()
+    assert moe_layer.relative_error(pre, routed) < 1e-5
+
+
+def test_moe_layer_captures_in_a_graph_and_compiles(rt):
+    x, logits, w1, w2 = _layer_problem(seed=2, t=20)
+    layer = cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128)
+    layer.prepare(64, w1, w2)  # every kernel for T <= 64 loaded; workspace sized
+    eager = layer(x, w1, w2, router_logits=logits)
+    out = torch.empty_like(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        layer(x, w1, w2, router_logits=logits, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer(x, w1, w2, router_logits=logits, out=out)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+    def f(x, logits):
+        return layer.op(x, w1, w2, router_logits=logits) * 2
+    got = torch.compile(f, fullgraph=True)(x, logits)
+    torch.cuda.synchronize()
+    assert torch.equal(got, eager * 2)
+
+
+def test_moe_layer_errors_name_the_argument(rt):
+    x, logits, w1, w2 = _layer_problem()
+    layer = cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128)
+    with pytest.raises(cubist.InvalidArgumentError, match=r"w1: expected bfloat16 \[16, 256, 256\]"):
+        layer(x, w1[:, :128].contiguous(), w2, router_logits=logits)
+    with pytest.raises(cubist.InvalidArgumentError, match="topk_ids: is null"):
+        layer(x, w1, w2)
+    with pytest.raises(cubist.InvalidArgumentError, match="top_k: 17 is outside"):
+        cubist.MoeLayer(rt, num_experts=16, top_k=17, hidden=256, intermediate=128)
+
+
+def test_gated_weights_turn_checkpoint_layouts_into_cubists():
+    e, inter, h = 2, 3, 4
+    up = torch.arange(e * inter * h, dtype=torch.float32, device="cuda").view(e, inter, h)
+    gate = -up - 1
+    ours = torch.cat((up, gate), dim=1)
+    assert torch.equal(cubist.gated_weights(ours, "up_gate"), ours)
+    assert torch.equal(cubist.gated_weights(torch.cat((gate, up), dim=1), "gate_up"), ours)
+    interleaved = torch.stack((gate, up), dim=2).reshape(e, 2 * inter, h)  # g0 u0 g1 u1 ...
+    assert torch.equal(cubist.gated_weights(interleaved, "gate_up_interleaved"), ours)
+    with pytest.raises(cubist.InvalidArgumentError, match="layout: 'w13'"):
+        cubist.gated_weights(ours, "w13")

@@ -87,7 +87,8 @@ std::string MetaInfoHeader(const std::vector<PinKernel>& kernels,
   return h;
 }
 
-std::vector<std::string> WritePin(const std::string& dir, const std::vector<PinKernel>& kernels) {
+std::vector<std::string> WritePin(const std::string& dir, const std::vector<PinKernel>& kernels,
+                                  const std::string& header_path) {
   std::vector<std::string> hashes;
   std::string sums;
   for (size_t i = 0; i < kernels.size(); ++i) {
@@ -100,8 +101,8 @@ std::vector<std::string> WritePin(const std::string& dir, const std::vector<PinK
     absl::StrAppend(&sums, hashes.back(), "  ", name, "\n");
   }
   const std::string header = MetaInfoHeader(kernels, hashes);
-  WriteFileOrDie(dir + "/include/flashinferMetaInfo.h", header);
-  absl::StrAppend(&sums, Sha256Hex(header), "  include/flashinferMetaInfo.h\n");
+  WriteFileOrDie(dir + "/" + header_path, header);
+  absl::StrAppend(&sums, Sha256Hex(header), "  ", header_path, "\n");
   WriteFileOrDie(dir + "/checksums.txt", sums);
   return hashes;
 }

@@ -43,8 +43,10 @@ std::string MetaInfoHeader(const std::vector<PinKernel>& kernels,
                            const std::vector<std::string>& hashes);
 
 // Writes a pin into `dir`: one cubin per kernel (random bytes), the header, and
-// checksums.txt listing them all (the header included). Returns the cubin hashes.
-std::vector<std::string> WritePin(const std::string& dir, const std::vector<PinKernel>& kernels);
+// checksums.txt listing them all (the header included, at `header_path`: the attention
+// pin's is include/flashInferMetaInfo.h). Returns the cubin hashes.
+std::vector<std::string> WritePin(const std::string& dir, const std::vector<PinKernel>& kernels,
+                                  const std::string& header_path = "include/flashinferMetaInfo.h");
 
 }  // namespace cubist::testing
 

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "tests/test_util.h"
 
 namespace cubist::testing {
 std::string NginxServer::BinaryPath() {
@@ -64,8 +65,13 @@ absl::Status NginxServer::Launch() {
     << "  keepalive_requests 100000; keepalive_timeout 60s;\n"
     << o.http_extra
     << "  server {\n"
-    << "    listen 127.0.0.1:" << port_ << " reuseport;\n"
+    << "    listen 127.0.0.1:" << port_ << " reuseport" << (o.tls_cert.empty() ? "" : " ssl")
+    << ";\n"
     << "    root " << o.root << ";\n";
+  if (!o.tls_cert.empty()) {
+    c << "    ssl_certificate " << o.tls_cert << ";\n"
+      << "    ssl_certificate_key " << o.tls_key << ";\n";
+  }
   if (!o.limit_rate.empty()) c << "    limit_rate " << o.limit_rate << ";\n";
   c << o.server_extra;
   c << "  }\n}\n";
@@ -86,7 +92,27 @@ NginxServer::~NginxServer() { Stop(); }
 
 void NginxServer::Stop() { process_.Stop(); }
 
-std::string NginxServer::BaseUrl() const { return absl::StrCat("http://127.0.0.1:", port_, "/"); }
+std::string NginxServer::BaseUrl() const {
+  return options_.tls_cert.empty() ? absl::StrCat("http://127.0.0.1:", port_, "/")
+                                   : absl::StrCat("https://localhost:", port_, "/");
+}
+
+absl::StatusOr<TestTls> MakeTestTls(const std::string& dir, const std::string& host) {
+  TestTls t{dir + "/ca.pem", dir + "/server.pem", dir + "/server.key"};
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  const std::string script = absl::StrCat(
+      "set -e; mkdir -p '", dir, "'; cd '", dir, "'; ",
+      "openssl req -x509 ", ec, " -keyout ca.key -out ca.pem -days 2 -subj /CN=cubist-test-ca; ",
+      "openssl req ", ec, " -keyout server.key -out server.csr -subj /CN=", host, "; ",
+      "printf 'subjectAltName=DNS:", host, "\\n' > ext.cnf; ",
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial ",
+      "-out server.pem -days 2 -extfile ext.cnf");
+  std::string out;
+  if (RunCommand(absl::StrCat("(", script, ") 2>&1"), &out) != 0) {
+    return absl::UnavailableError(absl::StrCat("openssl could not make a test CA: ", out));
+  }
+  return t;
+}
 
 std::vector<std::string> NginxServer::AccessLog() const {
   std::ifstream f(options_.workdir + "/access.log");

@@ -26,6 +26,10 @@ class NginxServer {
     // proxy_cache_path / locations that proxy to an origin, for site-cache tests).
     std::string http_extra;
     std::string server_extra;
+    // HTTPS instead of HTTP: the server's certificate and key (PEM), as MakeTestTls
+    // writes them. BaseUrl is then "https://localhost:<port>/".
+    std::string tls_cert;
+    std::string tls_key;
   };
 
   // The nginx binary, or "" when none is installed.
@@ -35,7 +39,7 @@ class NginxServer {
   ~NginxServer();
 
   int port() const { return port_; }
-  std::string BaseUrl() const;  // "http://127.0.0.1:<port>/"
+  std::string BaseUrl() const;  // "http://127.0.0.1:<port>/" (https://localhost with TLS)
   // Stops it (SIGTERM, then SIGKILL after 5 s) and waits. Idempotent.
   void Stop();
   // Starts it again on the same port (after Stop).
@@ -54,6 +58,16 @@ class NginxServer {
   int port_ = 0;
   ServerProcess process_;
 };
+
+// A private CA and a server certificate it signed for `host` (a DNS name), made with
+// the openssl command in `dir`: ca.pem (what a client adds to trust the server),
+// server.pem and server.key (for NginxServer::Options).
+struct TestTls {
+  std::string ca;
+  std::string cert;
+  std::string key;
+};
+absl::StatusOr<TestTls> MakeTestTls(const std::string& dir, const std::string& host = "localhost");
 
 }  // namespace cubist::testing
 

@@ -1,0 +1,233 @@
+// cubist run --op moe: runs the routed MoE layer (dispatch/moe_layer.h) on random hidden
+// states, router logits and weights, checks a sample of tokens against the CPU reference
+// (dispatch/moe_layer_reference.h: routing in fp32, the GEMMs in double) and prints the
+// median time next to the floor: one read of the weights of the experts the batch
+// touches, at the device's copy bandwidth.
+#include "cli/run_moe_layer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "cli/command.h"
+#include "cli/exit_codes.h"
+#include "dispatch/moe_layer.h"
+#include "dispatch/moe_layer_reference.h"
+#include "dispatch/reference.h"
+#include "loader/device_memory.h"
+
+namespace cubist::cli {
+namespace {
+
+namespace ref = ::cubist::reference;
+
+std::vector<uint16_t> RandomBf16(size_t n, double scale, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = ref::FloatToBf16(static_cast<float>(nd(rng) * scale));
+  return v;
+}
+
+template <typename T>
+absl::StatusOr<DeviceBuffer> Upload(DriverApi& d, const std::vector<T>& v) {
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer b,
+                          DeviceBuffer::Allocate(d, std::max<size_t>(v.size(), 1) * sizeof(T)));
+  if (!v.empty()) CUBIST_RETURN_IF_ERROR(b.CopyFromHost(v.data(), v.size() * sizeof(T)));
+  return b;
+}
+
+struct LayerRun {
+  std::string check_summary;
+  bool ok = false;
+  int checked_tokens = 0;
+  double time_us = 0;
+  double floor_us = 0;
+  int experts_touched = 0;
+};
+
+absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
+                                  const MoeLayerOptions& o) {
+  DriverApi& d = rt.driver();
+  const int t = static_cast<int>(f.tokens), e = static_cast<int>(o.num_experts);
+  const int k = static_cast<int>(o.top_k), h = static_cast<int>(o.hidden);
+  const int inter = static_cast<int>(o.intermediate);
+  const int n1 = IsGated(o.activation) ? 2 * inter : inter;
+  std::mt19937_64 rng(f.seed);
+
+  ref::MoeLayerData data;
+  data.tokens = t;
+  data.hidden = h;
+  data.intermediate = inter;
+  data.num_experts = e;
+  data.num_local_experts = e;
+  data.activation = o.activation;
+  data.apply_weight_on_input = o.apply_weight_on_input;
+  data.x = RandomBf16(static_cast<size_t>(t) * h, 1.0, rng);
+  data.w1 = RandomBf16(static_cast<size_t>(e) * n1 * h, 1.0 / std::sqrt(h), rng);
+  data.w2 = RandomBf16(static_cast<size_t>(e) * h * inter, 1.0 / std::sqrt(inter), rng);
+  std::vector<float> logits(static_cast<size_t>(t) * e), bias;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (float& x : logits) x = nd(rng);
+  if (o.routing_method == "deepseek_v3") {
+    for (int i = 0; i < e; ++i) bias.push_back(0.1f * nd(rng));
+  }
+
+  CUBIST_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::Create(rt, o));
+  CUBIST_ASSIGN_OR_RETURN(size_t ws_bytes, MoeLayer::WorkspaceSize(o, t));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer x, Upload(d, data.x));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w1, Upload(d, data.w1));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w2, Upload(d, data.w2));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer lg, Upload(d, logits));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer bias_d, Upload(d, bias));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Allocate(d, size_t(t) * h * 2));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer ws, DeviceBuffer::Allocate(d, ws_bytes));
+  CUBIST_ASSIGN_OR_RETURN(Stream stream, Stream::Create(d));
+
+  MoeLayerArgs a;
+  a.tokens = t;
+  a.hidden_states = x.get();
+  a.router_logits = lg.get();
+  if (!bias.empty()) a.routing_bias = bias_d.get();
+  a.w1 = w1.get();
+  a.w2 = w2.get();
+  a.out = out.get();
+  a.workspace = ws.get();
+  a.workspace_bytes = ws.size();
+  CUBIST_RETURN_IF_ERROR(layer->CanImplement(a, t));
+  CUBIST_RETURN_IF_ERROR(layer->Run(a, stream.get()));
+  CUBIST_RETURN_IF_ERROR(stream.Synchronize());
+
+  // The check: the reference routes every token (cheap) and runs the GEMMs for a sample.
+  ref::RoutingConfig rc;
+  CUBIST_ASSIGN_OR_RETURN(rc.method, ParseRoutingMethod(o.routing_method));
+  rc.num_experts = e;
+  rc.top_k = k;
+  rc.n_group = static_cast<int>(o.n_group);
+  rc.topk_group = static_cast<int>(o.topk_group);
+  rc.routed_scaling_factor = o.routed_scaling_factor;
+  const ref::Routing routing = ref::Route(rc, logits, bias, t);
+  std::vector<int> sample;
+  const int want = std::min(t, std::max(1, f.check_tokens));
+  for (int i = 0; i < want; ++i) sample.push_back(static_cast<int>(int64_t{i} * t / want));
+  ref::MoeLayerData sub = data;
+  ref::Routing sub_routing;
+  sub.tokens = static_cast<int>(sample.size());
+  sub.x.clear();
+  sub_routing.tokens = sub.tokens;
+  sub_routing.top_k = k;
+  std::vector<uint16_t> got;
+  for (int tok : sample) {
+    sub.x.insert(sub.x.end(), data.x.begin() + size_t(tok) * h, data.x.begin() + size_t(tok + 1) * h);
+    sub_routing.ids.insert(sub_routing.ids.end(), routing.ids.begin() + size_t(tok) * k,
+                           routing.ids.begin() + size_t(tok + 1) * k);
+    sub_routing.weights.insert(sub_routing.weights.end(), routing.weights.begin() + size_t(tok) * k,
+                               routing.weights.begin() + size_t(tok + 1) * k);
+    std::vector<uint16_t> row(h);
+    CUBIST_RETURN_IF_ERROR(out.CopyToHost(row.data(), size_t(h) * 2, size_t(tok) * h * 2));
+    got.insert(got.end(), row.begin(), row.end());
+  }
+  ref::Tolerance tol;
+  tol.rel_fro = 5e-3;
+  tol.rtol = 3e-2;
+  tol.atol_rel = 1e-2;
+  const ref::Comparison cmp =
+      ref::CompareBf16(got, ref::MoeLayerReference(sub, sub_routing), tol);
+  LayerRun r;
+  r.ok = cmp.ok;
+  r.check_summary = cmp.summary;
+  r.checked_tokens = static_cast<int>(sample.size());
+
+  // Timing: CUDA events around each Run, the median.
+  std::vector<float> ms;
+  CUBIST_ASSIGN_OR_RETURN(Event start, Event::Create(d));
+  CUBIST_ASSIGN_OR_RETURN(Event stop, Event::Create(d));
+  for (int i = 0; i < f.warmup + f.iterations; ++i) {
+    CUBIST_RETURN_IF_ERROR(start.Record(stream.get()));
+    CUBIST_RETURN_IF_ERROR(layer->Run(a, stream.get()));
+    CUBIST_RETURN_IF_ERROR(stop.Record(stream.get()));
+    CUBIST_RETURN_IF_ERROR(stop.Synchronize());
+    CUBIST_ASSIGN_OR_RETURN(float one, Event::ElapsedMs(start, stop));
+    if (i >= f.warmup) ms.push_back(one);
+  }
+  std::sort(ms.begin(), ms.end());
+  r.time_us = ms.empty() ? 0 : 1000.0 * ms[ms.size() / 2];
+  std::set<int32_t> touched(routing.ids.begin(), routing.ids.end());
+  r.experts_touched = static_cast<int>(touched.size());
+  const double weight_bytes = 2.0 * r.experts_touched * (double(n1) * h + double(h) * inter);
+  r.floor_us = weight_bytes / (f.copy_tbps * 1e12) * 1e6;
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<MoeLayerOptions> MoeLayerOptionsFromFlags(const MoeLayerRunFlags& f) {
+  MoeLayerOptions o;
+  auto flag = [](const char* name, const absl::Status& s) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", s.message()));
+  };
+  auto w = ParseDataFormat(f.weights);
+  if (!w.ok()) return flag("--weights", w.status());
+  auto a = ParseDataFormat(f.activations);
+  if (!a.ok()) return flag("--activations", a.status());
+  auto act = ParseActivation(f.activation);
+  if (!act.ok()) return flag("--activation", act.status());
+  o.weight_format = *w;
+  o.activation_format = *a;
+  o.activation = *act;
+  o.num_experts = f.experts;
+  o.top_k = f.top_k;
+  o.hidden = f.hidden;
+  o.intermediate = f.intermediate;
+  o.routing_method = f.routing;
+  o.n_group = f.n_group;
+  o.topk_group = f.topk_group;
+  o.routed_scaling_factor = f.routed_scaling_factor;
+  o.apply_weight_on_input = f.routing == "llama4";
+  o.max_chunk_tokens = f.max_chunk_tokens;
+  if (f.tokens < 0) return absl::InvalidArgumentError("--tokens: give the batch's token count (T)");
+  CUBIST_RETURN_IF_ERROR(MoeLayer::WorkspaceSize(o, f.tokens).status());
+  return o;
+}
+
+int RunMoeLayer(const MoeLayerRunFlags& f, const MoeLayerOptions& o, Runtime& rt) {
+  absl::StatusOr<LayerRun> r = RunLayer(f, rt, o);
+  if (!r.ok()) return PrintError(r.status());
+  const std::string problem = absl::StrFormat(
+      "moe layer %s x %s, %s routing, E=%d top-%d, H=%d, I=%d, %s, T=%d", f.weights,
+      f.activations, f.routing, f.experts, f.top_k, f.hidden, f.intermediate, f.activation,
+      f.tokens);
+  if (f.json) {
+    nlohmann::json j = {{"device", rt.device_name()},
+                        {"problem", problem},
+                        {"check", {{"ok", r->ok}, {"tokens", r->checked_tokens},
+                                   {"summary", r->check_summary}}},
+                        {"time_us", r->time_us},
+                        {"experts_touched", r->experts_touched},
+                        {"floor_us", r->floor_us}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << absl::StrFormat(
+        "device: %s\nproblem: %s\ncheck: %d tokens vs CPU reference: %s: %s\n"
+        "time: %.1f us (median of %d, eager); floor %.1f us (weights of %d experts read "
+        "once at %.1f TB/s)\n",
+        rt.device_name(), problem, r->checked_tokens, r->check_summary,
+        r->ok ? "PASS" : "FAIL", r->time_us, f.iterations, r->floor_us, r->experts_touched,
+        f.copy_tbps);
+  }
+  if (!r->ok) {
+    PrintError(absl::InternalError(absl::StrCat(
+        "run: the MoE layer disagrees with the CPU reference (", r->check_summary,
+        "); report it with this command line")));
+    return kExitFailure;
+  }
+  return kExitOk;
+}
+
+}  // namespace cubist::cli

@@ -1,0 +1,510 @@
+#include "dispatch/moe_layer.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "base/strings.h"
+#include "loader/driver_api.h"
+
+namespace cubist {
+namespace {
+
+constexpr size_t kAlign = 256;  // every workspace array starts on a 256-byte boundary
+constexpr int64_t kInt32Max = 0x7FFFFFFF;
+
+size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+absl::Status Bad(std::string_view field, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("moe layer: ", Sv(field), ": ", Sv(what)));
+}
+
+int64_t LocalExperts(const MoeLayerOptions& o) {
+  return o.num_local_experts > 0 ? o.num_local_experts : o.num_experts;
+}
+
+int64_t ChunkTokens(const MoeLayerOptions& o, int64_t tokens) {
+  return o.max_chunk_tokens > 0 ? std::min(tokens, o.max_chunk_tokens) : tokens;
+}
+
+// Rows the GEMMs are sized for: a power of two >= T x k (at least 64), so that the
+// kernels chosen for a bucket serve every batch in it and CanImplement(max_tokens) has
+// log2(max_tokens) GEMM problems to prepare, not max_tokens.
+int64_t RowBucketFor(int64_t tokens, int64_t top_k) {
+  int64_t rows = 64;
+  while (rows < tokens * top_k) rows *= 2;
+  return rows;
+}
+
+absl::Status ValidateOptions(const MoeLayerOptions& o) {
+  if (o.weight_format != DataFormat::kBf16 || o.activation_format != DataFormat::kBf16) {
+    return absl::UnimplementedError(absl::StrCat(
+        "moe layer: the ", Sv(DataFormatName(o.weight_format)), " x ",
+        Sv(DataFormatName(o.activation_format)),
+        " pair is not served by the layer yet (bf16 x bf16 is); run the GEMMs with MoeGemm"));
+  }
+  if (!OpSupports(Op::kMoeGemm, o.activation) || !moe::MoeGemmEncodes(o.activation)) {
+    return Bad("activation", "not a moe_gemm activation");
+  }
+  if (o.num_experts < 1 || o.num_experts > moe::kMoeRouteMaxExperts) {
+    return Bad("num_experts", absl::StrCat(o.num_experts, " is outside 1..",
+                                           moe::kMoeRouteMaxExperts));
+  }
+  const int64_t l = LocalExperts(o);
+  if (o.local_expert_offset < 0 || l < 1 || l > moe::kMoeSortMaxExperts ||
+      o.local_expert_offset + l > o.num_experts) {
+    return Bad("local experts",
+               absl::StrCat("experts ", o.local_expert_offset, "..", o.local_expert_offset + l - 1,
+                            " are not within the ", o.num_experts,
+                            " experts; set local_expert_offset and num_local_experts so "
+                            "that offset + count <= num_experts"));
+  }
+  if (o.top_k < 1 || o.top_k > o.num_experts) {
+    return Bad("top_k", absl::StrCat(o.top_k, " is outside 1..num_experts (", o.num_experts, ")"));
+  }
+  if (o.top_k > moe::kMoeRouteMaxTopK) {
+    return Bad("top_k", absl::StrCat(o.top_k, " exceeds the kernels' limit of ",
+                                     moe::kMoeRouteMaxTopK));
+  }
+  if (o.hidden < 8 || o.hidden % 8 != 0) {
+    return Bad("hidden", absl::StrCat(o.hidden, " is not a positive multiple of 8"));
+  }
+  if (o.intermediate < 8 || o.intermediate % 8 != 0) {
+    return Bad("intermediate", absl::StrCat(o.intermediate, " is not a positive multiple of 8"));
+  }
+  CUBIST_ASSIGN_OR_RETURN(moe::MoeRoutingMethod m, ParseRoutingMethod(o.routing_method));
+  if (m == moe::kRouteDeepSeekV3) {
+    if (o.n_group < 1 || o.num_experts % o.n_group != 0) {
+      return Bad("n_group", absl::StrCat(o.n_group, " does not divide num_experts (",
+                                         o.num_experts, ")"));
+    }
+    if (o.num_experts / o.n_group < 2) {
+      return Bad("n_group", "each group needs at least two experts (a group scores its top 2)");
+    }
+    if (o.topk_group < 1 || o.topk_group > o.n_group) {
+      return Bad("topk_group", absl::StrCat(o.topk_group, " is outside 1..n_group (", o.n_group, ")"));
+    }
+    if (o.top_k > o.topk_group * (o.num_experts / o.n_group)) {
+      return Bad("top_k", absl::StrCat(o.top_k, " exceeds the experts of the kept groups (",
+                                       o.topk_group * (o.num_experts / o.n_group), ")"));
+    }
+  }
+  if (m == moe::kRouteLlama4 && o.top_k != 1) {
+    return Bad("top_k", "llama4 routing chooses one expert per token; set top_k to 1");
+  }
+  if (o.apply_weight_on_input && o.top_k != 1) {
+    return Bad("apply_weight_on_input",
+               "weights applied on input need top_k 1 (a token's row would differ per slot)");
+  }
+  if (o.logits_format != "fp32" && o.logits_format != "bf16") {
+    return Bad("logits_format", absl::StrCat("'", o.logits_format, "' is not fp32 or bf16"));
+  }
+  if (o.finalize != "sum" && o.finalize != "none") {
+    return Bad("finalize", absl::StrCat("'", o.finalize, "' is not sum or none"));
+  }
+  if (o.max_chunk_tokens < 0) return Bad("max_chunk_tokens", "is negative");
+  return absl::OkStatus();
+}
+
+// The workspace for passes of up to `rows` rows (a RowBucketFor value).
+MoeLayerWorkspace LayoutForRows(const MoeLayerOptions& o, int64_t chunk_tokens, int64_t rows) {
+  MoeLayerWorkspace w;
+  w.chunk_tokens = chunk_tokens;
+  w.row_capacity = rows;
+  const int64_t l = LocalExperts(o);
+  const size_t slots = static_cast<size_t>(chunk_tokens * o.top_k);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t here = at;
+    at = AlignUp(at + std::max<size_t>(bytes, 1));
+    return here;
+  };
+  w.topk_ids = take(4 * slots);
+  w.topk_weights = take(4 * slots);
+  w.offsets = take(4 * static_cast<size_t>(l + 1));
+  w.dropped = take(4);
+  w.expanded_to_permuted = take(4 * slots);
+  w.permuted_to_expanded = take(4 * slots);
+  w.chunk_counts =
+      take(4 * static_cast<size_t>(moe::MoeSortChunks(static_cast<int64_t>(slots)) * (l + 1)));
+  // GEMM1's output is I wide either way (gated: 2I rows make I columns).
+  w.gathered = take(2 * static_cast<size_t>(rows * o.hidden));
+  w.activated = take(2 * static_cast<size_t>(rows * o.intermediate));
+  w.rows = take(2 * static_cast<size_t>(rows * o.hidden));
+  w.bytes = at;
+  return w;
+}
+
+}  // namespace
+
+absl::StatusOr<moe::MoeRoutingMethod> ParseRoutingMethod(std::string_view name) {
+  for (int32_t i = 0; i < moe::kMoeRoutingMethods; ++i) {
+    const auto m = static_cast<moe::MoeRoutingMethod>(i);
+    if (name == moe::MoeRoutingMethodName(m)) return m;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("moe layer: routing_method: unknown '",
+                                                 Sv(name), "'; expected one of ",
+                                                 AllRoutingMethodNames()));
+}
+
+std::string AllRoutingMethodNames() {
+  std::string out;
+  for (int32_t i = 0; i < moe::kMoeRoutingMethods; ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : ", ",
+                    moe::MoeRoutingMethodName(static_cast<moe::MoeRoutingMethod>(i)));
+  }
+  return out;
+}
+
+absl::StatusOr<MoeLayerWorkspace> MoeLayer::WorkspaceLayout(const MoeLayerOptions& options,
+                                                            int64_t max_tokens) {
+  CUBIST_RETURN_IF_ERROR(ValidateOptions(options));
+  if (max_tokens < 0) return Bad("max_tokens", "is negative");
+  const int64_t chunk = ChunkTokens(options, std::max<int64_t>(max_tokens, 1));
+  const int64_t rows = RowBucketFor(chunk, options.top_k);
+  if (rows > kInt32Max) {
+    return Bad("max_tokens", absl::StrCat(chunk, " tokens x top_k ", options.top_k,
+                                          " exceed the kernels' int32 rows; set max_chunk_tokens"));
+  }
+  return LayoutForRows(options, chunk, rows);
+}
+
+absl::StatusOr<size_t> MoeLayer::WorkspaceSize(const MoeLayerOptions& options,
+                                               int64_t max_tokens) {
+  CUBIST_ASSIGN_OR_RETURN(MoeLayerWorkspace w, WorkspaceLayout(options, max_tokens));
+  return w.bytes;
+}
+
+MoeLayer::MoeLayer(Runtime& runtime, const MoeLayerOptions& options)
+    : runtime_(&runtime), options_(options) {}
+
+MoeLayer::~MoeLayer() = default;
+
+absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(Runtime& runtime,
+                                                           const MoeLayerOptions& options) {
+  CUBIST_RETURN_IF_ERROR(ValidateOptions(options));
+  std::unique_ptr<MoeLayer> layer(new MoeLayer(runtime, options));
+  CUBIST_ASSIGN_OR_RETURN(layer->method_, ParseRoutingMethod(options.routing_method));
+  layer->logits_bf16_ = options.logits_format == "bf16";
+  layer->local_experts_ = LocalExperts(options);
+  // The moe_gemm kernels do not wait on the previous grid (griddepcontrol.wait), while the
+  // glue kernels let their dependents launch early: a GEMM launched with programmatic
+  // serialization could read the gather's rows before they are written. The GEMMs are
+  // launched in plain stream order; the glue kernels, which wait, overlap their launch.
+  MoeGemmOptions gemm_options = options.gemm;
+  gemm_options.programmatic_dependent_launch = false;
+  CUBIST_ASSIGN_OR_RETURN(layer->gemm1_, MoeGemm::Create(runtime, gemm_options));
+  CUBIST_ASSIGN_OR_RETURN(layer->gemm2_, MoeGemm::Create(runtime, gemm_options));
+  return layer;
+}
+
+// The glue kernels: for each op and function name, the first manifest kernel that runs on
+// this device (Runtime::Function fetches and loads it).
+absl::Status MoeLayer::LoadGlue() {
+  if (glue_loaded_.load(std::memory_order_acquire)) return absl::OkStatus();
+  absl::MutexLock lock(&glue_mu_);
+  if (glue_loaded_.load(std::memory_order_relaxed)) return absl::OkStatus();
+  struct Want {
+    Op op;
+    const char* function;
+    Kernel* slot;
+  };
+  const Want wants[] = {
+      {Op::kMoeRoute, "cubist_moe_route", &route_},
+      {Op::kMoeSort, "cubist_moe_sort_fused", &sort_fused_},
+      {Op::kMoeSort, "cubist_moe_sort_count", &sort_count_},
+      {Op::kMoeSort, "cubist_moe_sort_scan", &sort_scan_},
+      {Op::kMoeSort, "cubist_moe_sort_scatter", &sort_scatter_},
+      {Op::kMoeGather, "cubist_moe_gather_bf16", &gather_},
+      {Op::kMoeFinalize, "cubist_moe_finalize", &finalize_},
+  };
+  const Registry& reg = runtime_->registry();
+  for (const Want& w : wants) {
+    std::string tried;
+    for (const KernelEntry& k : reg.kernels()) {
+      if (!k.op.has_value() || *k.op != w.op || k.spec.function != w.function) continue;
+      if (k.spec.abi != moe::kMoeLayerAbi) {
+        absl::StrAppend(&tried, " ", k.name(), " (abi ", k.spec.abi, ", this build fills ",
+                        moe::kMoeLayerAbi, ")");
+        continue;
+      }
+      absl::StatusOr<CUfunction> f = runtime_->Function(k);
+      if (!f.ok()) {
+        absl::StrAppend(&tried, " ", k.name(), " (", f.status().message(), ")");
+        continue;
+      }
+      w.slot->entry = &k;
+      w.slot->function = *f;
+      break;
+    }
+    if (w.slot->function == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          "moe layer: the manifest ", reg.manifest_source(), " has no ", Sv(OpName(w.op)),
+          " kernel ", w.function, " for this GPU",
+          tried.empty() ? "" : absl::StrCat("; tried:", tried),
+          "; publish the layer's kernels (scripts/build-artifacts builds them)"));
+    }
+  }
+  // The route kernel keeps one token's logits per warp in dynamic shared memory; past
+  // the driver's default 48 KiB (E > 3072) the function's limit must be raised first.
+  const int route_shared = moe::MoeRouteSharedBytes(static_cast<int32_t>(options_.num_experts));
+  if (route_shared > 48 * 1024) {
+    DriverApi& driver = runtime_->driver();
+    CUBIST_RETURN_IF_ERROR(CuCheck(
+        driver,
+        driver.FuncSetAttribute(route_.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                route_shared),
+        absl::StrCat("moe layer: raise ", route_.entry->name(), "'s shared memory to ",
+                     route_shared, " bytes")));
+  }
+  glue_loaded_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) const {
+  if (a.tokens < 0) return Bad("tokens", absl::StrCat(a.tokens, " is negative"));
+  if (a.tokens == 0) return absl::OkStatus();
+  struct Ptr {
+    const char* name;
+    CUdeviceptr p;
+    bool required;
+    unsigned align;
+  };
+  const bool routed = a.router_logits != 0;
+  const Ptr ptrs[] = {
+      {"hidden_states", a.hidden_states, true, 16},
+      {"router_logits", a.router_logits, false, logits_bf16_ ? 2u : 4u},
+      {"routing_bias", a.routing_bias, false, 4},
+      {"topk_ids", a.topk_ids, !routed, 4},
+      {"topk_weights", a.topk_weights, !routed, 4},
+      {"w1", a.w1, true, 16},
+      {"w2", a.w2, true, 16},
+      {"alpha", a.alpha, false, 4},
+      {"beta", a.beta, false, 4},
+      {"limit", a.limit, false, 4},
+      {"out", a.out, options_.finalize == "sum", 16},
+      {"workspace", a.workspace, true, static_cast<unsigned>(kAlign)},
+  };
+  for (const Ptr& p : ptrs) {
+    if (p.p == 0) {
+      if (p.required) {
+        return Bad(p.name, routed || (std::string_view(p.name) != "topk_ids" &&
+                                      std::string_view(p.name) != "topk_weights")
+                               ? "is null"
+                               : "is null: give router_logits, or pre-routed topk_ids and "
+                                 "topk_weights");
+      }
+      continue;
+    }
+    if (p.p % p.align != 0) {
+      return Bad(p.name, absl::StrCat("address 0x", absl::Hex(p.p), " is not ", p.align,
+                                      "-byte aligned"));
+    }
+  }
+  if (a.routing_bias != 0 && method_ != moe::kRouteDeepSeekV3) {
+    return Bad("routing_bias", "only deepseek_v3 routing takes a bias");
+  }
+  const int64_t tokens = std::max(a.tokens, max_tokens);
+  const int64_t chunk = ChunkTokens(options_, tokens);
+  const size_t need =
+      LayoutForRows(options_, chunk, RowBucketFor(chunk, options_.top_k)).bytes;
+  if (a.workspace_bytes < need) {
+    return Bad("workspace", absl::StrCat(a.workspace_bytes, " bytes, ", need, " needed for ",
+                                         tokens, " tokens; size it with WorkspaceSize"));
+  }
+  if (RowBucketFor(chunk, options_.top_k) > kInt32Max) {
+    return Bad("tokens", "too many rows for one pass; set max_chunk_tokens");
+  }
+  return absl::OkStatus();
+}
+
+MoeGemmArgs MoeLayer::Gemm1Args(const MoeLayerArgs& a, int64_t rows) const {
+  MoeGemmArgs g;
+  g.weight_format = options_.weight_format;
+  g.activation_format = options_.activation_format;
+  g.activation = options_.activation;
+  g.experts = local_experts_;
+  g.tokens = rows;
+  g.n = IsGated(options_.activation) ? 2 * options_.intermediate : options_.intermediate;
+  g.k = options_.hidden;
+  g.b = a.w1;
+  g.alpha = a.alpha;
+  g.beta = a.beta;
+  g.limit = a.limit;
+  return g;
+}
+
+MoeGemmArgs MoeLayer::Gemm2Args(const MoeLayerArgs& a, int64_t rows) const {
+  MoeGemmArgs g;
+  g.weight_format = options_.weight_format;
+  g.activation_format = options_.activation_format;
+  g.activation = Activation::kIdentity;
+  g.experts = local_experts_;
+  g.tokens = rows;
+  g.n = options_.hidden;
+  g.k = options_.intermediate;
+  g.b = a.w2;
+  return g;
+}
+
+absl::Status MoeLayer::CanImplement(const MoeLayerArgs& args, int64_t max_tokens) {
+  CUBIST_RETURN_IF_ERROR(ValidateArgs(args, max_tokens));
+  CUBIST_RETURN_IF_ERROR(LoadGlue());
+  // Every GEMM problem a batch of up to max_tokens tokens poses: one per row bucket.
+  const int64_t top = RowBucketFor(ChunkTokens(options_, std::max<int64_t>(max_tokens, 1)),
+                                   options_.top_k);
+  const CUdeviceptr placeholder = 256;  // aligned stand-ins: only shapes are checked
+  for (int64_t rows = 64; rows <= top; rows *= 2) {
+    MoeGemmArgs g1 = Gemm1Args(args, rows);
+    MoeGemmArgs g2 = Gemm2Args(args, rows);
+    g1.a = g1.out = g2.a = g2.out = placeholder;
+    g1.offsets = g2.offsets = placeholder;
+    if (g1.b == 0) g1.b = placeholder;
+    if (g2.b == 0) g2.b = placeholder;
+    CUBIST_RETURN_IF_ERROR(gemm1_->CanImplement(g1));
+    CUBIST_RETURN_IF_ERROR(gemm2_->CanImplement(g2));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayer::Launch(const Kernel& k, unsigned grid, unsigned block, unsigned shared,
+                              void* params, CUstream stream) {
+  CUlaunchConfig config = {};
+  config.gridDimX = std::max(grid, 1u);
+  config.gridDimY = 1;
+  config.gridDimZ = 1;
+  config.blockDimX = block;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = shared;
+  config.hStream = stream;
+  CUlaunchAttribute attr;
+  if (options_.programmatic_dependent_launch) {
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+  }
+  void* arg = params;
+  DriverApi& driver = runtime_->driver();
+  const CUresult r = driver.LaunchKernelEx(&config, k.function, &arg, nullptr);
+  if (r != CUDA_SUCCESS) return CuCheck(driver, r, absl::StrCat("launch ", k.entry->name()));
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayer::RunChunk(const MoeLayerArgs& a, int64_t first, int64_t tokens,
+                                CUstream stream) {
+  const int64_t k = options_.top_k, h = options_.hidden, l = local_experts_;
+  const int64_t chunk = ChunkTokens(options_, std::max(a.tokens, int64_t{1}));
+  const int64_t rows = RowBucketFor(chunk, k);
+  const MoeLayerWorkspace w = LayoutForRows(options_, chunk, rows);
+  const CUdeviceptr ws = a.workspace;
+  const CUdeviceptr ids = a.router_logits != 0 ? ws + w.topk_ids : a.topk_ids + 4 * first * k;
+  const CUdeviceptr weights =
+      a.router_logits != 0 ? ws + w.topk_weights : a.topk_weights + 4 * first * k;
+  const int64_t slots = tokens * k;
+
+  if (a.router_logits != 0) {
+    moe::MoeRouteParams p{};
+    p.abi = moe::kMoeLayerAbi;
+    p.method = method_;
+    p.num_tokens = static_cast<int32_t>(tokens);
+    p.num_experts = static_cast<int32_t>(options_.num_experts);
+    p.top_k = static_cast<int32_t>(k);
+    p.logits_bf16 = logits_bf16_ ? 1 : 0;
+    p.n_group = static_cast<int32_t>(options_.n_group);
+    p.topk_group = static_cast<int32_t>(options_.topk_group);
+    p.routed_scaling_factor = options_.routed_scaling_factor;
+    p.logits = reinterpret_cast<const void*>(a.router_logits +
+                                             (logits_bf16_ ? 2 : 4) * first * options_.num_experts);
+    p.bias = reinterpret_cast<const float*>(a.routing_bias);
+    p.topk_ids = reinterpret_cast<int32_t*>(ids);
+    p.topk_weights = reinterpret_cast<float*>(weights);
+    const int64_t per_cta = moe::kMoeRouteThreads / 32;
+    CUBIST_RETURN_IF_ERROR(Launch(route_, static_cast<unsigned>((tokens + per_cta - 1) / per_cta),
+                                  moe::kMoeRouteThreads,
+                                  moe::MoeRouteSharedBytes(p.num_experts), &p, stream));
+  }
+
+  moe::MoeSortParams s{};
+  s.abi = moe::kMoeLayerAbi;
+  s.num_slots = static_cast<int32_t>(slots);
+  s.top_k = static_cast<int32_t>(k);
+  s.num_experts = static_cast<int32_t>(options_.num_experts);
+  s.local_expert_offset = static_cast<int32_t>(options_.local_expert_offset);
+  s.num_local_experts = static_cast<int32_t>(l);
+  s.topk_ids = reinterpret_cast<const int32_t*>(ids);
+  s.offsets = reinterpret_cast<int32_t*>(ws + w.offsets);
+  s.expanded_to_permuted = reinterpret_cast<int32_t*>(ws + w.expanded_to_permuted);
+  s.permuted_to_expanded = reinterpret_cast<int32_t*>(ws + w.permuted_to_expanded);
+  s.chunk_counts = reinterpret_cast<int32_t*>(ws + w.chunk_counts);
+  s.dropped = reinterpret_cast<int32_t*>(ws + w.dropped);
+  if (slots <= moe::kMoeSortChunk) {
+    CUBIST_RETURN_IF_ERROR(Launch(sort_fused_, 1, moe::kMoeSortThreads, 0, &s, stream));
+  } else {
+    const unsigned chunks = static_cast<unsigned>(moe::MoeSortChunks(slots));
+    CUBIST_RETURN_IF_ERROR(Launch(sort_count_, chunks, moe::kMoeSortThreads, 0, &s, stream));
+    CUBIST_RETURN_IF_ERROR(Launch(sort_scan_, 1, moe::kMoeSortThreads, 0, &s, stream));
+    CUBIST_RETURN_IF_ERROR(Launch(sort_scatter_, chunks, moe::kMoeSortThreads, 0, &s, stream));
+  }
+
+  moe::MoeGatherParams g{};
+  g.abi = moe::kMoeLayerAbi;
+  g.hidden = static_cast<int32_t>(h);
+  g.top_k = static_cast<int32_t>(k);
+  g.num_local_experts = static_cast<int32_t>(l);
+  g.input = reinterpret_cast<const void*>(a.hidden_states + 2 * first * h);
+  g.offsets = s.offsets;
+  g.permuted_to_expanded = s.permuted_to_expanded;
+  g.weights = options_.apply_weight_on_input ? reinterpret_cast<const float*>(weights) : nullptr;
+  g.out = reinterpret_cast<void*>(ws + w.gathered);
+  const int64_t gather_ctas =
+      std::min<int64_t>(slots, int64_t{8} * runtime_->device_info().sm_count);
+  CUBIST_RETURN_IF_ERROR(Launch(gather_, static_cast<unsigned>(gather_ctas),
+                                moe::kMoeGatherThreads, 0, &g, stream));
+
+  MoeGemmArgs g1 = Gemm1Args(a, rows);
+  g1.a = ws + w.gathered;
+  g1.offsets = ws + w.offsets;
+  g1.out = ws + w.activated;
+  CUBIST_RETURN_IF_ERROR(gemm1_->Run(g1, stream));
+  MoeGemmArgs g2 = Gemm2Args(a, rows);
+  g2.a = ws + w.activated;
+  g2.offsets = ws + w.offsets;
+  g2.out = ws + w.rows;
+  CUBIST_RETURN_IF_ERROR(gemm2_->Run(g2, stream));
+
+  if (options_.finalize == "none") return absl::OkStatus();
+  moe::MoeFinalizeParams f{};
+  f.abi = moe::kMoeLayerAbi;
+  f.num_tokens = static_cast<int32_t>(tokens);
+  f.hidden = static_cast<int32_t>(h);
+  f.top_k = static_cast<int32_t>(k);
+  f.accumulate = a.accumulate ? 1 : 0;
+  f.unit_weights = options_.apply_weight_on_input ? 1 : 0;
+  f.rows = reinterpret_cast<const void*>(ws + w.rows);
+  f.topk_ids = reinterpret_cast<const int32_t*>(ids);
+  f.topk_weights = reinterpret_cast<const float*>(weights);
+  f.expanded_to_permuted = s.expanded_to_permuted;
+  f.out = reinterpret_cast<void*>(a.out + 2 * first * h);
+  return Launch(finalize_, static_cast<unsigned>(tokens), moe::kMoeFinalizeThreads, 0, &f,
+                stream);
+}
+
+absl::Status MoeLayer::Run(const MoeLayerArgs& args, CUstream stream) {
+  if (args.tokens == 0) return absl::OkStatus();
+  CUBIST_RETURN_IF_ERROR(ValidateArgs(args, 0));
+  CUBIST_RETURN_IF_ERROR(LoadGlue());
+  if (options_.finalize == "none" && ChunkTokens(options_, args.tokens) < args.tokens) {
+    return Bad("finalize", "'none' leaves one pass's rows in the workspace; a batch larger "
+                           "than max_chunk_tokens needs finalize 'sum'");
+  }
+  const int64_t chunk = ChunkTokens(options_, args.tokens);
+  for (int64_t first = 0; first < args.tokens; first += chunk) {
+    CUBIST_RETURN_IF_ERROR(RunChunk(args, first, std::min(chunk, args.tokens - first), stream));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cubist

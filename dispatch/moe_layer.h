@@ -1,0 +1,189 @@
+// The routed Mixture-of-Experts layer as one op: routing, the sort of token slots by
+// expert, the gather of token rows, GEMM1 with the gated activation, GEMM2 and the
+// weighted sum of each token's rows - every step a kernel published in the manifest
+// (kernels/moe_layer_abi.h for the glue, kernels/moe_gemm_abi.h for the GEMMs).
+//
+//   MoeLayerOptions o;
+//   o.num_experts = 128;  o.top_k = 8;  o.hidden = 2048;  o.intermediate = 768;
+//   o.routing_method = "renormalize";  o.activation = Activation::kSwiglu;
+//   CUBIST_ASSIGN_OR_RETURN(auto layer, MoeLayer::Create(*runtime, o));
+//   size_t bytes = MoeLayer::WorkspaceSize(o, max_tokens);   // the caller allocates it
+//   MoeLayerArgs a;  a.tokens = T;  a.hidden_states = x;  a.router_logits = logits;
+//   a.w1 = w1;  a.w2 = w2;  a.out = out;  a.workspace = ws;  a.workspace_bytes = bytes;
+//   CUBIST_RETURN_IF_ERROR(layer->CanImplement(a, max_tokens));   // once, before capture
+//   CUBIST_RETURN_IF_ERROR(layer->Run(a, stream));                  // every step
+//
+// The op is stateless with respect to the model: weights, their scales and the per-expert
+// activation parameters come in Run's arguments, so one MoeLayer serves every layer of
+// a model that shares the options.
+//
+// Run allocates nothing and never synchronizes with the host: every count (rows per
+// expert, offsets, the permutation) is computed and read on the device, so a step can be
+// captured in a CUDA graph. The GEMMs' grids are sized from a bucketed row capacity
+// (a power of two >= T x k, capped by the workspace), so CanImplement(max_tokens)
+// selects, fetches and loads every kernel any T <= max_tokens needs: capture loads nothing.
+//
+// Determinism: the sort is stable and the finalize sums each token's rows in slot order
+// (weight descending, equal weights to the lower expert id) in fp32: the same bits on
+// every run for the same GPU and kernel choice.
+//
+// Supported now: the bf16 x bf16 pair. Other pairs are refused by Create
+// (Unimplemented naming the pair).
+//
+// Thread safety: CanImplement and Run may be called from any number of threads at once;
+// the calling thread's current context must be the runtime's (as for MoeGemm).
+#ifndef CUBIST_DISPATCH_MOE_LAYER_H_
+#define CUBIST_DISPATCH_MOE_LAYER_H_
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "dispatch/moe_gemm.h"
+#include "dispatch/runtime.h"
+#include "kernels/moe_layer_abi.h"
+
+namespace cubist {
+
+struct MoeLayerOptions {
+  DataFormat weight_format = DataFormat::kBf16;      // both GEMMs' weights
+  DataFormat activation_format = DataFormat::kBf16;  // both GEMMs' activations
+  Activation activation = Activation::kSwiglu;      // GEMM1's; GEMM2 is identity
+  int64_t num_experts = 0;   // E: the router's width, global expert ids 0..E-1
+  int64_t top_k = 0;         // k
+  int64_t hidden = 0;        // H: a multiple of 8
+  int64_t intermediate = 0;  // I: GEMM1 has 2I rows per expert when gated, I otherwise
+  // Expert parallelism: this rank holds experts local_expert_offset ..
+  // local_expert_offset + num_local_experts - 1 (0: all E). Slots routed elsewhere are
+  // skipped and add nothing.
+  int64_t local_expert_offset = 0;
+  int64_t num_local_experts = 0;
+  // "default", "renormalize", "renormalize_naive", "deepseek_v3", "llama4", "topk",
+  // "sigmoid", "sigmoid_renorm" (kernels/moe_layer_abi.h defines each).
+  std::string routing_method = "renormalize";
+  int64_t n_group = 0;     // deepseek_v3
+  int64_t topk_group = 0;  // deepseek_v3
+  float routed_scaling_factor = 1.0f;  // deepseek_v3
+  // Multiply each token's input row by its routing weight before GEMM1 (llama4; needs
+  // top_k 1), instead of the rows after GEMM2.
+  bool apply_weight_on_input = false;
+  std::string logits_format = "fp32";  // "fp32" or "bf16"
+  // Tokens per pass: Run processes larger batches in chunks of this many tokens, so the
+  // workspace is bounded (0: one pass; WorkspaceSize is then for max_tokens).
+  int64_t max_chunk_tokens = 0;
+  // "sum": the deterministic weighted sum into out. "none": no finalize; Run leaves the
+  // unweighted rows, the routing and the permutation in the workspace (MoeLayerOutputs).
+  std::string finalize = "sum";
+  bool programmatic_dependent_launch = true;
+  MoeGemmOptions gemm;  // for both GEMMs (pinning, inexact kernels)
+};
+
+struct MoeLayerArgs {
+  int64_t tokens = 0;              // T
+  CUdeviceptr hidden_states = 0;   // bf16 [T, H]
+  // Routed on the device from logits [T, E] (logits_format), with an optional fp32
+  // bias [E] (deepseek_v3); or pre-routed: router_logits 0 and topk_ids int32 [T, k] +
+  // topk_weights fp32 [T, k] given. Ids outside 0..E-1 are dropped (never read or
+  // written; MoeLayerOutputs::dropped counts them).
+  CUdeviceptr router_logits = 0;
+  CUdeviceptr routing_bias = 0;
+  CUdeviceptr topk_ids = 0;
+  CUdeviceptr topk_weights = 0;
+  // Weights of the local experts: w1 [L, N1, H], w2 [L, H, I] (the weight format), and
+  // GEMM1's per-expert alpha/beta/limit [L] fp32 (0: the activation's defaults).
+  CUdeviceptr w1 = 0, w2 = 0;
+  CUdeviceptr alpha = 0, beta = 0, limit = 0;
+  CUdeviceptr out = 0;     // bf16 [T, H]
+  bool accumulate = false;  // add into out (a shared expert's output computed beside)
+  CUdeviceptr workspace = 0;  // WorkspaceSize bytes, 256-byte aligned, owned by the caller
+  size_t workspace_bytes = 0;
+};
+
+// Where the intermediate arrays lie in the workspace (for the no-finalize mode, tests and
+// debugging): byte offsets from the workspace's start, sized for `chunk_tokens` tokens.
+struct MoeLayerWorkspace {
+  int64_t chunk_tokens = 0;  // tokens per pass
+  int64_t row_capacity = 0;  // chunk_tokens x k
+  size_t topk_ids = 0;       // int32 [chunk, k] (routed on the device)
+  size_t topk_weights = 0;   // fp32 [chunk, k]
+  size_t offsets = 0;        // int32 [L + 1]
+  size_t dropped = 0;        // int32 [1]
+  size_t expanded_to_permuted = 0;  // int32 [chunk x k]
+  size_t permuted_to_expanded = 0;  // int32 [chunk x k]
+  size_t chunk_counts = 0;   // int32 [sort chunks, L + 1]
+  size_t gathered = 0;       // bf16 [chunk x k, H]
+  size_t activated = 0;      // bf16 [chunk x k, I]
+  size_t rows = 0;           // bf16 [chunk x k, H]: GEMM2's output
+  size_t bytes = 0;          // total
+};
+
+class MoeLayer {
+ public:
+  // Errors: InvalidArgument naming the option (top_k > E, E % n_group, topk_group >
+  // n_group, k over the kernels' limit, an unknown routing method or finalize mode, ...),
+  // Unimplemented for a format pair the layer does not serve yet.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<MoeLayer>> Create(
+      Runtime& runtime, const MoeLayerOptions& options);
+  ~MoeLayer();
+
+  // The layout of the workspace Run needs for batches of up to max_tokens tokens.
+  [[nodiscard]] static absl::StatusOr<MoeLayerWorkspace> WorkspaceLayout(
+      const MoeLayerOptions& options, int64_t max_tokens);
+  [[nodiscard]] static absl::StatusOr<size_t> WorkspaceSize(const MoeLayerOptions& options,
+                                                            int64_t max_tokens);
+
+  // Checks the arguments (pointers, alignment, the workspace's size) for every T up to
+  // max_tokens, and selects, fetches and loads every kernel those batches need.
+  [[nodiscard]] absl::Status CanImplement(const MoeLayerArgs& args, int64_t max_tokens);
+  // Launches the layer on `stream`. T = 0 is a successful no-op.
+  [[nodiscard]] absl::Status Run(const MoeLayerArgs& args, CUstream stream);
+
+  const MoeLayerOptions& options() const { return options_; }
+  moe::MoeRoutingMethod routing_method() const { return method_; }
+  const MoeLayerWorkspace& workspace() const { return layout_; }
+
+ private:
+  struct Kernel {
+    const KernelEntry* entry = nullptr;
+    CUfunction function = nullptr;
+  };
+  MoeLayer(Runtime& runtime, const MoeLayerOptions& options);
+  absl::Status LoadGlue();
+  absl::Status ValidateArgs(const MoeLayerArgs& args, int64_t max_tokens) const;
+  absl::Status RunChunk(const MoeLayerArgs& args, int64_t first_token, int64_t tokens,
+                        CUstream stream);
+  absl::Status Launch(const Kernel& k, unsigned grid, unsigned block, unsigned shared,
+                      void* params, CUstream stream);
+  MoeGemmArgs Gemm1Args(const MoeLayerArgs& args, int64_t rows) const;
+  MoeGemmArgs Gemm2Args(const MoeLayerArgs& args, int64_t rows) const;
+  int64_t RowBucket(int64_t tokens) const;
+
+  Runtime* runtime_;
+  MoeLayerOptions options_;
+  moe::MoeRoutingMethod method_ = moe::kRouteRenormalize;
+  bool logits_bf16_ = false;
+  int64_t local_experts_ = 0;  // L
+  MoeLayerWorkspace layout_;   // for the largest max_tokens CanImplement was given
+  // The glue kernels, resolved once (LoadGlue) and read without a lock afterwards.
+  absl::Mutex glue_mu_;
+  std::atomic<bool> glue_loaded_{false};
+  Kernel route_, sort_fused_, sort_count_, sort_scan_, sort_scatter_, gather_, finalize_;
+  std::unique_ptr<MoeGemm> gemm1_, gemm2_;
+};
+
+// "renormalize" -> kRouteRenormalize; InvalidArgument listing the names otherwise.
+[[nodiscard]] absl::StatusOr<moe::MoeRoutingMethod> ParseRoutingMethod(std::string_view name);
+// "default, renormalize, renormalize_naive, deepseek_v3, llama4, topk, sigmoid, sigmoid_renorm"
+std::string AllRoutingMethodNames();
+
+}  // namespace cubist
+
+#endif  // CUBIST_DISPATCH_MOE_LAYER_H_

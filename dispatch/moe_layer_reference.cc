@@ -1,0 +1,248 @@
+#include "dispatch/moe_layer_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "dispatch/reference.h"
+
+namespace cubist::reference {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Whether score a (expert i) ranks above score b (expert j): numbers above NaN, larger
+// first, equal values to the lower index.
+bool RanksAbove(float a, int i, float b, int j) {
+  const bool an = std::isnan(a), bn = std::isnan(b);
+  if (an != bn) return bn;
+  if (!an && a != b) return a > b;
+  return i < j;
+}
+
+// The k best of `score` among `allowed` (all when empty), best first.
+std::vector<int> TopK(const float* score, int n, int k, const std::vector<bool>& allowed) {
+  std::vector<int> cand;
+  for (int i = 0; i < n; ++i) {
+    if (allowed.empty() || allowed[i]) cand.push_back(i);
+  }
+  std::sort(cand.begin(), cand.end(),
+            [&](int i, int j) { return RanksAbove(score[i], i, score[j], j); });
+  cand.resize(std::min<size_t>(cand.size(), static_cast<size_t>(k)));
+  return cand;
+}
+
+// A NaN logit counts as -inf in every sum, maximum and weight.
+float Clean(float x) { return std::isnan(x) ? kNegInf : x; }
+float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-Clean(x))); }
+
+// exp(x_i - m) / sum over `set` of exp(x_j - m), for each i in `of`; all 0 when every
+// term is 0 (every logit -inf or NaN).
+std::vector<float> Softmax(const float* x, const std::vector<int>& set,
+                           const std::vector<int>& of) {
+  float m = kNegInf;
+  for (int i : set) m = std::max(m, Clean(x[i]));
+  std::vector<float> out(of.size(), 0.0f);
+  if (m == kNegInf) return out;
+  float sum = 0;
+  for (int i : set) sum += std::exp(Clean(x[i]) - m);
+  for (size_t s = 0; s < of.size(); ++s) out[s] = std::exp(Clean(x[of[s]]) - m) / sum;
+  return out;
+}
+
+// w_i / sum of w over the set, or 0 when the sum is 0.
+void Normalize(std::vector<float>* w, float epsilon = 0.0f) {
+  float sum = 0;
+  for (float v : *w) sum += v;
+  sum += epsilon;
+  for (float& v : *w) v = sum == 0 ? 0.0f : v / sum;
+}
+
+std::vector<int> DeepSeekV3Select(const RoutingConfig& c, const float* s) {
+  const int groups = c.n_group, size = c.num_experts / c.n_group;
+  std::vector<float> group_score(groups);
+  for (int g = 0; g < groups; ++g) {
+    const std::vector<int> best = TopK(s + g * size, size, 2, {});
+    float sum = 0;
+    for (int i : best) sum += s[g * size + i];
+    group_score[g] = sum;
+  }
+  const std::vector<int> kept = TopK(group_score.data(), groups, c.topk_group, {});
+  std::vector<bool> allowed(c.num_experts, false);
+  for (int g : kept) {
+    for (int i = 0; i < size; ++i) allowed[g * size + i] = true;
+  }
+  return TopK(s, c.num_experts, c.top_k, allowed);
+}
+
+}  // namespace
+
+Routing Route(const RoutingConfig& c, const std::vector<float>& logits,
+              const std::vector<float>& bias, int tokens) {
+  Routing r;
+  r.tokens = tokens;
+  r.top_k = c.top_k;
+  r.ids.assign(static_cast<size_t>(tokens) * c.top_k, 0);
+  r.weights.assign(r.ids.size(), 0.0f);
+  const int e = c.num_experts;
+  std::vector<int> all(e);
+  std::iota(all.begin(), all.end(), 0);
+  for (int t = 0; t < tokens; ++t) {
+    const float* x = logits.data() + static_cast<size_t>(t) * e;
+    std::vector<int> ids;
+    std::vector<float> w;
+    if (c.method == moe::kRouteDeepSeekV3) {
+      std::vector<float> s(e);
+      for (int i = 0; i < e; ++i) s[i] = Sigmoid(x[i]) + (bias.empty() ? 0.0f : bias[i]);
+      // A NaN logit's biased score stays NaN, so it ranks last as in every method.
+      for (int i = 0; i < e; ++i) {
+        if (std::isnan(x[i])) s[i] = std::numeric_limits<float>::quiet_NaN();
+      }
+      ids = DeepSeekV3Select(c, s.data());
+      for (int i : ids) w.push_back(Sigmoid(x[i]));
+      Normalize(&w, 1e-20f);
+      for (float& v : w) v *= c.routed_scaling_factor;
+    } else {
+      ids = TopK(x, e, c.method == moe::kRouteLlama4 ? 1 : c.top_k, {});
+      switch (c.method) {
+        case moe::kRouteDefault: w = Softmax(x, all, ids); break;
+        case moe::kRouteRenormalize: w = Softmax(x, ids, ids); break;
+        case moe::kRouteRenormalizeNaive:
+          w = Softmax(x, all, ids);
+          Normalize(&w);
+          break;
+        case moe::kRouteTopK:
+          for (int i : ids) w.push_back(std::isnan(x[i]) ? 0.0f : x[i]);
+          break;
+        case moe::kRouteLlama4:
+        case moe::kRouteSigmoid:
+          for (int i : ids) w.push_back(Sigmoid(x[i]));
+          break;
+        case moe::kRouteSigmoidRenorm:
+          for (int i : ids) w.push_back(Sigmoid(x[i]));
+          Normalize(&w);
+          break;
+        case moe::kRouteDeepSeekV3: break;  // above
+      }
+    }
+    for (size_t j = 0; j < ids.size(); ++j) {
+      r.ids[static_cast<size_t>(t) * c.top_k + j] = ids[j];
+      r.weights[static_cast<size_t>(t) * c.top_k + j] = w[j];
+    }
+  }
+  return r;
+}
+
+SlotSort SortSlots(const std::vector<int32_t>& ids, int num_experts, int local_expert_offset,
+                   int num_local_experts) {
+  SlotSort s;
+  const int l = num_local_experts;
+  std::vector<int32_t> count(l, 0);
+  s.expanded_to_permuted.assign(ids.size(), -1);
+  for (int32_t id : ids) {
+    if (id < 0 || id >= num_experts) {
+      ++s.dropped;
+    } else if (id - local_expert_offset >= 0 && id - local_expert_offset < l) {
+      ++count[id - local_expert_offset];
+    }
+  }
+  s.offsets.assign(l + 1, 0);
+  for (int e = 0; e < l; ++e) s.offsets[e + 1] = s.offsets[e] + count[e];
+  s.permuted_to_expanded.assign(s.offsets[l], 0);
+  std::vector<int32_t> next(s.offsets.begin(), s.offsets.end() - 1);
+  for (size_t slot = 0; slot < ids.size(); ++slot) {
+    const int64_t local = static_cast<int64_t>(ids[slot]) - local_expert_offset;
+    if (ids[slot] < 0 || ids[slot] >= num_experts || local < 0 || local >= l) continue;
+    const int32_t row = next[local]++;
+    s.expanded_to_permuted[slot] = row;
+    s.permuted_to_expanded[row] = static_cast<int32_t>(slot);
+  }
+  return s;
+}
+
+std::vector<int> SlotOrder(const Routing& routing, int token) {
+  const int k = routing.top_k;
+  std::vector<int> order(k);
+  std::iota(order.begin(), order.end(), 0);
+  const float* w = routing.weights.data() + static_cast<size_t>(token) * k;
+  const int32_t* id = routing.ids.data() + static_cast<size_t>(token) * k;
+  // NaN weights order below every number; -0 equals +0; equal weights by id, then slot.
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    const bool na = std::isnan(w[a]), nb = std::isnan(w[b]);
+    if (na != nb) return nb;
+    if (!na && w[a] != w[b]) return w[a] > w[b];
+    return id[a] < id[b];
+  });
+  return order;
+}
+
+std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& routing,
+                                      const std::vector<uint16_t>& accumulate_into) {
+  const int t_count = layer.tokens, h = layer.hidden, k = routing.top_k;
+  const int inter = layer.intermediate, l = layer.num_local_experts;
+  const bool gated = moe::IsGated(layer.activation);
+  const int n1 = gated ? 2 * inter : inter;
+  const SlotSort sort = SortSlots(routing.ids, layer.num_experts, layer.local_expert_offset, l);
+  const int rows = sort.offsets[l];
+
+  // GEMM1 on the gathered rows, as the moe_gemm reference computes it.
+  MoeProblemData g1;
+  g1.num_experts = l;
+  g1.num_tokens = rows;
+  g1.n = n1;
+  g1.k = h;
+  g1.offsets = sort.offsets;
+  g1.a.resize(static_cast<size_t>(rows) * h * 2);
+  g1.b.resize(layer.w1.size() * 2);
+  std::copy_n(reinterpret_cast<const uint8_t*>(layer.w1.data()), g1.b.size(), g1.b.data());
+  g1.alpha = layer.alpha;
+  g1.beta = layer.beta;
+  g1.limit = layer.limit;
+  uint16_t* a = reinterpret_cast<uint16_t*>(g1.a.data());
+  for (int r = 0; r < rows; ++r) {
+    const int slot = sort.permuted_to_expanded[r];
+    const uint16_t* x = layer.x.data() + static_cast<size_t>(slot / k) * h;
+    for (int i = 0; i < h; ++i) {
+      a[static_cast<size_t>(r) * h + i] =
+          layer.apply_weight_on_input
+              ? FloatToBf16(Bf16ToFloat(x[i]) * routing.weights[slot])
+              : x[i];
+    }
+  }
+  const std::vector<double> act =
+      ApplyActivation(g1, ReferenceGemm(g1), layer.activation);  // [rows, I]
+
+  MoeProblemData g2;
+  g2.num_experts = l;
+  g2.num_tokens = rows;
+  g2.n = h;
+  g2.k = inter;
+  g2.offsets = sort.offsets;
+  g2.a.resize(static_cast<size_t>(rows) * inter * 2);
+  uint16_t* a2 = reinterpret_cast<uint16_t*>(g2.a.data());
+  for (size_t i = 0; i < act.size(); ++i) a2[i] = FloatToBf16(static_cast<float>(act[i]));
+  g2.b.resize(layer.w2.size() * 2);
+  std::copy_n(reinterpret_cast<const uint8_t*>(layer.w2.data()), g2.b.size(), g2.b.data());
+  const std::vector<double> y = ReferenceGemm(g2);  // [rows, H]
+
+  std::vector<double> out(static_cast<size_t>(t_count) * h, 0.0);
+  for (int t = 0; t < t_count; ++t) {
+    double* o = out.data() + static_cast<size_t>(t) * h;
+    if (!accumulate_into.empty()) {
+      for (int i = 0; i < h; ++i) o[i] = Bf16ToFloat(accumulate_into[static_cast<size_t>(t) * h + i]);
+    }
+    for (int j : SlotOrder(routing, t)) {
+      const int slot = t * k + j;
+      const int row = sort.expanded_to_permuted[slot];
+      if (row < 0) continue;
+      const double w = layer.apply_weight_on_input ? 1.0 : routing.weights[slot];
+      for (int i = 0; i < h; ++i) {
+        o[i] += w * Bf16ToFloat(FloatToBf16(static_cast<float>(y[static_cast<size_t>(row) * h + i])));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace cubist::reference

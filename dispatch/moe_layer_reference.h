@@ -1,0 +1,84 @@
+// CPU reference of the routed MoE layer (kernels/moe_layer_abi.h, dispatch/moe_layer.h):
+// routing exactly as the ABI header defines each method (fp32 arithmetic), the stable
+// sort of token slots by local expert, and the whole layer with the GEMMs and the
+// weighted sum in double. The tests and `cubist run --op moe` check the kernels
+// against it.
+//
+// The layer's intermediates are bf16 where the kernels store bf16 (the gathered rows,
+// GEMM1's activated output, GEMM2's output): the reference rounds them the same way, so
+// its only departures from the kernels are accumulation order and precision.
+//
+// Everything is a pure function of its arguments and thread-safe.
+#ifndef CUBIST_DISPATCH_MOE_LAYER_REFERENCE_H_
+#define CUBIST_DISPATCH_MOE_LAYER_REFERENCE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/moe_gemm_abi.h"
+#include "kernels/moe_layer_abi.h"
+
+namespace cubist::reference {
+
+struct RoutingConfig {
+  moe::MoeRoutingMethod method = moe::kRouteRenormalize;
+  int num_experts = 0;  // E
+  int top_k = 0;        // k
+  int n_group = 0;      // deepseek_v3
+  int topk_group = 0;   // deepseek_v3
+  float routed_scaling_factor = 1.0f;  // deepseek_v3
+};
+
+// Per token, k (expert id, weight) pairs in slot order.
+struct Routing {
+  int tokens = 0;
+  int top_k = 0;
+  std::vector<int32_t> ids;     // [T, k]
+  std::vector<float> weights;   // [T, k]
+};
+
+// `logits` [T, E] in fp32 (bf16 logits: widen them first, exactly); `bias` [E] or
+// empty. The config must be valid (MoeLayer checks it; here it is assumed).
+Routing Route(const RoutingConfig& config, const std::vector<float>& logits,
+              const std::vector<float>& bias, int tokens);
+
+// The sort of the T x k slots by local expert (kernels/moe_layer_abi.h, MoeSortParams).
+struct SlotSort {
+  std::vector<int32_t> offsets;               // [L + 1]
+  std::vector<int32_t> expanded_to_permuted;  // [T x k], -1 when not kept
+  std::vector<int32_t> permuted_to_expanded;  // [offsets[L]]
+  int32_t dropped = 0;                        // ids outside 0..E-1
+};
+SlotSort SortSlots(const std::vector<int32_t>& ids, int num_experts, int local_expert_offset,
+                   int num_local_experts);
+
+// The k slots of token t in the finalize's summation order: weight descending, equal
+// weights to the lower id (then the lower slot).
+std::vector<int> SlotOrder(const Routing& routing, int token);
+
+// A bf16 MoE layer: bytes are bf16 bit patterns, row-major.
+struct MoeLayerData {
+  int tokens = 0;        // T
+  int hidden = 0;        // H
+  int intermediate = 0;  // I: GEMM1 has N = 2I rows per expert when gated, I otherwise
+  int num_experts = 0;   // E (global)
+  int local_expert_offset = 0;
+  int num_local_experts = 0;  // L
+  moe::MoeActivation activation = moe::kSwiglu;
+  bool apply_weight_on_input = false;
+  std::vector<uint16_t> x;   // [T, H]
+  std::vector<uint16_t> w1;  // [L, N1, H]
+  std::vector<uint16_t> w2;  // [L, H, I]
+  std::vector<float> alpha, beta, limit;  // [L] or empty
+};
+
+// The layer's output [T, H] in double (before the final bf16 rounding): for each token,
+// the sum over its kept slots of w x y, where y = bf16(bf16(act(a W1^T)) W2^T) and a is
+// the token's row (times w, rounded to bf16, when the weight applies on input; then w = 1
+// in the sum). `accumulate_into`, when not empty, is added ([T, H] bf16).
+std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& routing,
+                                      const std::vector<uint16_t>& accumulate_into = {});
+
+}  // namespace cubist::reference
+
+#endif  // CUBIST_DISPATCH_MOE_LAYER_REFERENCE_H_

@@ -1,0 +1,640 @@
+// The routed MoE layer's own kernels for sm_90a: routing, the sort of token slots by
+// expert, the gather of token rows and the weighted finalize (the layer's two GEMMs are
+// moe_gemm kernels). All seven live in one cubin, built by scripts/build-artifacts with
+//   nvcc -std=c++17 -O3 -cubin -gencode=arch=compute_90a,code=sm_90a -I<repo>
+// Contract: kernels/moe_layer_abi.h (parameter structs, grids, thread counts, the
+// semantics of every routing method, tie and NaN rules); docs/kernels.md, "The layer's
+// kernels", summarizes it.
+//
+// Every kernel is launched with programmatic dependent launch: it waits for the
+// previous kernel (griddepcontrol.wait) before its first global access - it reads that
+// kernel's output, and may write what that kernel still reads - and then lets the next
+// kernel launch at once (griddepcontrol.launch_dependents). Triggering early is always
+// correct: the next kernel's own wait blocks until this grid has completed and its
+// writes are visible; the trigger only lets that kernel's CTAs be resident and past
+// their launch latency by then. Without the launch attribute both are no-ops.
+//
+// Determinism: no floating-point atomics and no order that depends on scheduling; the
+// integer atomics of the sort's histograms commute. The same inputs give the same bits
+// on every run.
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "kernels/moe_layer_abi.h"
+
+namespace cubist::moe {
+namespace {
+
+// ---------------------------------------------------------------------------------
+// Shared helpers.
+
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void LaunchDependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+// The staged selection scores never hold this NaN (staging replaces every NaN with the
+// canonical one), so it marks an entry that is out of the selection: chosen already,
+// or in a group deepseek_v3 dropped.
+constexpr uint32_t kRemovedBits = 0xFFFFFFFFu;
+constexpr uint32_t kCanonicalNan = 0x7FC00000u;
+
+__device__ __forceinline__ float Canonical(float v) {
+  return v != v ? __uint_as_float(kCanonicalNan) : v;
+}
+
+// The selection order as an unsigned key, larger = earlier: numbers by value (-0 and +0
+// equal), then NaN (below every number, -inf included), then removed entries (0).
+__device__ __forceinline__ uint32_t RankKey(float v) {
+  uint32_t b = __float_as_uint(v);
+  if (b == kRemovedBits) return 0;
+  if (v != v) return 1;
+  if (v == 0.0f) b = 0;
+  // Positive: above every negative; negative: larger magnitude lower. The smallest
+  // number key (-inf) is 0x007FFFFF, above the NaN's 1.
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+// Key and index: the larger value first, equal keys to the lower index.
+__device__ __forceinline__ uint64_t IndexedKey(uint32_t key, int i) {
+  return (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(i));
+}
+__device__ __forceinline__ int KeyIndex(uint64_t k) {
+  return static_cast<int>(~static_cast<uint32_t>(k));
+}
+
+__device__ __forceinline__ uint64_t WarpMaxKey(uint64_t k) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t other = __shfl_xor_sync(kFullMask, k, o);
+    k = other > k ? other : k;
+  }
+  return k;
+}
+// fmaxf drops a NaN operand: with -inf as the start, a NaN counts as -inf. The xor
+// butterfly gives every lane the same bits (each pair combines the same two values).
+__device__ __forceinline__ float WarpMaxF(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+__device__ __forceinline__ float WarpSumF(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+// The sum of lane j's v over j < k in slot order (j = 0, 1, ...), in every lane.
+__device__ __forceinline__ float SlotOrderSum(float v, int k) {
+  float s = 0.0f;
+  for (int j = 0; j < k; ++j) s += __shfl_sync(kFullMask, v, j);
+  return s;
+}
+
+// 8 bf16 in 16 bytes <-> 8 floats.
+__device__ __forceinline__ void UnpackBf16x8(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+  }
+}
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // nearest even, each
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint4 PackBf16x8(const float (&f)[8]) {
+  return make_uint4(PackBf16x2(f[0], f[1]), PackBf16x2(f[2], f[3]), PackBf16x2(f[4], f[5]),
+                    PackBf16x2(f[6], f[7]));
+}
+
+// ---------------------------------------------------------------------------------
+// Routing: one warp per token. The warp stages the token's selection scores in shared
+// memory (the logits, or deepseek_v3's sigmoid(x) + bias), selects by repeated warp
+// arg-max - each lane keeps the best of its strided entries, the winner's lane removes
+// it and rescans its own entries - and computes the weights of the chosen in fp32.
+
+constexpr int kRouteWarps = kMoeRouteThreads / 32;
+
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// A NaN logit counts as -inf in softmax sums and maxima.
+__device__ __forceinline__ float NanToNegInf(float x) { return x != x ? -INFINITY : x; }
+
+__device__ __forceinline__ float Logit(const MoeRouteParams& p, int64_t t, int i) {
+  const int64_t at = t * p.num_experts + i;
+  return p.logits_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.logits)[at])
+                       : static_cast<const float*>(p.logits)[at];
+}
+// The score deepseek_v3 selects on; the other methods select on the logit itself.
+__device__ __forceinline__ float Score(const MoeRouteParams& p, int64_t t, int i, bool ds) {
+  const float x = Logit(p, t, i);
+  if (!ds) return x;
+  return Sigmoid(x) + (p.bias != nullptr ? p.bias[i] : 0.0f);
+}
+
+// The best key of this lane's entries a[i * stride], i = lane, lane + 32, ... < n.
+__device__ __forceinline__ uint64_t LaneBest(const float* a, int n, int stride, int lane) {
+  uint64_t best = 0;
+  for (int i = lane; i < n; i += 32) {
+    const uint64_t k = IndexedKey(RankKey(a[i * stride]), i);
+    best = k > best ? k : best;
+  }
+  return best;
+}
+
+// Top-k of a[i * stride], i < n, in selection order: lane j < min(k, 32) returns the
+// index of slot j (-1 elsewhere). Each chosen entry is overwritten with kRemovedBits.
+// Stops early, leaving -1, when only removed entries are left (k > n).
+__device__ int WarpTopK(float* a, int n, int stride, int k, int lane) {
+  uint64_t best = LaneBest(a, n, stride, lane);
+  int mine = -1;
+  for (int j = 0; j < k; ++j) {
+    const uint64_t win = WarpMaxKey(best);
+    if ((win >> 32) == 0) break;  // nothing left but removed entries (uniform)
+    const int i = KeyIndex(win);
+    if (lane == j) mine = i;
+    if (lane == (i & 31)) {  // the owner of entry i removes it and rescans
+      a[i * stride] = __uint_as_float(kRemovedBits);
+      best = LaneBest(a, n, stride, lane);
+    }
+  }
+  __syncwarp();
+  return mine;
+}
+
+// deepseek_v3's group limit on the staged scores a[0..E): a group's score is the sum of
+// its two largest scores (its only one when groups have one expert); the topk_group
+// best groups stay, every entry of the others is removed.
+__device__ void KeepBestGroups(const MoeRouteParams& p, int64_t t, float* a, int lane) {
+  const int E = p.num_experts, groups = p.n_group;
+  const int size = E / groups;
+  // Each lane scores its groups and parks the score in the group's first entry: the
+  // group is this lane's alone, so nobody else reads the entry meanwhile.
+  for (int g = lane; g < groups; g += 32) {
+    float* m = a + g * size;
+    uint32_t k1 = 0, k2 = 0;  // the two best keys
+    float v1 = 0.0f, v2 = 0.0f;
+    for (int i = 0; i < size; ++i) {
+      const float v = m[i];
+      const uint32_t k = RankKey(v);
+      if (k > k1) {
+        k2 = k1, v2 = v1, k1 = k, v1 = v;
+      } else if (k > k2) {
+        k2 = k, v2 = v;
+      }
+    }
+    m[0] = Canonical(size >= 2 ? v1 + v2 : v1);
+  }
+  __syncwarp();
+  // The kept groups' first entries become kRemovedBits: the flag read below.
+  WarpTopK(a, groups, size, p.topk_group, lane);
+  // Remove the members of dropped groups but their first entries (which hold the flags),
+  // then restore the kept groups' first entries and remove the dropped ones'.
+  for (int i = lane; i < E; i += 32) {
+    if (i % size == 0) continue;
+    if (__float_as_uint(a[(i / size) * size]) != kRemovedBits) {
+      a[i] = __uint_as_float(kRemovedBits);
+    }
+  }
+  __syncwarp();
+  for (int g = lane; g < groups; g += 32) {
+    float* first = a + g * size;
+    *first = __float_as_uint(*first) == kRemovedBits
+                 ? Canonical(Score(p, t, g * size, /*ds=*/true))
+                 : __uint_as_float(kRemovedBits);
+  }
+  __syncwarp();
+}
+
+}  // namespace
+}  // namespace cubist::moe
+
+using namespace cubist::moe;
+
+// Dynamic shared memory: MoeRouteSharedBytes(E), E fp32 scores per warp.
+extern "C" __global__ void __launch_bounds__(kMoeRouteThreads)
+    cubist_moe_route(const __grid_constant__ MoeRouteParams p) {
+  extern __shared__ float route_scores[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  GridDependencyWait();
+  LaunchDependents();
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= p.num_tokens) return;
+  const int E = p.num_experts;
+  const int k = min(p.top_k, kMoeRouteMaxTopK);
+  const int method = p.method;
+  const bool ds = method == kRouteDeepSeekV3;
+  float* a = route_scores + warp * E;
+  // Stage the selection scores; NaN canonical, so that kRemovedBits stays free.
+  for (int i = lane; i < E; i += 32) a[i] = Canonical(Score(p, t, i, ds));
+  __syncwarp();
+
+  // Softmax over all E (default, renormalize_naive): maximum and sum, NaN as -inf.
+  float m = -INFINITY, sum = 0.0f;
+  if (method == kRouteDefault || method == kRouteRenormalizeNaive) {
+    for (int i = lane; i < E; i += 32) m = fmaxf(m, a[i]);
+    m = WarpMaxF(m);
+    for (int i = lane; i < E; i += 32) sum += expf(NanToNegInf(a[i]) - m);
+    sum = WarpSumF(sum);
+  }
+  // The host validates n_group; the guard only keeps a bad one from dividing by zero.
+  if (ds && p.n_group >= 1 && p.n_group <= E) KeepBestGroups(p, t, a, lane);
+  const int id = WarpTopK(a, E, 1, k, lane);
+  const bool chosen = lane < k && id >= 0;
+  // Weights from the unstaged logit (a NaN keeps its bits where a weight is the logit).
+  const float x = chosen ? Logit(p, t, id) : 0.0f;
+  float w = 0.0f;
+  switch (method) {
+    case kRouteDefault:
+      w = expf(NanToNegInf(x) - m) / sum;
+      break;
+    case kRouteRenormalize: {
+      const float xm = chosen ? NanToNegInf(x) : -INFINITY;
+      const float mk = WarpMaxF(xm);
+      const float e = chosen ? expf(xm - mk) : 0.0f;
+      w = e / SlotOrderSum(e, k);
+      break;
+    }
+    case kRouteRenormalizeNaive: {
+      const float pr = chosen ? expf(NanToNegInf(x) - m) / sum : 0.0f;
+      w = pr / SlotOrderSum(pr, k);
+      break;
+    }
+    case kRouteDeepSeekV3: {
+      const float s = chosen ? Sigmoid(x) : 0.0f;
+      w = s / (SlotOrderSum(s, k) + 1e-20f) * p.routed_scaling_factor;
+      break;
+    }
+    case kRouteTopK:
+      w = x;
+      break;
+    case kRouteLlama4:
+    case kRouteSigmoid:
+      w = Sigmoid(x);
+      break;
+    case kRouteSigmoidRenorm: {
+      const float s = chosen ? Sigmoid(x) : 0.0f;
+      w = s / SlotOrderSum(s, k);
+      break;
+    }
+    default:
+      break;
+  }
+  if (lane < k) {
+    const int64_t at = t * p.top_k + lane;
+    p.topk_ids[at] = id;
+    p.topk_weights[at] = chosen ? w : 0.0f;
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// The sort. A slot's bin: its local expert 0..L-1, L when its id is outside
+// 0..num_experts-1 (dropped, counted), L + 1 when it is a valid expert of another rank
+// (not kept). A chunk of kMoeSortChunk slots is ranked stably by a block radix sort of
+// the bins (slot indices as values, in slot order before the sort): within a bin slots
+// keep their order.
+
+namespace cubist::moe {
+namespace {
+
+constexpr int kSortItems = kMoeSortChunk / kMoeSortThreads;
+static_assert(kSortItems * kMoeSortThreads == kMoeSortChunk, "chunk = threads x items");
+constexpr int kScanItems = (kMoeSortMaxExperts + 1 + kMoeSortThreads - 1) / kMoeSortThreads;
+// The fused sort ranks at most this many slots (decode: T x k <= 256) by counting, in
+// one pass, instead of a radix sort of a whole padded chunk: a few hundred shared-memory
+// reads against several block-wide passes.
+constexpr int kSmallSort = 256;
+static_assert(kSmallSort <= kMoeSortThreads, "one slot per thread");
+using SortBins = cub::BlockRadixSort<uint32_t, kMoeSortThreads, kSortItems, int32_t>;
+using ScanBins = cub::BlockScan<int32_t, kMoeSortThreads>;
+
+// The radix sort's storage is the largest part; the histogram and its scan are done
+// before the sort starts, and the first positions are written after it ends.
+struct SortShared {
+  union {
+    SortBins::TempStorage sort;
+    struct {
+      ScanBins::TempStorage scan;
+      int32_t bins[kMoeSortMaxExperts + 1];  // counts, offsets or first positions per bin
+      uint32_t slot_bins[kSmallSort];        // the small sort's bin of each slot
+    };
+  };
+  uint32_t warp_last[kMoeSortThreads / 32];
+};
+
+__device__ __forceinline__ uint32_t SlotBin(const MoeSortParams& p, int32_t id) {
+  const uint32_t L = static_cast<uint32_t>(p.num_local_experts);
+  if (id < 0 || id >= p.num_experts) return L;
+  const int64_t e = static_cast<int64_t>(id) - p.local_expert_offset;
+  return e >= 0 && e < p.num_local_experts ? static_cast<uint32_t>(e) : L + 1;
+}
+
+// counts[0..L] = the bins 0..L of slots [begin, begin + n) (kept experts, dropped).
+// Lanes with the same bin add once (__match_any_sync): routing skew piles slots on one
+// expert, and one shared atomic per lane would serialize on it.
+__device__ void ChunkHistogram(const MoeSortParams& p, int begin, int n, int32_t* counts) {
+  const int L = p.num_local_experts;
+  for (int e = threadIdx.x; e <= L; e += kMoeSortThreads) counts[e] = 0;
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  for (int base = 0; base < n; base += kMoeSortThreads) {  // whole warps iterate
+    const int i = base + threadIdx.x;
+    const uint32_t bin = i < n ? SlotBin(p, p.topk_ids[begin + i]) : L + 1;
+    const unsigned peers = __match_any_sync(kFullMask, bin);
+    if (bin <= static_cast<uint32_t>(L) && lane == __ffs(peers) - 1) {
+      atomicAdd(&counts[bin], __popc(peers));
+    }
+  }
+  __syncthreads();
+}
+
+// v[0..n) -> its exclusive prefix sums, in place; returns the total. n <= the scan's
+// capacity (kMoeSortMaxExperts + 1).
+__device__ int32_t BlockExclusiveScan(int32_t* v, int n, ScanBins::TempStorage& tmp) {
+  int32_t items[kScanItems];
+  const int first = threadIdx.x * kScanItems;
+#pragma unroll
+  for (int j = 0; j < kScanItems; ++j) items[j] = first + j < n ? v[first + j] : 0;
+  int32_t total;
+  ScanBins(tmp).ExclusiveSum(items, items, total);
+#pragma unroll
+  for (int j = 0; j < kScanItems; ++j) {
+    if (first + j < n) v[first + j] = items[j];
+  }
+  __syncthreads();
+  return total;
+}
+
+// Ranks slots [begin, begin + n) and writes both permutations. A kept slot's row:
+// with `bases` (the chunk's row of chunk_counts after the scan: the first row of each
+// expert for this chunk), bases[bin] + its position among the chunk's slots of that
+// bin; without (one chunk holds every slot), its position in the sorted chunk, since
+// kept bins sort first and in expert order.
+__device__ void ChunkScatter(const MoeSortParams& p, int begin, int n, const int32_t* bases,
+                             SortShared& s) {
+  const uint32_t L = static_cast<uint32_t>(p.num_local_experts);
+  uint32_t keys[kSortItems];
+  int32_t vals[kSortItems];
+#pragma unroll
+  for (int j = 0; j < kSortItems; ++j) {
+    const int i = threadIdx.x * kSortItems + j;  // blocked: slot order before the sort
+    keys[j] = i < n ? SlotBin(p, p.topk_ids[begin + i]) : L + 1;
+    vals[j] = i;
+    if (i < n && keys[j] >= L) p.expanded_to_permuted[begin + i] = -1;
+  }
+  const int bits = 32 - __clz(static_cast<int>(L) + 1);  // bins 0..L+1
+  SortBins(s.sort).Sort(keys, vals, 0, bits);
+  const int pos0 = threadIdx.x * kSortItems;  // blocked: sorted positions
+  if (bases != nullptr) {
+    // The first position of each bin in the sorted chunk, where the bin changes.
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint32_t prev = __shfl_up_sync(kFullMask, keys[kSortItems - 1], 1);
+    if (lane == 31) s.warp_last[warp] = keys[kSortItems - 1];
+    __syncthreads();
+    if (lane == 0) prev = warp == 0 ? ~0u : s.warp_last[warp - 1];
+#pragma unroll
+    for (int j = 0; j < kSortItems; ++j) {
+      const uint32_t before = j == 0 ? prev : keys[j - 1];
+      if (keys[j] < L && keys[j] != before) s.bins[keys[j]] = pos0 + j;
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < kSortItems; ++j) {
+    if (keys[j] >= L) continue;
+    const int row = bases != nullptr ? bases[keys[j]] + (pos0 + j - s.bins[keys[j]]) : pos0 + j;
+    const int slot = begin + vals[j];
+    p.permuted_to_expanded[row] = slot;
+    p.expanded_to_permuted[slot] = row;
+  }
+}
+
+// The fused sort of n <= kSmallSort slots, with s.bins holding the offsets: a kept
+// slot's row is its expert's offset plus the number of earlier slots of that expert.
+__device__ void SmallScatter(const MoeSortParams& p, int n, SortShared& s) {
+  const uint32_t L = static_cast<uint32_t>(p.num_local_experts);
+  const int i = threadIdx.x;
+  const uint32_t bin = i < n ? SlotBin(p, p.topk_ids[i]) : L + 1;
+  if (i < n) s.slot_bins[i] = bin;
+  __syncthreads();
+  if (i >= n) return;
+  if (bin >= L) {
+    p.expanded_to_permuted[i] = -1;
+    return;
+  }
+  int rank = 0;
+  for (int j = 0; j < i; ++j) rank += s.slot_bins[j] == bin;
+  const int row = s.bins[bin] + rank;
+  p.permuted_to_expanded[row] = i;
+  p.expanded_to_permuted[i] = row;
+}
+
+// s.bins[0..L] holds the slot counts of every bin: it becomes the offsets (exclusive
+// prefix sums over the L experts), written out with offsets[L] (the kept slots) and the
+// dropped count.
+__device__ void PublishOffsets(const MoeSortParams& p, SortShared& s) {
+  const int L = p.num_local_experts;
+  const int32_t dropped = s.bins[L];
+  const int32_t kept = BlockExclusiveScan(s.bins, L, s.scan);
+  for (int e = threadIdx.x; e < L; e += kMoeSortThreads) p.offsets[e] = s.bins[e];
+  if (threadIdx.x == 0) {
+    p.offsets[L] = kept;
+    p.dropped[0] = dropped;
+  }
+}
+
+}  // namespace
+}  // namespace cubist::moe
+
+// One CTA sorts up to kMoeSortChunk slots: histogram, offsets, ranks.
+extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
+    cubist_moe_sort_fused(const __grid_constant__ MoeSortParams p) {
+  __shared__ SortShared s;
+  GridDependencyWait();
+  LaunchDependents();
+  const int n = max(0, min(p.num_slots, kMoeSortChunk));
+  ChunkHistogram(p, 0, n, s.bins);
+  PublishOffsets(p, s);
+  if (n <= kSmallSort) {
+    SmallScatter(p, n, s);
+    return;
+  }
+  __syncthreads();  // the scan's storage becomes the sort's
+  ChunkScatter(p, 0, n, nullptr, s);
+}
+
+// Chunk c = blockIdx.x: chunk_counts[c * (L + 1) + e] = its slots of bin e, e = 0..L.
+extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
+    cubist_moe_sort_count(const __grid_constant__ MoeSortParams p) {
+  __shared__ int32_t counts[kMoeSortMaxExperts + 1];
+  GridDependencyWait();
+  LaunchDependents();
+  const int begin = blockIdx.x * kMoeSortChunk;
+  const int n = min(p.num_slots - begin, kMoeSortChunk);
+  if (n <= 0) return;
+  const int L = p.num_local_experts;
+  ChunkHistogram(p, begin, n, counts);
+  int32_t* row = p.chunk_counts + static_cast<int64_t>(blockIdx.x) * (L + 1);
+  for (int e = threadIdx.x; e <= L; e += kMoeSortThreads) row[e] = counts[e];
+}
+
+// One CTA: per bin, the chunks' counts become running sums down the column (in place),
+// the column totals give offsets and dropped, and each chunk's entry becomes the first
+// row of its slots of that expert: offsets[e] + the counts of the chunks before it.
+extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
+    cubist_moe_sort_scan(const __grid_constant__ MoeSortParams p) {
+  __shared__ SortShared s;
+  GridDependencyWait();
+  LaunchDependents();
+  const int L = p.num_local_experts;
+  const int chunks = static_cast<int>(MoeSortChunks(max(p.num_slots, 0)));
+  for (int e = threadIdx.x; e <= L; e += kMoeSortThreads) {
+    int32_t run = 0;
+    for (int c = 0; c < chunks; ++c) {
+      int32_t* q = p.chunk_counts + static_cast<int64_t>(c) * (L + 1) + e;
+      const int32_t v = *q;
+      *q = run;
+      run += v;
+    }
+    s.bins[e] = run;
+  }
+  __syncthreads();
+  PublishOffsets(p, s);
+  for (int e = threadIdx.x; e < L; e += kMoeSortThreads) {
+    const int32_t offset = s.bins[e];
+    for (int c = 0; c < chunks; ++c) {
+      p.chunk_counts[static_cast<int64_t>(c) * (L + 1) + e] += offset;
+    }
+  }
+}
+
+// Chunk c = blockIdx.x: ranks its slots and places them from the chunk's bases.
+extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
+    cubist_moe_sort_scatter(const __grid_constant__ MoeSortParams p) {
+  __shared__ SortShared s;
+  GridDependencyWait();
+  LaunchDependents();
+  const int begin = blockIdx.x * kMoeSortChunk;
+  const int n = min(p.num_slots - begin, kMoeSortChunk);
+  if (n <= 0) return;
+  ChunkScatter(p, begin, n,
+               p.chunk_counts + static_cast<int64_t>(blockIdx.x) * (p.num_local_experts + 1), s);
+}
+
+// ---------------------------------------------------------------------------------
+// Gather: rows in a grid-stride loop, 16-byte vectors, four loads in flight per thread.
+
+extern "C" __global__ void __launch_bounds__(kMoeGatherThreads)
+    cubist_moe_gather_bf16(const __grid_constant__ MoeGatherParams p) {
+  GridDependencyWait();
+  LaunchDependents();
+  const int32_t rows = p.offsets[p.num_local_experts];
+  const int vecs = p.hidden / 8;
+  const uint4* __restrict__ in = static_cast<const uint4*>(p.input);
+  uint4* __restrict__ out = static_cast<uint4*>(p.out);
+  constexpr int kUnroll = 4;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int32_t slot = p.permuted_to_expanded[r];
+    const uint4* src = in + static_cast<int64_t>(slot / p.top_k) * vecs;
+    uint4* dst = out + r * vecs;
+    const bool scale = p.weights != nullptr;
+    const float w = scale ? p.weights[slot] : 1.0f;
+    for (int v0 = threadIdx.x; v0 < vecs; v0 += kUnroll * kMoeGatherThreads) {
+      uint4 x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = v0 + u * kMoeGatherThreads;
+        if (v < vecs) x[u] = __ldg(src + v);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = v0 + u * kMoeGatherThreads;
+        if (v >= vecs) continue;
+        if (scale) {  // fp32 product, one rounding to bf16 (nearest even)
+          float f[8];
+          UnpackBf16x8(x[u], f);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) f[i] *= w;
+          x[u] = PackBf16x8(f);
+        }
+        dst[v] = x[u];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Finalize: one CTA per token (grid-stride beyond gridDim). Warp 0 ranks the token's k
+// slots in the summation order - weight descending, equal weights to the lower expert
+// id, equal both to the lower slot - with shuffles, and publishes each slot's row and
+// weight in that order; every thread then owns 16-byte columns of the hidden row and
+// sums them in fp32 in that order, with up to kBatch row loads in flight.
+
+extern "C" __global__ void __launch_bounds__(kMoeFinalizeThreads)
+    cubist_moe_finalize(const __grid_constant__ MoeFinalizeParams p) {
+  __shared__ int32_t order_row[kMoeRouteMaxTopK];
+  __shared__ float order_w[kMoeRouteMaxTopK];
+  GridDependencyWait();
+  LaunchDependents();
+  const int k = max(0, min(p.top_k, kMoeRouteMaxTopK));
+  const int vecs = p.hidden / 8;
+  const int lane = threadIdx.x & 31;
+  const uint4* __restrict__ rows = static_cast<const uint4*>(p.rows);
+  uint4* __restrict__ out = static_cast<uint4*>(p.out);
+  constexpr int kBatch = 8;
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    if (threadIdx.x < 32) {
+      const bool slot = lane < k;
+      const int64_t at = t * p.top_k + lane;
+      // unit_weights: every w is 1 (topk_weights is not read), so the ids alone order.
+      const float w = slot && !p.unit_weights ? p.topk_weights[at] : 1.0f;
+      const int32_t id = slot ? p.topk_ids[at] : 0;
+      const uint32_t key = RankKey(w);
+      int rank = 0;
+      for (int i = 0; i < k; ++i) {
+        const uint32_t ki = __shfl_sync(kFullMask, key, i);
+        const int32_t idi = __shfl_sync(kFullMask, id, i);
+        rank += ki > key || (ki == key && (idi < id || (idi == id && i < lane)));
+      }
+      if (slot) {
+        order_row[rank] = p.expanded_to_permuted[at];
+        order_w[rank] = w;
+      }
+    }
+    __syncthreads();
+    for (int v = threadIdx.x; v < vecs; v += kMoeFinalizeThreads) {
+      float acc[8];
+      if (p.accumulate) {
+        UnpackBf16x8(out[t * vecs + v], acc);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
+      }
+      for (int r0 = 0; r0 < k; r0 += kBatch) {
+        uint4 x[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int r = r0 + u;
+          const int32_t row = r < k ? order_row[r] : -1;
+          if (row >= 0) x[u] = __ldg(rows + static_cast<int64_t>(row) * vecs + v);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int r = r0 + u;
+          if (r >= k || order_row[r] < 0) continue;  // not kept: adds nothing
+          const float w = order_w[r];
+          float f[8];
+          UnpackBf16x8(x[u], f);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, f[i], acc[i]);
+        }
+      }
+      out[t * vecs + v] = PackBf16x8(acc);
+    }
+    __syncthreads();  // the order arrays are rewritten for the next token
+  }
+}

@@ -1,0 +1,211 @@
+// The parameter ABI of the routed MoE layer's own kernels: routing, the sort of token
+// slots by expert, the gather of token rows, and the weighted finalize. The layer's two
+// GEMMs are moe_gemm kernels (kernels/moe_gemm_abi.h); these kernels are the glue around
+// them, published in the same manifest as ops of their own:
+//
+//   op            function                 parameter          what it does
+//   moe_route     cubist_moe_route         MoeRouteParams     logits [T, E] -> ids, weights [T, k]
+//   moe_sort      cubist_moe_sort_fused    MoeSortParams      ids -> offsets, permutation (one CTA)
+//   moe_sort      cubist_moe_sort_count    MoeSortParams      per-chunk expert counts
+//   moe_sort      cubist_moe_sort_scan     MoeSortParams      chunk bases and offsets (one CTA)
+//   moe_sort      cubist_moe_sort_scatter  MoeSortParams      permutation of each chunk
+//   moe_gather    cubist_moe_gather_bf16   MoeGatherParams    token rows in expert order
+//   moe_finalize  cubist_moe_finalize      MoeFinalizeParams  weighted sum of each token's rows
+//
+// Every kernel takes its struct by value as the only parameter, like moe_gemm. Host
+// code (dispatch/moe_layer.cc, the CPU reference, tests) and device code
+// (kernels/moe_layer.cu) include this header; plain C++17, no CUDA header, no state.
+//
+// Versions: each struct starts with `abi`; kMoeLayerAbi is recorded in every kernel's
+// manifest entry ("abi"). A change to a struct's layout or a field's meaning is a new
+// version.
+#ifndef CUBIST_KERNELS_MOE_LAYER_ABI_H_
+#define CUBIST_KERNELS_MOE_LAYER_ABI_H_
+
+#include <stdint.h>
+
+#include "kernels/moe_gemm_abi.h"  // CUBIST_HD
+
+namespace cubist::moe {
+
+inline constexpr int kMoeLayerAbi = 1;
+inline constexpr char kMoeRouteOp[] = "moe_route";
+inline constexpr char kMoeSortOp[] = "moe_sort";
+inline constexpr char kMoeGatherOp[] = "moe_gather";
+inline constexpr char kMoeFinalizeOp[] = "moe_finalize";
+
+// Limits of the routing kernel: the logits of one token sit in shared memory (E fp32),
+// the chosen experts in registers.
+inline constexpr int32_t kMoeRouteMaxExperts = 4096;
+inline constexpr int32_t kMoeRouteMaxTopK = 32;
+// Token slots (T x k) one sort CTA ranks; fewer slots than this sort in one launch
+// (cubist_moe_sort_fused), more in three (count, scan, scatter) over chunks of this size.
+inline constexpr int32_t kMoeSortChunk = 4096;
+// Local experts the sort kernels can count (a shared-memory histogram).
+inline constexpr int32_t kMoeSortMaxExperts = 4096;
+
+// Routing methods. Every interface outside this header uses the names
+// (MoeRoutingMethodName): projects number them differently.
+//
+// Notation: x = the token's logits in fp32 (bf16 logits widened exactly), E experts.
+// Selection ("top-k of s"): the k largest of s in descending order; equal values go to
+// the lower expert index; a NaN ranks below every number, -inf included. Softmax over a
+// set S: m = max over S, p_i = exp(x_i - m) / sum_{j in S} exp(x_j - m); a NaN logit
+// counts as -inf in every sum and maximum, so its probability is 0 (and, were it chosen,
+// its weight 0). sigmoid(x) = 1 / (1 + exp(-x)).
+//   default            ids = top-k of x; weights = softmax over all E of the chosen
+//   renormalize        ids = top-k of x; weights = softmax over the k chosen
+//   renormalize_naive  ids = top-k of x; w = softmax over all E, then w_i / sum of the k
+//   deepseek_v3        s = sigmoid(x) + bias (bias 0 when absent); experts in n_group
+//                      equal groups; a group's score = the sum of its two largest s; the
+//                      topk_group best groups (ties: lower group) are kept; ids = top-k
+//                      of s within the kept groups; weights = sigmoid(x_i) /
+//                      (sum over the chosen of sigmoid(x_j) + 1e-20) x routed_scaling_factor
+//   llama4             k = 1; ids = top-1 of x; weight = sigmoid(x_id)
+//   topk               ids = top-k of x; weights = x (the raw logits)
+//   sigmoid            ids = top-k of x; weights = sigmoid(x)
+//   sigmoid_renorm     ids = top-k of x; weights = sigmoid(x_i) / sum of the chosen
+// Since softmax and sigmoid are increasing, every method but deepseek_v3 selects on the
+// logits themselves: the ids do not depend on how exp rounds. Weights come out in the
+// selection's order: descending score, ties to the lower id ("slot order").
+enum MoeRoutingMethod : int32_t {
+  kRouteDefault = 0,
+  kRouteRenormalize = 1,
+  kRouteRenormalizeNaive = 2,
+  kRouteDeepSeekV3 = 3,
+  kRouteLlama4 = 4,
+  kRouteTopK = 5,
+  kRouteSigmoid = 6,
+  kRouteSigmoidRenorm = 7,
+};
+inline constexpr int32_t kMoeRoutingMethods = 8;
+
+inline const char* MoeRoutingMethodName(MoeRoutingMethod m) {
+  switch (m) {
+    case kRouteDefault: return "default";
+    case kRouteRenormalize: return "renormalize";
+    case kRouteRenormalizeNaive: return "renormalize_naive";
+    case kRouteDeepSeekV3: return "deepseek_v3";
+    case kRouteLlama4: return "llama4";
+    case kRouteTopK: return "topk";
+    case kRouteSigmoid: return "sigmoid";
+    case kRouteSigmoidRenorm: return "sigmoid_renorm";
+  }
+  return "?";
+}
+
+// cubist_moe_route: one warp per token; grid = ceil(T / warps per CTA) CTAs of
+// kMoeRouteThreads threads, dynamic shared memory MoeRouteSharedBytes(E) (past 48 KiB,
+// E > 3072, the launcher raises the function's dynamic shared memory limit first).
+inline constexpr int32_t kMoeRouteThreads = 128;
+CUBIST_HD constexpr int32_t MoeRouteSharedBytes(int32_t num_experts) {
+  return (kMoeRouteThreads / 32) * num_experts * 4;
+}
+struct MoeRouteParams {
+  int32_t abi;           // kMoeLayerAbi
+  int32_t method;        // MoeRoutingMethod
+  int32_t num_tokens;    // T >= 0
+  int32_t num_experts;   // E, 1..kMoeRouteMaxExperts
+  int32_t top_k;         // 1..min(E, kMoeRouteMaxTopK); 1 for llama4
+  int32_t logits_bf16;   // 0: logits are fp32, 1: bf16
+  int32_t n_group;       // deepseek_v3: groups (E % n_group == 0), else 0
+  int32_t topk_group;    // deepseek_v3: groups kept (1..n_group), else 0
+  float routed_scaling_factor;  // deepseek_v3 (1 elsewhere; ignored)
+  int32_t reserved0;
+  const void* logits;    // [T, E] fp32 or bf16, rows dense
+  const float* bias;     // [E] or null (deepseek_v3 only)
+  int32_t* topk_ids;     // [T, k] out: global expert ids, slot order
+  float* topk_weights;   // [T, k] out
+  int64_t reserved[2];
+};
+static_assert(sizeof(MoeRouteParams) == 88, "MoeRouteParams layout is ABI");
+
+// The sort: the T x k slots (slot s = t * k + j) are grouped by local expert
+// (id - local_expert_offset, kept when in 0..num_local_experts-1), stably: within an
+// expert, slots keep their order. Outputs:
+//   offsets[0..L]              int32, offsets[0] = 0, offsets[L] = kept slots (L local experts)
+//   expanded_to_permuted[s]    the slot's row in expert order, or -1 when not kept
+//   permuted_to_expanded[r]    the slot of row r, for r < offsets[L]
+//   dropped[0]                 slots whose id is outside 0..num_experts-1: not kept
+//                              (-1 in expanded_to_permuted, so no later kernel reads
+//                              or writes anything for them) and counted here; the
+//                              fused or the scan kernel stores the count (no zeroing
+//                              needed), the caller may read it
+// Grids: fused = 1 CTA when T x k <= kMoeSortChunk; otherwise count and scatter run
+// MoeSortChunks(T x k) CTAs and scan one CTA, all of kMoeSortThreads threads. The count
+// kernel writes chunk_counts[c * (L + 1) + e] (e = L: the chunk's dropped slots); the
+// scan turns them into chunk bases in place and writes offsets and dropped.
+inline constexpr int32_t kMoeSortThreads = 1024;
+CUBIST_HD constexpr int64_t MoeSortChunks(int64_t slots) {
+  return (slots + kMoeSortChunk - 1) / kMoeSortChunk;
+}
+struct MoeSortParams {
+  int32_t abi;                  // kMoeLayerAbi
+  int32_t num_slots;            // T x k >= 0
+  int32_t top_k;                // k
+  int32_t num_experts;          // E (global)
+  int32_t local_expert_offset;  // first local expert's global id
+  int32_t num_local_experts;    // L, 1..kMoeSortMaxExperts
+  const int32_t* topk_ids;      // [T, k]
+  int32_t* offsets;             // [L + 1] out
+  int32_t* expanded_to_permuted;  // [T x k] out
+  int32_t* permuted_to_expanded;  // [T x k] out
+  int32_t* chunk_counts;        // [MoeSortChunks(T x k), L + 1] workspace (multi-CTA only)
+  int32_t* dropped;             // [1] out
+  int64_t reserved[2];
+};
+static_assert(sizeof(MoeSortParams) == 88, "MoeSortParams layout is ABI");
+
+// cubist_moe_gather_bf16: row r of `out` = the bf16 hidden row of the token of slot
+// permuted_to_expanded[r], for r < offsets[L]; with `weights` set, multiplied by the
+// slot's routing weight in fp32 and rounded to bf16 (nearest even): the llama4
+// apply-weight-on-input mode. Grid: any number of CTAs of kMoeGatherThreads threads,
+// rows taken in a grid-stride loop (the row count is read on the device).
+inline constexpr int32_t kMoeGatherThreads = 128;
+struct MoeGatherParams {
+  int32_t abi;          // kMoeLayerAbi
+  int32_t hidden;       // H, a multiple of 8
+  int32_t top_k;        // k
+  int32_t num_local_experts;  // L (offsets[L] = rows)
+  const void* input;    // [T, H] bf16
+  const int32_t* offsets;
+  const int32_t* permuted_to_expanded;
+  const float* weights;  // [T, k] or null
+  void* out;            // [rows, H] bf16
+  void* out_scale;      // reserved for quantizing gathers (null for bf16)
+  int64_t reserved[2];
+};
+static_assert(sizeof(MoeGatherParams) == 80, "MoeGatherParams layout is ABI");
+
+// cubist_moe_finalize: for each token t,
+//   out[t] = bf16( [accumulate ? float(out[t]) : 0] + sum over its kept slots, in slot
+//            order, of w x float(rows[expanded_to_permuted[slot]]) )
+// in fp32, one rounding at the end. Slot order: weight descending, equal weights to the
+// lower expert id (the finalize kernel orders the token's k slots itself, so pre-routed
+// input in any order sums the same way). w = the routing weight, or 1 when the weight
+// was applied on input (`unit_weights`; then every w is 1, so the ids alone order the
+// slots, and topk_weights is not read: it may be null). NaN weights order below every
+// number, -0 equals +0, a repeated id keeps slot order. A token with no kept slot gets
+// 0 (or keeps out when accumulating). The same bits on every run for the same GPU and
+// kernels.
+// Grid: T CTAs of kMoeFinalizeThreads threads.
+inline constexpr int32_t kMoeFinalizeThreads = 128;
+struct MoeFinalizeParams {
+  int32_t abi;          // kMoeLayerAbi
+  int32_t num_tokens;   // T
+  int32_t hidden;       // H, a multiple of 8
+  int32_t top_k;        // k, 1..kMoeRouteMaxTopK
+  int32_t accumulate;   // 1: add into out
+  int32_t unit_weights;  // 1: weights were applied on input
+  const void* rows;     // [T x k, H] bf16 (GEMM2's output, expert order)
+  const int32_t* topk_ids;       // [T, k]
+  const float* topk_weights;     // [T, k] (null allowed with unit_weights)
+  const int32_t* expanded_to_permuted;  // [T x k]
+  void* out;            // [T, H] bf16
+  int64_t reserved[2];
+};
+static_assert(sizeof(MoeFinalizeParams) == 80, "MoeFinalizeParams layout is ABI");
+
+}  // namespace cubist::moe
+
+#endif  // CUBIST_KERNELS_MOE_LAYER_ABI_H_
