@@ -10,8 +10,8 @@ namespace cubist {
 namespace {
 
 constexpr char kHowToFix[] =
-    "install libcurl 7.85 or newer (Debian, Ubuntu: apt-get install libcurl4) or set "
-    "CUBIST_LIBCURL to the path of a libcurl.so.4";
+    "install libcurl 7.85 or newer (Debian, Ubuntu: apt-get install libcurl4; RHEL, Fedora: "
+    "dnf install libcurl) or set CUBIST_LIBCURL to the path of a libcurl.so.4";
 
 // Resolves `name` into `*fn`; FailedPrecondition naming it when the library lacks it.
 template <typename Fn>

@@ -65,7 +65,7 @@ class CurlLibrary {
  public:
   // Opens `library` and resolves every CurlApi member, and checks its version against
   // kMinLibcurlVersion. Does not call curl_global_init. Errors (FailedPrecondition, each
-  // naming the library and the fix: install Debian's or Ubuntu's libcurl4, or set
+  // naming the library and the fix: install libcurl4 (apt-get) or libcurl (dnf), or set
   // CUBIST_LIBCURL): the library cannot be loaded ("dlopen libcurl.so.4: <dlerror>"),
   // lacks one of the functions (naming it), or is older than 7.85.0.
   [[nodiscard]] static absl::StatusOr<CurlLibrary> Open(const std::string& library);

@@ -42,7 +42,7 @@ TEST(CurlLibraryTest, AMissingLibcurlNamesItAndTheFix) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("libcurl is needed to download"),
                              HasSubstr(kNoSuchLibrary), HasSubstr("apt-get install libcurl4"),
-                             HasSubstr("CUBIST_LIBCURL"))));
+                             HasSubstr("dnf install libcurl)"), HasSubstr("CUBIST_LIBCURL"))));
 }
 
 TEST(CurlLibraryTest, ALibraryWithoutCurlsFunctionsIsRefusedNamingTheFirstMissing) {

@@ -37,6 +37,22 @@ namespace nb = nanobind;
 namespace cubist::python {
 namespace {
 
+// The abi3 wheel (CPython 3.12 and newer, pyproject.toml) compiles this file under
+// Py_LIMITED_API, which has neither the tuple macros nor PyObject_CallOneArg; there their
+// checked function forms stand in. Other builds keep the macros on the run hot path.
+#ifdef Py_LIMITED_API
+Py_ssize_t TupleSize(PyObject* t) { return PyTuple_Size(t); }
+PyObject* TupleItem(PyObject* t, Py_ssize_t i) { return PyTuple_GetItem(t, i); }
+PyObject* CallOneArg(PyObject* f, PyObject* arg) {
+  PyObject* args[] = {arg};
+  return PyObject_Vectorcall(f, args, 1, nullptr);
+}
+#else
+Py_ssize_t TupleSize(PyObject* t) { return PyTuple_GET_SIZE(t); }
+PyObject* TupleItem(PyObject* t, Py_ssize_t i) { return PyTuple_GET_ITEM(t, i); }
+PyObject* CallOneArg(PyObject* f, PyObject* arg) { return PyObject_CallOneArg(f, arg); }
+#endif
+
 // Python classes by absl::StatusCode (0..16), set once by cubist/_errors.py.
 std::array<nb::object, 17>& ErrorClasses() {
   static auto* classes = new std::array<nb::object, 17>();
@@ -326,11 +342,11 @@ bool ReadAttributes(PyObject* x, FastTensor& t) {
   if (!contiguous) return false;
   v = PyObject_GetAttr(x, T.s_shape);  // torch.Size, a tuple subclass
   if (v == nullptr) return PyErr_Clear(), false;
-  bool ok = PyTuple_Check(v) && PyTuple_GET_SIZE(v) <= 3;
+  bool ok = PyTuple_Check(v) && TupleSize(v) <= 3;
   if (ok) {
-    t.ndim = static_cast<int>(PyTuple_GET_SIZE(v));
+    t.ndim = static_cast<int>(TupleSize(v));
     for (int i = 0; i < t.ndim && ok; ++i) {
-      t.shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(v, i));
+      t.shape[i] = PyLong_AsLongLong(TupleItem(v, i));
       ok = !(t.shape[i] == -1 && PyErr_Occurred());
     }
   }
@@ -379,7 +395,7 @@ bool CurrentStream(int64_t device, uintptr_t& s) {
   if (T.current_stream == nullptr) return false;
   PyObject* dev = PyLong_FromLongLong(device);
   if (dev == nullptr) return PyErr_Clear(), false;
-  PyObject* r = PyObject_CallOneArg(T.current_stream, dev);
+  PyObject* r = CallOneArg(T.current_stream, dev);
   Py_DECREF(dev);
   if (r == nullptr) return PyErr_Clear(), false;
   s = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(r));
@@ -750,9 +766,9 @@ int TryFastRun(const RunMethodState& R, PyObject* self, PyObject* const* args,
   if (nargs != 4) return 0;
   PyObject* v[4 + kRunKeywords] = {args[0], args[1], args[2], args[3], R.identity};
   for (int i = 5; i < 4 + kRunKeywords; ++i) v[i] = Py_None;
-  const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  const Py_ssize_t nkw = kwnames == nullptr ? 0 : TupleSize(kwnames);
   for (Py_ssize_t i = 0; i < nkw; ++i) {
-    const int slot = KeywordSlot(R, PyTuple_GET_ITEM(kwnames, i));
+    const int slot = KeywordSlot(R, TupleItem(kwnames, i));
     if (slot < 0) return 0;
     v[4 + slot] = args[nargs + i];
   }
@@ -782,7 +798,7 @@ PyObject* RunMethod(PyObject* self, PyObject* const* args, Py_ssize_t nargsf,
   if (r < 0) return nullptr;
   if (r > 0) Py_RETURN_NONE;
   // The Python `run`, called as self.run(*args, **kwargs) was.
-  const Py_ssize_t total = nargs + (kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames));
+  const Py_ssize_t total = nargs + (kwnames == nullptr ? 0 : TupleSize(kwnames));
   std::vector<PyObject*> stack(static_cast<size_t>(total) + 1);
   stack[0] = self;
   std::copy(args, args + total, stack.begin() + 1);

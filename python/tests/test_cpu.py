@@ -493,8 +493,9 @@ def test_run_hands_other_calls_to_the_python_run(fake_torch):
     assert len(seen) == 1 and launch_without_count(g) == want
     g.run(a, b, offsets, out, activation="swiglu", stream=type("S", (), {"cuda_stream": 7})())
     assert len(seen) == 2 and launch_without_count(g) == want
-    # Call errors are the Python function's, word for word.
-    with pytest.raises(TypeError, match=r"^MoeGemm\.run\(\) got an unexpected keyword argument 'activaton'$"):
+    # Call errors are the Python function's, word for word (3.13 adds a suggestion).
+    with pytest.raises(TypeError, match=r"^MoeGemm\.run\(\) got an unexpected keyword argument 'activaton'"
+                       r"(\. Did you mean 'activation'\?)?$"):
         g.run(a, b, offsets, out, activaton="swiglu")
     with pytest.raises(TypeError, match=r"^MoeGemm\.run\(\) takes 5 positional arguments but 6 were given$"):
         g.run(a, b, offsets, out, "swiglu")
@@ -622,6 +623,36 @@ def test_select_equals_the_cli_report(served_set, cli):
                        match="give exactly one of --tokens-per-expert T and --tokens TOTAL"):
         cubist.select(str(manifest), weights="bf16", activations="bf16", experts=8, n=1024,
                       k=512, sm="90")
+
+
+def test_without_libcurl_a_download_names_the_package_to_install(served_set, tmp_path):
+    """Slim images have no libcurl: the first transfer, not the import, needs it, and the
+    error says what to install (apt-get or dnf) or set."""
+    url, _ = served_set
+    code = ("import cubist, sys\n"
+            "try:\n"
+            f"    cubist.fetch({url!r}, cache_dir={str(tmp_path / 'cache')!r})\n"
+            "except cubist.Error as e:\n"
+            "    print(type(e).__name__, e)\n")
+    env = dict(os.environ, CUBIST_LIBCURL=str(tmp_path / "no-libcurl.so.4"))
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, env=env).stdout
+    assert out.startswith("FailedPreconditionError ")
+    for fragment in ("no-libcurl.so.4", "apt-get install libcurl4", "dnf install libcurl",
+                     "CUBIST_LIBCURL"):
+        assert fragment in out
+
+
+def test_the_command_keeps_its_exit_codes(cli, tmp_path):
+    """The `cubist` command (the wheel's console script execs the real one): its output
+    and exit codes (cli/exit_codes.h) reach the caller unchanged."""
+    doctor = subprocess.run([cli, "doctor"], capture_output=True, text=True)
+    assert doctor.returncode == 0 and "cache" in doctor.stdout
+    usage = subprocess.run([cli, "fetchh"], capture_output=True, text=True)
+    assert usage.returncode == 2 and "did you mean 'fetch'?" in usage.stderr
+    missing = subprocess.run([cli, "verify", "--manifest", str(tmp_path / "none.json"),
+                              "--cache", str(tmp_path / "c")], capture_output=True, text=True)
+    assert missing.returncode == 5 and "run 'cubist fetch' first" in missing.stderr
 
 
 def inexact_set(tmp_path):
