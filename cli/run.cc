@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/exit_codes.h"
@@ -210,6 +211,16 @@ absl::StatusOr<CheckResult> RunAndCheck(const RunFlags& f, Runtime& rt, MoeGemm&
   return result;
 }
 
+// The runtime the command runs on, current on this thread.
+absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const RunFlags& f) {
+  CUBIST_ASSIGN_OR_RETURN(RuntimeOptions ro, RuntimeOptionsForCommand(f.manifest, f.cache,
+                                                                      f.device, f.offline,
+                                                                      f.trust));
+  CUBIST_ASSIGN_OR_RETURN(std::unique_ptr<Runtime> rt, Runtime::Open(ro));
+  CUBIST_RETURN_IF_ERROR(rt->MakeCurrent());
+  return rt;
+}
+
 int RunLayerCommand(const RunFlags& f) {
   MoeLayerRunFlags l = f.layer;
   l.weights = f.problem.weights;
@@ -226,12 +237,8 @@ int RunLayerCommand(const RunFlags& f) {
     PrintError(options.status());
     return absl::IsInvalidArgument(options.status()) ? kExitUsage : ExitCodeFor(options.status());
   }
-  absl::StatusOr<RuntimeOptions> ro =
-      RuntimeOptionsForCommand(f.manifest, f.cache, f.device, f.offline, f.trust);
-  if (!ro.ok()) return PrintError(ro.status());
-  auto rt = Runtime::Open(*ro);
+  absl::StatusOr<std::unique_ptr<Runtime>> rt = OpenRuntime(f);
   if (!rt.ok()) return PrintError(rt.status());
-  if (auto s = (*rt)->MakeCurrent(); !s.ok()) return PrintError(s);
   return RunMoeLayer(l, *options, **rt);
 }
 
@@ -252,12 +259,8 @@ int RunRun(const RunFlags& f) {
     PrintError(problem.status());
     return kExitUsage;
   }
-  absl::StatusOr<RuntimeOptions> ro =
-      RuntimeOptionsForCommand(f.manifest, f.cache, f.device, f.offline, f.trust);
-  if (!ro.ok()) return PrintError(ro.status());
-  auto rt = Runtime::Open(*ro);
+  absl::StatusOr<std::unique_ptr<Runtime>> rt = OpenRuntime(f);
   if (!rt.ok()) return PrintError(rt.status());
-  if (auto s = (*rt)->MakeCurrent(); !s.ok()) return PrintError(s);
   MoeGemmOptions mo;
   mo.pinned_kernel = f.pin;
   mo.allow_inexact = f.allow_inexact;

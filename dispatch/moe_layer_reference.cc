@@ -76,6 +76,22 @@ std::vector<int> DeepSeekV3Select(const RoutingConfig& c, const float* s) {
   return TopK(s, c.num_experts, c.top_k, allowed);
 }
 
+// A bf16 x bf16 GEMM over `rows` rows grouped by `offsets`: weights copied in, the
+// activations zeroed for the caller to fill.
+MoeProblemData Bf16Gemm(const std::vector<int32_t>& offsets, int rows, int n, int k,
+                        const std::vector<uint16_t>& weights) {
+  MoeProblemData g;
+  g.num_experts = static_cast<int>(offsets.size()) - 1;
+  g.num_tokens = rows;
+  g.n = n;
+  g.k = k;
+  g.offsets = offsets;
+  g.a.resize(static_cast<size_t>(rows) * k * 2);
+  g.b.resize(weights.size() * 2);
+  std::copy_n(reinterpret_cast<const uint8_t*>(weights.data()), g.b.size(), g.b.data());
+  return g;
+}
+
 }  // namespace
 
 Routing Route(const RoutingConfig& c, const std::vector<float>& logits,
@@ -187,15 +203,7 @@ std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& 
   const int rows = sort.offsets[l];
 
   // GEMM1 on the gathered rows, as the moe_gemm reference computes it.
-  MoeProblemData g1;
-  g1.num_experts = l;
-  g1.num_tokens = rows;
-  g1.n = n1;
-  g1.k = h;
-  g1.offsets = sort.offsets;
-  g1.a.resize(static_cast<size_t>(rows) * h * 2);
-  g1.b.resize(layer.w1.size() * 2);
-  std::copy_n(reinterpret_cast<const uint8_t*>(layer.w1.data()), g1.b.size(), g1.b.data());
+  MoeProblemData g1 = Bf16Gemm(sort.offsets, rows, n1, h, layer.w1);
   g1.alpha = layer.alpha;
   g1.beta = layer.beta;
   g1.limit = layer.limit;
@@ -213,17 +221,9 @@ std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& 
   const std::vector<double> act =
       ApplyActivation(g1, ReferenceGemm(g1), layer.activation);  // [rows, I]
 
-  MoeProblemData g2;
-  g2.num_experts = l;
-  g2.num_tokens = rows;
-  g2.n = h;
-  g2.k = inter;
-  g2.offsets = sort.offsets;
-  g2.a.resize(static_cast<size_t>(rows) * inter * 2);
+  MoeProblemData g2 = Bf16Gemm(sort.offsets, rows, h, inter, layer.w2);
   uint16_t* a2 = reinterpret_cast<uint16_t*>(g2.a.data());
   for (size_t i = 0; i < act.size(); ++i) a2[i] = FloatToBf16(static_cast<float>(act[i]));
-  g2.b.resize(layer.w2.size() * 2);
-  std::copy_n(reinterpret_cast<const uint8_t*>(layer.w2.data()), g2.b.size(), g2.b.data());
   const std::vector<double> y = ReferenceGemm(g2);  // [rows, H]
 
   std::vector<double> out(static_cast<size_t>(t_count) * h, 0.0);
