@@ -576,8 +576,11 @@ def test_verify_reports_corruption_as_data_loss(served_set, tmp_path):
     sha = report["artifacts"][0]["sha256"]
     obj = cache / "objects/sha256" / sha[:2] / sha
     os.chmod(obj, 0o644)
-    obj.write_bytes(b"x" * obj.stat().st_size)  # same size: only --deep sees it
-    assert cubist.verify(url, cache_dir=str(cache))["ok"] is True
+    obj.write_bytes(b"x" * obj.stat().st_size)  # same size: the publish stamp catches it
+    with pytest.raises(cubist.DataLossError, match="changed after it was verified") as e:
+        cubist.verify(url, cache_dir=str(cache))
+    bad = e.value.report["bad"]
+    assert [b["state"] for b in bad] == ["sha256-mismatch"] and bad[0]["removed"] is False
     with pytest.raises(cubist.DataLossError, match=r"hash mismatch|sha256") as e:
         cubist.verify(url, cache_dir=str(cache), deep=True)
     bad = e.value.report["bad"]
