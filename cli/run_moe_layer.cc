@@ -72,6 +72,13 @@ absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
   data.x = RandomBf16(static_cast<size_t>(t) * h, 1.0, rng);
   data.w1 = RandomBf16(static_cast<size_t>(e) * n1 * h, 1.0 / std::sqrt(h), rng);
   data.w2 = RandomBf16(static_cast<size_t>(e) * h * inter, 1.0 / std::sqrt(inter), rng);
+  data.weight_format = o.weight_format;
+  data.activation_format = o.activation_format;
+  ref::QuantizeLayerWeights(&data);
+  // Activation scales as an engine calibrates them: inputs are N(0, 1), GEMM1's output O(1).
+  data.input_scale = ref::ActivationScaleFor(o.activation_format, 5.0f);
+  data.intermediate_scale = ref::ActivationScaleFor(o.activation_format, 4.0f);
+  const bool quantized_weights = o.weight_format != DataFormat::kBf16;
   std::vector<float> logits(static_cast<size_t>(t) * e), bias;
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (float& x : logits) x = nd(rng);
@@ -82,8 +89,17 @@ absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
   CUBIST_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::Create(rt, o));
   CUBIST_ASSIGN_OR_RETURN(size_t ws_bytes, MoeLayer::WorkspaceSize(o, t));
   CUBIST_ASSIGN_OR_RETURN(DeviceBuffer x, Upload(d, data.x));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w1, Upload(d, data.w1));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w2, Upload(d, data.w2));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w1, quantized_weights ? Upload(d, data.w1q)
+                                                             : Upload(d, data.w1));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w2, quantized_weights ? Upload(d, data.w2q)
+                                                             : Upload(d, data.w2));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w1s, Upload(d, data.w1_scale));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w2s, Upload(d, data.w2_scale));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w1g, Upload(d, data.w1_global));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w2g, Upload(d, data.w2_global));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer s1, Upload(d, std::vector<float>{data.input_scale}));
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer s2,
+                          Upload(d, std::vector<float>{data.intermediate_scale}));
   CUBIST_ASSIGN_OR_RETURN(DeviceBuffer lg, Upload(d, logits));
   CUBIST_ASSIGN_OR_RETURN(DeviceBuffer bias_d, Upload(d, bias));
   CUBIST_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Allocate(d, size_t(t) * h * 2));
@@ -97,6 +113,18 @@ absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
   if (!bias.empty()) a.routing_bias = bias_d.get();
   a.w1 = w1.get();
   a.w2 = w2.get();
+  if (!data.w1_scale.empty()) {
+    a.w1_scale = w1s.get();
+    a.w2_scale = w2s.get();
+  }
+  if (!data.w1_global.empty()) {
+    a.w1_global_scale = w1g.get();
+    a.w2_global_scale = w2g.get();
+  }
+  if (moe::FormatHasGlobalScale(o.activation_format)) {
+    a.input_scale = s1.get();
+    a.intermediate_scale = s2.get();
+  }
   a.out = out.get();
   a.workspace = ws.get();
   a.workspace_bytes = ws.size();
@@ -133,12 +161,8 @@ absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
     CUBIST_RETURN_IF_ERROR(out.CopyToHost(row.data(), size_t(h) * 2, size_t(tok) * h * 2));
     got.insert(got.end(), row.begin(), row.end());
   }
-  ref::Tolerance tol;
-  tol.rel_fro = 5e-3;
-  tol.rtol = 3e-2;
-  tol.atol_rel = 1e-2;
-  const ref::Comparison cmp =
-      ref::CompareBf16(got, ref::MoeLayerReference(sub, sub_routing), tol);
+  const ref::Comparison cmp = ref::CompareBf16(got, ref::MoeLayerReference(sub, sub_routing),
+                                               ref::MoeLayerTolerance(o.activation_format));
   LayerRun r;
   r.ok = cmp.ok;
   r.check_summary = cmp.summary;
@@ -160,7 +184,14 @@ absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
   r.time_us = ms.empty() ? 0 : 1000.0 * ms[ms.size() / 2];
   std::set<int32_t> touched(routing.ids.begin(), routing.ids.end());
   r.experts_touched = static_cast<int>(touched.size());
-  const double weight_bytes = 2.0 * r.experts_touched * (double(n1) * h + double(h) * inter);
+  // The touched experts' weight bytes, elements and block and global scales.
+  const moe::MoeGemmBytes b1 =
+      moe::MoeGemmBytesFor(o.weight_format, o.activation_format, o.activation,
+                           r.experts_touched, 0, n1, h);
+  const moe::MoeGemmBytes b2 = moe::MoeGemmBytesFor(
+      o.weight_format, o.activation_format, moe::kIdentity, r.experts_touched, 0, h, inter);
+  const double weight_bytes = static_cast<double>(b1.b + b1.b_scale + b1.b_global_scale +
+                                                  b2.b + b2.b_scale + b2.b_global_scale);
   r.floor_us = weight_bytes / (f.copy_tbps * 1e12) * 1e6;
   return r;
 }

@@ -37,13 +37,63 @@ int64_t RowBucketFor(int64_t tokens, int64_t top_k) {
   return rows;
 }
 
-absl::Status ValidateOptions(const MoeLayerOptions& o) {
-  if (o.weight_format != DataFormat::kBf16 || o.activation_format != DataFormat::kBf16) {
+// The format pairs the layer serves (weights x activations) and the quantize kernel of
+// each quantized activation format.
+struct LayerPair {
+  DataFormat weights, activations;
+};
+constexpr LayerPair kLayerPairs[] = {
+    {DataFormat::kBf16, DataFormat::kBf16},       {DataFormat::kFp8, DataFormat::kFp8},
+    {DataFormat::kFp8Block, DataFormat::kFp8Block}, {DataFormat::kMxfp4, DataFormat::kBf16},
+    {DataFormat::kMxfp4, DataFormat::kMxfp8},     {DataFormat::kNvfp4, DataFormat::kNvfp4},
+};
+
+const char* QuantizeFunction(DataFormat f) {
+  switch (f) {
+    case DataFormat::kFp8: return "cubist_moe_quantize_fp8";
+    case DataFormat::kFp8Block: return "cubist_moe_quantize_fp8_block";
+    case DataFormat::kMxfp8: return "cubist_moe_quantize_mxfp8";
+    case DataFormat::kNvfp4: return "cubist_moe_quantize_nvfp4";
+    default: return nullptr;
+  }
+}
+
+bool Quantized(DataFormat activations) { return activations != DataFormat::kBf16; }
+
+// Columns of a quantized row must hold whole scale blocks (fp8-block: a partial last
+// block is allowed) and whole 16-byte loads of bf16.
+int64_t ColsMultiple(DataFormat activations) {
+  const int64_t block =
+      activations == DataFormat::kFp8Block ? 0 : moe::FormatScaleBlock(activations);
+  return std::max<int64_t>(8, block);
+}
+
+absl::Status ValidatePair(const MoeLayerOptions& o) {
+  bool served = false;
+  std::string names;
+  for (const LayerPair& p : kLayerPairs) {
+    served = served || (p.weights == o.weight_format && p.activations == o.activation_format);
+    absl::StrAppend(&names, names.empty() ? "" : ", ", Sv(DataFormatName(p.weights)), " x ",
+                    Sv(DataFormatName(p.activations)));
+  }
+  if (!served) {
     return absl::UnimplementedError(absl::StrCat(
         "moe layer: the ", Sv(DataFormatName(o.weight_format)), " x ",
-        Sv(DataFormatName(o.activation_format)),
-        " pair is not served by the layer yet (bf16 x bf16 is); run the GEMMs with MoeGemm"));
+        Sv(DataFormatName(o.activation_format)), " pair is not served by the layer (", names,
+        " are); run the GEMMs with MoeGemm"));
   }
+  const int64_t m = ColsMultiple(o.activation_format);
+  if (o.hidden % m != 0 || o.intermediate % m != 0) {
+    return Bad(o.hidden % m != 0 ? "hidden" : "intermediate",
+               absl::StrCat(o.hidden % m != 0 ? o.hidden : o.intermediate,
+                            " is not a multiple of ", m, ", which ",
+                            Sv(DataFormatName(o.activation_format)),
+                            " activations need (whole scale blocks)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptions(const MoeLayerOptions& o) {
   if (!OpSupports(Op::kMoeGemm, o.activation) || !moe::MoeGemmEncodes(o.activation)) {
     return Bad("activation", "not a moe_gemm activation");
   }
@@ -73,6 +123,7 @@ absl::Status ValidateOptions(const MoeLayerOptions& o) {
   if (o.intermediate < 8 || o.intermediate % 8 != 0) {
     return Bad("intermediate", absl::StrCat(o.intermediate, " is not a positive multiple of 8"));
   }
+  CUBIST_RETURN_IF_ERROR(ValidatePair(o));
   CUBIST_ASSIGN_OR_RETURN(moe::MoeRoutingMethod m, ParseRoutingMethod(o.routing_method));
   if (m == moe::kRouteDeepSeekV3) {
     if (o.n_group < 1 || o.num_experts % o.n_group != 0) {
@@ -129,8 +180,15 @@ MoeLayerWorkspace LayoutForRows(const MoeLayerOptions& o, int64_t chunk_tokens, 
   w.chunk_counts =
       take(4 * static_cast<size_t>(moe::MoeSortChunks(static_cast<int64_t>(slots)) * (l + 1)));
   // GEMM1's output is I wide either way (gated: 2I rows make I columns).
-  w.gathered = take(2 * static_cast<size_t>(rows * o.hidden));
+  const DataFormat af = o.activation_format;
+  w.gathered = take(static_cast<size_t>(moe::MoeElementBytes(af, rows * o.hidden)));
+  w.gathered_scale = take(static_cast<size_t>(moe::MoeScaleBytes(af, rows, o.hidden)));
   w.activated = take(2 * static_cast<size_t>(rows * o.intermediate));
+  const bool q = Quantized(af);
+  w.quantized = q ? take(static_cast<size_t>(moe::MoeElementBytes(af, rows * o.intermediate)))
+                  : w.activated;
+  w.quantized_scale = take(static_cast<size_t>(moe::MoeScaleBytes(af, rows, o.intermediate)));
+  w.global_scales = take(8);
   w.rows = take(2 * static_cast<size_t>(rows * o.hidden));
   w.bytes = at;
   return w;
@@ -210,7 +268,9 @@ absl::Status MoeLayer::LoadGlue() {
     const char* function;
     Kernel* slot;
   };
+  const char* quantize = QuantizeFunction(options_.activation_format);
   const Want wants[] = {
+      {Op::kMoeQuantize, quantize, &quantize_},
       {Op::kMoeRoute, "cubist_moe_route", &route_},
       {Op::kMoeSort, "cubist_moe_sort_fused", &sort_fused_},
       {Op::kMoeSort, "cubist_moe_sort_count", &sort_count_},
@@ -221,6 +281,7 @@ absl::Status MoeLayer::LoadGlue() {
   };
   const Registry& reg = runtime_->registry();
   for (const Want& w : wants) {
+    if (w.function == nullptr) continue;  // bf16 activations quantize nothing
     std::string tried;
     for (const KernelEntry& k : reg.kernels()) {
       if (!k.op.has_value() || *k.op != w.op || k.spec.function != w.function) continue;
@@ -272,6 +333,9 @@ absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) c
     unsigned align;
   };
   const bool routed = a.router_logits != 0;
+  const bool wblock = moe::FormatScaleBlock(options_.weight_format) != 0;
+  const bool wglobal = moe::FormatHasGlobalScale(options_.weight_format);
+  const bool aglobal = moe::FormatHasGlobalScale(options_.activation_format);
   const Ptr ptrs[] = {
       {"hidden_states", a.hidden_states, true, 16},
       {"router_logits", a.router_logits, false, logits_bf16_ ? 2u : 4u},
@@ -280,6 +344,12 @@ absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) c
       {"topk_weights", a.topk_weights, !routed, 4},
       {"w1", a.w1, true, 16},
       {"w2", a.w2, true, 16},
+      {"w1_scale", a.w1_scale, wblock, 16},
+      {"w2_scale", a.w2_scale, wblock, 16},
+      {"w1_global_scale", a.w1_global_scale, wglobal, 4},
+      {"w2_global_scale", a.w2_global_scale, wglobal, 4},
+      {"input_scale", a.input_scale, aglobal, 4},
+      {"intermediate_scale", a.intermediate_scale, aglobal, 4},
       {"alpha", a.alpha, false, 4},
       {"beta", a.beta, false, 4},
       {"limit", a.limit, false, 4},
@@ -287,6 +357,11 @@ absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) c
       {"workspace", a.workspace, true, static_cast<unsigned>(kAlign)},
   };
   for (const Ptr& p : ptrs) {
+    if (p.p != 0 && !p.required && std::string_view(p.name).find("scale") != std::string_view::npos) {
+      return Bad(p.name, absl::StrCat("is given, but ", Sv(DataFormatName(options_.weight_format)),
+                                      " x ", Sv(DataFormatName(options_.activation_format)),
+                                      " takes no such scale"));
+    }
     if (p.p == 0) {
       if (p.required) {
         return Bad(p.name, routed || (std::string_view(p.name) != "topk_ids" &&
@@ -329,6 +404,8 @@ MoeGemmArgs MoeLayer::Gemm1Args(const MoeLayerArgs& a, int64_t rows) const {
   g.n = IsGated(options_.activation) ? 2 * options_.intermediate : options_.intermediate;
   g.k = options_.hidden;
   g.b = a.w1;
+  g.b_scale = a.w1_scale;
+  g.b_global_scale = a.w1_global_scale;
   g.alpha = a.alpha;
   g.beta = a.beta;
   g.limit = a.limit;
@@ -345,6 +422,8 @@ MoeGemmArgs MoeLayer::Gemm2Args(const MoeLayerArgs& a, int64_t rows) const {
   g.n = options_.hidden;
   g.k = options_.intermediate;
   g.b = a.w2;
+  g.b_scale = a.w2_scale;
+  g.b_global_scale = a.w2_global_scale;
   return g;
 }
 
@@ -360,6 +439,10 @@ absl::Status MoeLayer::CanImplement(const MoeLayerArgs& args, int64_t max_tokens
     MoeGemmArgs g2 = Gemm2Args(args, rows);
     g1.a = g1.out = g2.a = g2.out = placeholder;
     g1.offsets = g2.offsets = placeholder;
+    const bool ablock = moe::FormatScaleBlock(options_.activation_format) != 0;
+    const bool aglobal = moe::FormatHasGlobalScale(options_.activation_format);
+    if (ablock) g1.a_scale = g2.a_scale = placeholder;
+    if (aglobal) g1.a_global_scale = g2.a_global_scale = placeholder;
     if (g1.b == 0) g1.b = placeholder;
     if (g2.b == 0) g2.b = placeholder;
     CUBIST_RETURN_IF_ERROR(gemm1_->CanImplement(g1));
@@ -391,6 +474,14 @@ absl::Status MoeLayer::Launch(const Kernel& k, unsigned grid, unsigned block, un
   const CUresult r = driver.LaunchKernelEx(&config, k.function, &arg, nullptr);
   if (r != CUDA_SUCCESS) return CuCheck(driver, r, absl::StrCat("launch ", k.entry->name()));
   return absl::OkStatus();
+}
+
+absl::Status MoeLayer::Quantize(const moe::MoeQuantizeParams& p, int64_t slots,
+                                CUstream stream) {
+  const int64_t ctas = std::min<int64_t>(slots, int64_t{8} * runtime_->device_info().sm_count);
+  moe::MoeQuantizeParams copy = p;
+  return Launch(quantize_, static_cast<unsigned>(ctas), moe::kMoeQuantizeThreads, 0, &copy,
+                stream);
 }
 
 absl::Status MoeLayer::RunChunk(const MoeLayerArgs& a, int64_t first, int64_t tokens,
@@ -449,6 +540,27 @@ absl::Status MoeLayer::RunChunk(const MoeLayerArgs& a, int64_t first, int64_t to
     CUBIST_RETURN_IF_ERROR(Launch(sort_scatter_, chunks, moe::kMoeSortThreads, 0, &s, stream));
   }
 
+  const DataFormat af = options_.activation_format;
+  const bool quantized = Quantized(af);
+  const bool nvfp4 = af == DataFormat::kNvfp4;
+  moe::MoeQuantizeParams q{};
+  q.abi = moe::kMoeLayerAbi;
+  q.num_local_experts = static_cast<int32_t>(l);
+  q.offsets = s.offsets;
+  if (quantized) {  // the gather quantizes on the way
+    q.cols = static_cast<int32_t>(h);
+    q.top_k = static_cast<int32_t>(k);
+    q.input = reinterpret_cast<const void*>(a.hidden_states + 2 * first * h);
+    q.permuted_to_expanded = s.permuted_to_expanded;
+    q.weights =
+        options_.apply_weight_on_input ? reinterpret_cast<const float*>(weights) : nullptr;
+    q.scale = reinterpret_cast<const float*>(a.input_scale);
+    q.out = reinterpret_cast<void*>(ws + w.gathered);
+    q.out_scale = reinterpret_cast<void*>(ws + w.gathered_scale);
+    q.global_out = nvfp4 ? reinterpret_cast<float*>(ws + w.global_scales) : nullptr;
+    CUBIST_RETURN_IF_ERROR(Quantize(q, slots, stream));
+  }
+
   moe::MoeGatherParams g{};
   g.abi = moe::kMoeLayerAbi;
   g.hidden = static_cast<int32_t>(h);
@@ -461,16 +573,39 @@ absl::Status MoeLayer::RunChunk(const MoeLayerArgs& a, int64_t first, int64_t to
   g.out = reinterpret_cast<void*>(ws + w.gathered);
   const int64_t gather_ctas =
       std::min<int64_t>(slots, int64_t{8} * runtime_->device_info().sm_count);
-  CUBIST_RETURN_IF_ERROR(Launch(gather_, static_cast<unsigned>(gather_ctas),
-                                moe::kMoeGatherThreads, 0, &g, stream));
+  if (!quantized) {
+    CUBIST_RETURN_IF_ERROR(Launch(gather_, static_cast<unsigned>(gather_ctas),
+                                  moe::kMoeGatherThreads, 0, &g, stream));
+  }
 
+  // The activations' dequantization scales: fp8's s as given, nvfp4's rcp(g) as the
+  // quantize kernel wrote it.
+  const bool ablock = moe::FormatScaleBlock(af) != 0;
   MoeGemmArgs g1 = Gemm1Args(a, rows);
   g1.a = ws + w.gathered;
+  if (ablock) g1.a_scale = ws + w.gathered_scale;
+  if (af == DataFormat::kFp8) g1.a_global_scale = a.input_scale;
+  if (nvfp4) g1.a_global_scale = ws + w.global_scales;
   g1.offsets = ws + w.offsets;
   g1.out = ws + w.activated;
   CUBIST_RETURN_IF_ERROR(gemm1_->Run(g1, stream));
+  if (quantized) {  // GEMM1's bf16 output, in place, into GEMM2's input
+    q.cols = static_cast<int32_t>(options_.intermediate);
+    q.top_k = 0;
+    q.input = reinterpret_cast<const void*>(ws + w.activated);
+    q.permuted_to_expanded = nullptr;
+    q.weights = nullptr;
+    q.scale = reinterpret_cast<const float*>(a.intermediate_scale);
+    q.out = reinterpret_cast<void*>(ws + w.quantized);
+    q.out_scale = reinterpret_cast<void*>(ws + w.quantized_scale);
+    q.global_out = nvfp4 ? reinterpret_cast<float*>(ws + w.global_scales + 4) : nullptr;
+    CUBIST_RETURN_IF_ERROR(Quantize(q, slots, stream));
+  }
   MoeGemmArgs g2 = Gemm2Args(a, rows);
-  g2.a = ws + w.activated;
+  g2.a = ws + w.quantized;
+  if (ablock) g2.a_scale = ws + w.quantized_scale;
+  if (af == DataFormat::kFp8) g2.a_global_scale = a.intermediate_scale;
+  if (nvfp4) g2.a_global_scale = ws + w.global_scales + 4;
   g2.offsets = ws + w.offsets;
   g2.out = ws + w.rows;
   CUBIST_RETURN_IF_ERROR(gemm2_->Run(g2, stream));

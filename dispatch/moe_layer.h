@@ -27,8 +27,12 @@
 // (weight descending, equal weights to the lower expert id) in fp32: the same bits on
 // every run for the same GPU and kernel choice.
 //
-// Supported now: the bf16 x bf16 pair. Other pairs are refused by Create
-// (Unimplemented naming the pair).
+// Format pairs (weights x activations, both GEMMs): bf16 x bf16, fp8 x fp8 (per-tensor),
+// fp8-block x fp8-block (1x128 activations, 128x128 weights), mxfp4 x bf16, mxfp4 x mxfp8
+// and nvfp4 x nvfp4. For the quantized activation formats the layer quantizes both GEMMs'
+// inputs itself with its moe_quantize kernels (kernels/moe_layer_abi.h states the
+// rounding): the token rows on their way into expert order, and GEMM1's bf16 output.
+// Other pairs are refused by Create (Unimplemented naming the pair).
 //
 // Thread safety: CanImplement and Run may be called from any number of threads at once;
 // the calling thread's current context must be the runtime's (as for MoeGemm).
@@ -100,6 +104,16 @@ struct MoeLayerArgs {
   // Weights of the local experts: w1 [L, N1, H], w2 [L, H, I] (the weight format), and
   // GEMM1's per-expert alpha/beta/limit [L] fp32 (0: the activation's defaults).
   CUdeviceptr w1 = 0, w2 = 0;
+  // The weights' scales, as the moe_gemm kernels take them (kernels/moe_gemm_abi.h):
+  // block scales (fp8-block [L, ceil(N/128), ceil(K/128)] fp32; mxfp4 [L, N, K/32] ue8m0;
+  // nvfp4 [L, N, K/16] e4m3) and per-expert global scales [L] fp32 (fp8, nvfp4).
+  CUdeviceptr w1_scale = 0, w2_scale = 0;
+  CUdeviceptr w1_global_scale = 0, w2_global_scale = 0;
+  // The activations' per-tensor scales, fp32 [1] on the device, for fp8 and nvfp4
+  // activations: GEMM1's input (input_scale) and GEMM2's input (intermediate_scale).
+  // fp8: the dequantization scale s (x ~ q x s). nvfp4: the global quantization scale g
+  // in FlashInfer's convention (g = 448 x 6 / amax; fp4_quantize's global_scale).
+  CUdeviceptr input_scale = 0, intermediate_scale = 0;
   CUdeviceptr alpha = 0, beta = 0, limit = 0;
   CUdeviceptr out = 0;     // bf16 [T, H]
   bool accumulate = false;  // add into out (a shared expert's output computed beside)
@@ -119,8 +133,13 @@ struct MoeLayerWorkspace {
   size_t expanded_to_permuted = 0;  // int32 [chunk x k]
   size_t permuted_to_expanded = 0;  // int32 [chunk x k]
   size_t chunk_counts = 0;   // int32 [sort chunks, L + 1]
-  size_t gathered = 0;       // bf16 [chunk x k, H]
-  size_t activated = 0;      // bf16 [chunk x k, I]
+  size_t gathered = 0;       // GEMM1's input [chunk x k, H], the activation format
+  size_t gathered_scale = 0;  // its block scales (quantized formats)
+  size_t activated = 0;      // bf16 [chunk x k, I]: GEMM1's output
+  size_t quantized = 0;      // GEMM2's input [chunk x k, I] (quantized formats; else
+                             // GEMM2 reads `activated`)
+  size_t quantized_scale = 0;  // its block scales
+  size_t global_scales = 0;  // fp32 [2]: nvfp4's rcp(g) of GEMM1's and GEMM2's input
   size_t rows = 0;           // bf16 [chunk x k, H]: GEMM2's output
   size_t bytes = 0;          // total
 };
@@ -164,6 +183,7 @@ class MoeLayer {
                       void* params, CUstream stream);
   MoeGemmArgs Gemm1Args(const MoeLayerArgs& args, int64_t rows) const;
   MoeGemmArgs Gemm2Args(const MoeLayerArgs& args, int64_t rows) const;
+  absl::Status Quantize(const moe::MoeQuantizeParams& params, int64_t slots, CUstream stream);
   int64_t RowBucket(int64_t tokens) const;
 
   Runtime* runtime_;
@@ -176,6 +196,7 @@ class MoeLayer {
   absl::Mutex glue_mu_;
   std::atomic<bool> glue_loaded_{false};
   Kernel route_, sort_fused_, sort_count_, sort_scan_, sort_scatter_, gather_, finalize_;
+  Kernel quantize_;  // for the activation format (quantized formats only)
   std::unique_ptr<MoeGemm> gemm1_, gemm2_;
 };
 

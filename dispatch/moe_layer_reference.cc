@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "dispatch/moe_quantize_reference.h"
 #include "dispatch/reference.h"
 
 namespace cubist::reference {
@@ -78,17 +79,37 @@ std::vector<int> DeepSeekV3Select(const RoutingConfig& c, const float* s) {
 
 // A bf16 x bf16 GEMM over `rows` rows grouped by `offsets`: weights copied in, the
 // activations zeroed for the caller to fill.
-MoeProblemData Bf16Gemm(const std::vector<int32_t>& offsets, int rows, int n, int k,
-                        const std::vector<uint16_t>& weights) {
+// One of the layer's GEMMs on `rows` rows of bf16 input `a` (bit patterns, [rows, k]):
+// the input quantized as the layer's kernels quantize it, the weights as given.
+MoeProblemData LayerGemm(const MoeLayerData& layer, const std::vector<int32_t>& offsets,
+                         int rows, int n, int k, const std::vector<uint16_t>& a, bool second) {
   MoeProblemData g;
+  g.weight_format = layer.weight_format;
+  g.activation_format = layer.activation_format;
   g.num_experts = static_cast<int>(offsets.size()) - 1;
   g.num_tokens = rows;
   g.n = n;
   g.k = k;
   g.offsets = offsets;
-  g.a.resize(static_cast<size_t>(rows) * k * 2);
-  g.b.resize(weights.size() * 2);
-  std::copy_n(reinterpret_cast<const uint8_t*>(weights.data()), g.b.size(), g.b.data());
+  if (layer.activation_format == moe::kBf16) {
+    g.a.resize(a.size() * 2);
+    std::copy_n(reinterpret_cast<const uint8_t*>(a.data()), g.a.size(), g.a.data());
+  } else {
+    QuantizedRows q = QuantizeActivations(layer.activation_format, a, rows, k,
+                                          second ? layer.intermediate_scale : layer.input_scale);
+    g.a = std::move(q.data);
+    g.a_scale = std::move(q.scale);
+    if (moe::FormatHasGlobalScale(layer.activation_format)) g.a_global_scale = {q.global};
+  }
+  if (layer.weight_format == moe::kBf16) {
+    const std::vector<uint16_t>& w = second ? layer.w2 : layer.w1;
+    g.b.resize(w.size() * 2);
+    std::copy_n(reinterpret_cast<const uint8_t*>(w.data()), g.b.size(), g.b.data());
+  } else {
+    g.b = second ? layer.w2q : layer.w1q;
+    g.b_scale = second ? layer.w2_scale : layer.w1_scale;
+    g.b_global_scale = second ? layer.w2_global : layer.w1_global;
+  }
   return g;
 }
 
@@ -203,11 +224,7 @@ std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& 
   const int rows = sort.offsets[l];
 
   // GEMM1 on the gathered rows, as the moe_gemm reference computes it.
-  MoeProblemData g1 = Bf16Gemm(sort.offsets, rows, n1, h, layer.w1);
-  g1.alpha = layer.alpha;
-  g1.beta = layer.beta;
-  g1.limit = layer.limit;
-  uint16_t* a = reinterpret_cast<uint16_t*>(g1.a.data());
+  std::vector<uint16_t> a(static_cast<size_t>(rows) * h);
   for (int r = 0; r < rows; ++r) {
     const int slot = sort.permuted_to_expanded[r];
     const uint16_t* x = layer.x.data() + static_cast<size_t>(slot / k) * h;
@@ -218,12 +235,16 @@ std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& 
               : x[i];
     }
   }
+  MoeProblemData g1 = LayerGemm(layer, sort.offsets, rows, n1, h, a, /*second=*/false);
+  g1.alpha = layer.alpha;
+  g1.beta = layer.beta;
+  g1.limit = layer.limit;
   const std::vector<double> act =
       ApplyActivation(g1, ReferenceGemm(g1), layer.activation);  // [rows, I]
 
-  MoeProblemData g2 = Bf16Gemm(sort.offsets, rows, h, inter, layer.w2);
-  uint16_t* a2 = reinterpret_cast<uint16_t*>(g2.a.data());
+  std::vector<uint16_t> a2(act.size());
   for (size_t i = 0; i < act.size(); ++i) a2[i] = FloatToBf16(static_cast<float>(act[i]));
+  const MoeProblemData g2 = LayerGemm(layer, sort.offsets, rows, h, inter, a2, /*second=*/true);
   const std::vector<double> y = ReferenceGemm(g2);  // [rows, H]
 
   std::vector<double> out(static_cast<size_t>(t_count) * h, 0.0);
@@ -243,6 +264,56 @@ std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& 
     }
   }
   return out;
+}
+
+namespace {
+
+void QuantizePerExpert(moe::MoeFormat format, const std::vector<uint16_t>& w, int experts, int n,
+                       int k, std::vector<uint8_t>* data, std::vector<uint8_t>* scale,
+                       std::vector<float>* global) {
+  data->clear();
+  scale->clear();
+  global->clear();
+  const size_t per = static_cast<size_t>(n) * k;
+  std::vector<float> x(per);
+  for (int e = 0; e < experts; ++e) {
+    for (size_t i = 0; i < per; ++i) x[i] = Bf16ToFloat(w[e * per + i]);
+    std::vector<uint8_t> d, sc;
+    float g = 1.0f;
+    Quantize(format, x, n, k, /*square_blocks=*/true, &d, &sc, &g);
+    data->insert(data->end(), d.begin(), d.end());
+    scale->insert(scale->end(), sc.begin(), sc.end());
+    global->push_back(g);
+  }
+  if (!moe::FormatHasGlobalScale(format)) global->clear();
+}
+
+}  // namespace
+
+void QuantizeLayerWeights(MoeLayerData* layer) {
+  if (layer->weight_format == moe::kBf16) return;
+  const int l = layer->num_local_experts, h = layer->hidden, inter = layer->intermediate;
+  const int n1 = moe::IsGated(layer->activation) ? 2 * inter : inter;
+  QuantizePerExpert(layer->weight_format, layer->w1, l, n1, h, &layer->w1q, &layer->w1_scale,
+                    &layer->w1_global);
+  QuantizePerExpert(layer->weight_format, layer->w2, l, h, inter, &layer->w2q, &layer->w2_scale,
+                    &layer->w2_global);
+}
+
+Tolerance MoeLayerTolerance(moe::MoeFormat activation_format) {
+  Tolerance t;
+  const bool quantized = activation_format != moe::kBf16;
+  t.rel_fro = !quantized ? 5e-3 : activation_format == moe::kNvfp4 ? 3e-2 : 1.5e-2;
+  t.rtol = quantized ? 0.15 : 3e-2;
+  t.atol_rel = quantized ? 4e-2 : 1e-2;
+  return t;
+}
+
+float ActivationScaleFor(moe::MoeFormat format, float amax) {
+  if (amax <= 0) amax = 1.0f;
+  if (format == moe::kFp8) return amax / 448.0f;
+  if (format == moe::kNvfp4) return 448.0f * 6.0f / amax;
+  return 1.0f;
 }
 
 }  // namespace cubist::reference

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/moe_gemm_abi.h"
+#include "dispatch/reference.h"
 #include "kernels/moe_layer_abi.h"
 
 namespace cubist::reference {
@@ -56,8 +57,12 @@ SlotSort SortSlots(const std::vector<int32_t>& ids, int num_experts, int local_e
 // weights to the lower id (then the lower slot).
 std::vector<int> SlotOrder(const Routing& routing, int token);
 
-// A bf16 MoE layer: bytes are bf16 bit patterns, row-major.
+// An MoE layer: x is bf16 bit patterns, row-major; the weights are bf16 (w1, w2) or,
+// for a quantized pair, the weight format's bytes (w1q, w2q with their scales) as the
+// moe_gemm kernels read them (kernels/moe_gemm_abi.h).
 struct MoeLayerData {
+  moe::MoeFormat weight_format = moe::kBf16;
+  moe::MoeFormat activation_format = moe::kBf16;
   int tokens = 0;        // T
   int hidden = 0;        // H
   int intermediate = 0;  // I: GEMM1 has N = 2I rows per expert when gated, I otherwise
@@ -69,13 +74,38 @@ struct MoeLayerData {
   std::vector<uint16_t> x;   // [T, H]
   std::vector<uint16_t> w1;  // [L, N1, H]
   std::vector<uint16_t> w2;  // [L, H, I]
+  // Quantized weights (weight_format != bf16): elements, block scales, per-expert global
+  // scales [L] (fp8, nvfp4).
+  std::vector<uint8_t> w1q, w2q, w1_scale, w2_scale;
+  std::vector<float> w1_global, w2_global;
+  // The activation quantizers' per-tensor scales (dispatch/moe_quantize_reference.h):
+  // fp8's s or nvfp4's g, of GEMM1's input and of GEMM2's input.
+  float input_scale = 1.0f, intermediate_scale = 1.0f;
   std::vector<float> alpha, beta, limit;  // [L] or empty
 };
 
+// Fills w1q, w2q, their block scales and per-expert global scales from the bf16 w1 and
+// w2, each expert quantized on its own into layer->weight_format (fp8-block: 128x128
+// blocks) with Quantize (dispatch/reference.h), as a quantized checkpoint holds them.
+// Nothing for bf16 weights.
+void QuantizeLayerWeights(MoeLayerData* layer);
+
+// The per-tensor scale an engine calibrates for activations of magnitude up to `amax`
+// in `format` (the layer's input_scale / intermediate_scale): fp8 amax / 448, nvfp4
+// 448 x 6 / amax (FlashInfer's global scale); 1 for the other formats.
+float ActivationScaleFor(moe::MoeFormat format, float amax);
+
+// The tolerance of a layer's bf16 output against MoeLayerReference. bf16 activations:
+// accumulation order and bf16 rounding. Quantized ones: a kernel's bf16 GEMM1 output one
+// ulp off the reference's may quantize to the neighbouring code for GEMM2 (an e4m3 step is
+// up to 12.5%, an e2m1 step up to 50%).
+Tolerance MoeLayerTolerance(moe::MoeFormat activation_format);
+
 // The layer's output [T, H] in double (before the final bf16 rounding): for each token,
-// the sum over its kept slots of w x y, where y = bf16(bf16(act(a W1^T)) W2^T) and a is
-// the token's row (times w, rounded to bf16, when the weight applies on input; then w = 1
-// in the sum). `accumulate_into`, when not empty, is added ([T, H] bf16).
+// the sum over its kept slots of w x y, where y = bf16(Q(bf16(act(Q(a) W1^T))) W2^T), a
+// is the token's row (times w, rounded to bf16, when the weight applies on input; then
+// w = 1 in the sum) and Q the activation format's quantizer (identity for bf16), bit-exact
+// as the kernels quantize. `accumulate_into`, when not empty, is added ([T, H] bf16).
 std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& routing,
                                       const std::vector<uint16_t>& accumulate_into = {});
 

@@ -30,9 +30,10 @@ absl::StatusOr<Op> ParseOp(std::string_view name) {
   if (name == moe::kMoeSortOp) return Op::kMoeSort;
   if (name == moe::kMoeGatherOp) return Op::kMoeGather;
   if (name == moe::kMoeFinalizeOp) return Op::kMoeFinalize;
+  if (name == moe::kMoeQuantizeOp) return Op::kMoeQuantize;
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown op '", Sv(name),
-      "'; expected moe_gemm, trtllm_bmm, moe_route, moe_sort, moe_gather or moe_finalize"));
+      "'; expected moe_gemm, trtllm_bmm, moe_route, moe_sort, moe_gather, moe_finalize or moe_quantize"));
 }
 
 absl::StatusOr<DataFormat> ParseDataFormat(std::string_view name) {
@@ -60,6 +61,7 @@ std::string_view OpName(Op op) {
     case Op::kMoeSort: return moe::kMoeSortOp;
     case Op::kMoeGather: return moe::kMoeGatherOp;
     case Op::kMoeFinalize: return moe::kMoeFinalizeOp;
+    case Op::kMoeQuantize: return moe::kMoeQuantizeOp;
   }
   return "?";
 }

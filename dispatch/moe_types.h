@@ -22,10 +22,11 @@ namespace cubist {
 //   trtllm_bmm  FlashInfer's trtllm-gen batched GEMMs (manifest/flashinfer_import.h):
 //               selected (cubist select), not launched: they need Blackwell and
 //               trtllm-gen's KernelParams, which no launcher here fills yet
-//   moe_route, moe_sort, moe_gather, moe_finalize
+//   moe_route, moe_sort, moe_gather, moe_finalize, moe_quantize
 //               the routed MoE layer's own kernels around its two GEMMs
 //               (kernels/moe_layer_abi.h), launched by MoeLayer (dispatch/moe_layer.h)
-enum class Op : uint8_t { kMoeGemm, kTrtllmBmm, kMoeRoute, kMoeSort, kMoeGather, kMoeFinalize };
+enum class Op : uint8_t { kMoeGemm, kTrtllmBmm, kMoeRoute, kMoeSort, kMoeGather, kMoeFinalize,
+                          kMoeQuantize };
 
 // Formats and activations are the kernels' own vocabulary (kernels/moe_gemm_abi.h:
 // moe::MoeFormat, moe::MoeActivation), which also names the formats and activations

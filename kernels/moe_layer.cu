@@ -1,6 +1,6 @@
 // The routed MoE layer's own kernels for sm_90a: routing, the sort of token slots by
-// expert, the gather of token rows and the weighted finalize (the layer's two GEMMs are
-// moe_gemm kernels). All seven live in one cubin, built by scripts/build-artifacts with
+// expert, the gather of token rows, the quantization of activations and the weighted
+// finalize (the layer's two GEMMs are moe_gemm kernels). All eleven live in one cubin, built by scripts/build-artifacts with
 //   nvcc -std=c++17 -O3 -cubin -gencode=arch=compute_90a,code=sm_90a -I<repo>
 // Contract: kernels/moe_layer_abi.h (parameter structs, grids, thread counts, the
 // semantics of every routing method, tie and NaN rules); docs/kernels.md, "The layer's
@@ -20,6 +20,7 @@
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 #include "kernels/moe_layer_abi.h"
@@ -637,4 +638,172 @@ extern "C" __global__ void __launch_bounds__(kMoeFinalizeThreads)
     }
     __syncthreads();  // the order arrays are rewritten for the next token
   }
+}
+
+// ---------------------------------------------------------------------------------
+// Quantization of activations (kernels/moe_layer_abi.h, MoeQuantizeParams, states the
+// rounding rules). One CTA per row at a time (grid-stride over rows); each thread owns 8
+// consecutive elements (one 16-byte load) per pass over the row, so a scale block of B
+// elements is B/8 neighbouring lanes, reduced with xor shuffles among them. Every lane
+// of a warp runs the same number of passes (the bound is rounded up to a whole pass),
+// so the shuffles always see the full warp; lanes past K hold zeros and store nothing.
+
+namespace cubist::moe {
+namespace {
+
+constexpr int kQuantPass = kMoeQuantizeThreads * 8;  // elements of a row per pass
+
+enum class QuantFormat { kFp8, kFp8Block, kMxfp8, kNvfp4 };
+
+// Elements sharing one scale (fp8: none; reduce nothing).
+template <QuantFormat F>
+__host__ __device__ constexpr int QuantBlock() {
+  return F == QuantFormat::kFp8Block ? 128 : F == QuantFormat::kMxfp8 ? 32
+       : F == QuantFormat::kNvfp4    ? 16  : 8;
+}
+
+// amax over the block of `lanes` neighbouring lanes (a power of two, aligned); fmaxf
+// drops NaN operands, so NaN elements are ignored.
+template <int kLanes>
+__device__ __forceinline__ float GroupMax(float v) {
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// e4m3 with round to nearest even, saturating (inf -> 448), NaN -> 0x7F.
+__device__ __forceinline__ uint32_t E4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ float E4m3Value(uint32_t code) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(static_cast<uint16_t>(code)));
+  return __half2float(__ushort_as_half(static_cast<uint16_t>(h & 0xFFFF)));
+}
+// e2m1 with round to nearest even (ties: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2,
+// 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at 6, NaN -> 0; bit 3 is the sign.
+__device__ __forceinline__ uint32_t E2m1(float v) {
+  if (v != v) return 0;
+  const float a = fabsf(v);
+  const uint32_t code = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3
+                      : a <= 2.5f  ? 4 : a < 3.5f  ? 5 : a <= 5.0f  ? 6 : 7;
+  return code | (__float_as_uint(v) >> 31 << 3);
+}
+
+// The bf16 row r of the quantizer's input, as a pointer to 16-byte vectors, and the
+// weight to apply on it (1 when none).
+__device__ __forceinline__ const uint4* QuantRow(const MoeQuantizeParams& p, int64_t r,
+                                                 float* w) {
+  int64_t src = r;
+  *w = 1.0f;
+  if (p.top_k > 0) {
+    const int32_t slot = p.permuted_to_expanded[r];
+    src = slot / p.top_k;
+    if (p.weights != nullptr) *w = p.weights[slot];
+  }
+  return static_cast<const uint4*>(p.input) + src * (p.cols / 8);
+}
+
+template <QuantFormat F>
+__device__ __forceinline__ void QuantizeRows(const MoeQuantizeParams& p) {
+  constexpr int kBlock = QuantBlock<F>();
+  constexpr int kLanes = kBlock / 8;
+  const int32_t rows = p.offsets[p.num_local_experts];
+  const int cols = p.cols;
+  const int passes = (cols + kQuantPass - 1) / kQuantPass;
+  // Per-tensor factors, each computed once: fp8's rcp(s); nvfp4's g and rcp(g).
+  float inv_s = 1.0f, g = 1.0f, inv_g = 1.0f;
+  if constexpr (F == QuantFormat::kFp8) inv_s = __frcp_rn(p.scale[0]);
+  if constexpr (F == QuantFormat::kNvfp4) {
+    g = p.scale[0];
+    inv_g = __frcp_rn(g);
+    if (blockIdx.x == 0 && threadIdx.x == 0) p.global_out[0] = inv_g;
+  }
+  const float inv6 = __frcp_rn(6.0f);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    float w;
+    const uint4* src = QuantRow(p, r, &w);
+    for (int pass = 0; pass < passes; ++pass) {
+      const int c = pass * kQuantPass + threadIdx.x * 8;
+      const bool here = c < cols;
+      float x[8];
+      if (here) {
+        UnpackBf16x8(__ldg(src + c / 8), x);
+        if (p.weights != nullptr) {  // fp32 product, rounded to bf16 as the bf16 gather
+#pragma unroll
+          for (int i = 0; i < 8; ++i) x[i] = __bfloat162float(__float2bfloat16_rn(x[i] * w));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[i] = 0.0f;
+      }
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
+      if constexpr (kLanes > 1) amax = GroupMax<kLanes>(amax);
+      const bool first = here && (threadIdx.x % kLanes) == 0;
+      float f = 1.0f;  // the factor each element is multiplied by
+      if constexpr (F == QuantFormat::kFp8) {
+        f = inv_s;
+      } else if constexpr (F == QuantFormat::kFp8Block) {
+        const float s = __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f);
+        f = __frcp_rn(s);
+        if (first) static_cast<float*>(p.out_scale)[r * ((cols + 127) / 128) + c / 128] = s;
+      } else if constexpr (F == QuantFormat::kMxfp8) {
+        const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF);
+        const int byte = biased > 8 ? biased - 8 : 0;
+        f = __uint_as_float(static_cast<uint32_t>(254 - byte) << 23);  // 2^(127 - byte)
+        if (first) static_cast<uint8_t*>(p.out_scale)[r * (cols / 32) + c / 32] = byte;
+      } else {
+        const uint32_t sf = E4m3x2(__fmul_rn(g, __fmul_rn(amax, inv6)), 0.0f) & 0xFF;
+        const float sfv = E4m3Value(sf);
+        f = sfv != 0.0f ? __frcp_rn(__fmul_rn(sfv, inv_g)) : 0.0f;
+        if (first) static_cast<uint8_t*>(p.out_scale)[r * (cols / 16) + c / 16] = sf;
+      }
+      if (!here) continue;
+      float q[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q[i] = __fmul_rn(x[i], f);
+      if constexpr (F == QuantFormat::kNvfp4) {
+        uint32_t packed = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) packed |= E2m1(q[i]) << (4 * i);
+        static_cast<uint32_t*>(p.out)[(r * cols + c) / 8] = packed;
+      } else {
+        const uint2 v = make_uint2(E4m3x2(q[0], q[1]) | E4m3x2(q[2], q[3]) << 16,
+                                   E4m3x2(q[4], q[5]) | E4m3x2(q[6], q[7]) << 16);
+        static_cast<uint2*>(p.out)[(r * cols + c) / 8] = v;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cubist::moe
+
+extern "C" __global__ void __launch_bounds__(kMoeQuantizeThreads)
+    cubist_moe_quantize_fp8(const __grid_constant__ MoeQuantizeParams p) {
+  GridDependencyWait();
+  LaunchDependents();
+  QuantizeRows<QuantFormat::kFp8>(p);
+}
+extern "C" __global__ void __launch_bounds__(kMoeQuantizeThreads)
+    cubist_moe_quantize_fp8_block(const __grid_constant__ MoeQuantizeParams p) {
+  GridDependencyWait();
+  LaunchDependents();
+  QuantizeRows<QuantFormat::kFp8Block>(p);
+}
+extern "C" __global__ void __launch_bounds__(kMoeQuantizeThreads)
+    cubist_moe_quantize_mxfp8(const __grid_constant__ MoeQuantizeParams p) {
+  GridDependencyWait();
+  LaunchDependents();
+  QuantizeRows<QuantFormat::kMxfp8>(p);
+}
+extern "C" __global__ void __launch_bounds__(kMoeQuantizeThreads)
+    cubist_moe_quantize_nvfp4(const __grid_constant__ MoeQuantizeParams p) {
+  GridDependencyWait();
+  LaunchDependents();
+  QuantizeRows<QuantFormat::kNvfp4>(p);
 }

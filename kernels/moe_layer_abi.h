@@ -11,6 +11,10 @@
 //   moe_sort      cubist_moe_sort_scatter  MoeSortParams      permutation of each chunk
 //   moe_gather    cubist_moe_gather_bf16   MoeGatherParams    token rows in expert order
 //   moe_finalize  cubist_moe_finalize      MoeFinalizeParams  weighted sum of each token's rows
+//   moe_quantize  cubist_moe_quantize_fp8  MoeQuantizeParams  bf16 rows -> fp8, per-tensor scale
+//   moe_quantize  cubist_moe_quantize_fp8_block  (same)    -> fp8 with 1x128 block scales
+//   moe_quantize  cubist_moe_quantize_mxfp8      (same)    -> mxfp8 (ue8m0 per 32)
+//   moe_quantize  cubist_moe_quantize_nvfp4      (same)    -> nvfp4 (e4m3 per 16, global scale)
 //
 // Every kernel takes its struct by value as the only parameter, like moe_gemm. Host
 // code (dispatch/moe_layer.cc, the CPU reference, tests) and device code
@@ -33,6 +37,7 @@ inline constexpr char kMoeRouteOp[] = "moe_route";
 inline constexpr char kMoeSortOp[] = "moe_sort";
 inline constexpr char kMoeGatherOp[] = "moe_gather";
 inline constexpr char kMoeFinalizeOp[] = "moe_finalize";
+inline constexpr char kMoeQuantizeOp[] = "moe_quantize";
 
 // Limits of the routing kernel: the logits of one token sit in shared memory (E fp32),
 // the chosen experts in registers.
@@ -205,6 +210,55 @@ struct MoeFinalizeParams {
   int64_t reserved[2];
 };
 static_assert(sizeof(MoeFinalizeParams) == 80, "MoeFinalizeParams layout is ABI");
+
+// The quantization of activations for the quantized format pairs: GEMM1's input (the
+// token rows, gathered into expert order on the way) and GEMM2's input (GEMM1's bf16
+// output, already in expert order). One function per output format; each reads bf16 rows
+// [.., K] and writes the elements and block scales of one moe_gemm activation format
+// (kernels/moe_gemm_abi.h: row-major, K contiguous, scales [rows, K/block]).
+//
+// Rows: r = 0 .. offsets[L] - 1 (read on the device). With `top_k` > 0 row r is input
+// row permuted_to_expanded[r] / top_k (the gather); with top_k = 0 it is input row r.
+// With `weights` set (the gather only), the row is first multiplied by the slot's weight
+// in fp32 and rounded to bf16, exactly as cubist_moe_gather_bf16 does.
+//
+// Rounding, bit for bit the same in the CPU reference (dispatch/moe_quantize_reference.h).
+// Every product and quotient is one fp32 operation rounded to nearest even; rcp(v) is the
+// correctly rounded 1/v; amax is the largest |x| of the block, NaN elements ignored
+// (an all-NaN block has amax 0); e4m3(v) rounds to nearest even and saturates to +-448
+// (+-inf too), NaN -> 0x7F; e2m1(v) rounds to nearest even and saturates to +-6, NaN -> 0,
+// the sign kept (so -0 is 0x8).
+//   fp8        scale[0] = s, the caller's dequantization scale (x ~ q * s):
+//              q = e4m3(x * rcp(s)), rcp(s) computed once.
+//   fp8_block  per 1x128 block (the last one partial when K % 128 != 0):
+//              s = max(amax, 1e-4) / 448; out_scale = s (fp32); q = e4m3(x * rcp(s)).
+//   mxfp8      per 32: the OCP MX shared exponent floor(log2 amax) - 8, from amax's fp32
+//              exponent field: byte = max(biased_exponent(amax) - 8, 0) (an all-zero
+//              block gets 0, an infinite amax 247); q = e4m3(x * 2^(127 - byte)), exact.
+//   nvfp4      scale[0] = g, the caller's global quantization scale in FlashInfer's
+//              convention (g = 448 x 6 / amax of the tensor; x ~ q x sf / g): per 16,
+//              sf = e4m3(g * (amax * rcp(6))); f = sf != 0 ? rcp(float(sf) * rcp(g)) : 0;
+//              q = e2m1(x * f), two per byte, low nibble first. FlashInfer's fp4_quantize
+//              computes the same with rcp.approx in place of rcp. `global_out`[0] =
+//              rcp(g): the dequantization scale the GEMM reads as its a_global_scale.
+// Grid: any number of CTAs of kMoeQuantizeThreads threads (rows in a grid-stride loop).
+inline constexpr int32_t kMoeQuantizeThreads = 128;
+struct MoeQuantizeParams {
+  int32_t abi;          // kMoeLayerAbi
+  int32_t cols;         // K, a multiple of 8 (fp8_block), 32 (mxfp8), 16 (nvfp4)
+  int32_t top_k;        // k for a gather, 0 for rows in place
+  int32_t num_local_experts;  // L (offsets[L] = rows)
+  const void* input;    // bf16 [.., K]
+  const int32_t* offsets;               // [L + 1]
+  const int32_t* permuted_to_expanded;  // [rows] (gather only)
+  const float* weights;  // [T, k] or null (gather only)
+  const float* scale;    // [1]: fp8's s or nvfp4's g; null for fp8_block and mxfp8
+  void* out;             // [rows, K] elements (nvfp4: [rows, K/2])
+  void* out_scale;       // block scales, or null (fp8)
+  float* global_out;     // nvfp4: [1] out, rcp(g); else null
+  int64_t reserved[2];
+};
+static_assert(sizeof(MoeQuantizeParams) == 96, "MoeQuantizeParams layout is ABI");
 
 }  // namespace cubist::moe
 

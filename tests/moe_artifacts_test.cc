@@ -97,6 +97,14 @@ constexpr LayerKernel kLayerKernels[] = {
      sizeof(moe::MoeGatherParams)},
     {"cubist_moe_finalize", moe::kMoeFinalizeOp, moe::kMoeFinalizeThreads,
      sizeof(moe::MoeFinalizeParams)},
+    {"cubist_moe_quantize_fp8", moe::kMoeQuantizeOp, moe::kMoeQuantizeThreads,
+     sizeof(moe::MoeQuantizeParams)},
+    {"cubist_moe_quantize_fp8_block", moe::kMoeQuantizeOp, moe::kMoeQuantizeThreads,
+     sizeof(moe::MoeQuantizeParams)},
+    {"cubist_moe_quantize_mxfp8", moe::kMoeQuantizeOp, moe::kMoeQuantizeThreads,
+     sizeof(moe::MoeQuantizeParams)},
+    {"cubist_moe_quantize_nvfp4", moe::kMoeQuantizeOp, moe::kMoeQuantizeThreads,
+     sizeof(moe::MoeQuantizeParams)},
 };
 constexpr char kLayerCubin[] = "cubins/sm_90a/moe_layer.cubin";
 // What --list prints after the selected GEMMs.
@@ -107,7 +115,11 @@ constexpr char kLayerList[] =
     "cubist_moe_sort_scan\n"
     "cubist_moe_sort_scatter\n"
     "cubist_moe_gather_bf16\n"
-    "cubist_moe_finalize\n";
+    "cubist_moe_finalize\n"
+    "cubist_moe_quantize_fp8\n"
+    "cubist_moe_quantize_fp8_block\n"
+    "cubist_moe_quantize_mxfp8\n"
+    "cubist_moe_quantize_nvfp4\n";
 
 const LayerKernel* FindLayerKernel(const std::string& function) {
   for (const LayerKernel& l : kLayerKernels) {
@@ -126,8 +138,8 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->name, "moe-gemm-sm90a");
   EXPECT_EQ(m->version, 3);
-  // The --small preset: 6 GEMMs in a cubin each, and the layer's 7 kernels in one.
-  ASSERT_EQ(m->kernels.size(), 13u);
+  // The --small preset: 6 GEMMs in a cubin each, and the layer's 11 kernels in one.
+  ASSERT_EQ(m->kernels.size(), 17u);
   ASSERT_EQ(m->artifacts.size(), 7u);
   std::set<std::string> formats, layer;
   for (const KernelSpec& k : m->kernels) {
@@ -237,7 +249,7 @@ TEST_F(MoeArtifactsTest, CubinsAreSm90aWithTheAbiParameterStruct) {
     EXPECT_EQ(img.sm.minor, 0);
     EXPECT_EQ(img.sm.variant, SmTarget::Variant::kArch);  // sm_90a: wgmma needs it
     if (const LayerKernel* l = FindLayerKernel(k.function)) {
-      // The layer's cubin holds its seven kernels and nothing else.
+      // The layer's cubin holds its eleven kernels and nothing else.
       std::set<std::string> names;
       for (const KernelInfo& ki : img.kernels) names.insert(ki.name);
       EXPECT_EQ(names.size(), std::size(kLayerKernels));
@@ -288,8 +300,8 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
                 std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
   // The whole family: 95 generation-1 kernels, 120 generation-2 (TMA) ones; then the
-  // layer's 7, which the GEMM selection flags do not filter.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 222);
+  // layer's 11, which the GEMM selection flags do not filter.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 226);
   EXPECT_TRUE(out.ends_with(kLayerList)) << out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --no-layer 2>&1", &out),
             0);

@@ -13,17 +13,20 @@
 #include <cuda.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "dispatch/moe_layer.h"
 #include "dispatch/moe_layer_reference.h"
+#include "dispatch/moe_quantize_reference.h"
 #include "dispatch/reference.h"
 #include "dispatch/runtime.h"
 #include "gmock/gmock.h"
@@ -112,6 +115,12 @@ std::vector<T> Download(const DeviceBuffer& b, size_t count, size_t offset = 0) 
   return v;
 }
 
+float MaxAbsBf16(const std::vector<uint16_t>& v) {
+  float m = 0;
+  for (uint16_t b : v) m = std::max(m, std::fabs(ref::Bf16ToFloat(b)));
+  return m;
+}
+
 std::vector<uint16_t> RandomBf16(size_t n, double scale, std::mt19937_64& rng) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<uint16_t> v(n);
@@ -136,6 +145,45 @@ struct Result {
   int32_t dropped = 0;
 };
 
+// The quantize kernels' bytes, bit for bit: GEMM1's input (the gathered rows quantized on
+// the way) against the reference quantizer of the same rows, and GEMM2's input against
+// the reference quantizer of the kernels' own bf16 GEMM1 output.
+void CheckQuantized(const ref::MoeLayerData& d, const ref::Routing& routing,
+                    const ref::SlotSort& sort, const DeviceBuffer& ws,
+                    const MoeLayerWorkspace& w) {
+  const int rows = sort.offsets.back(), h = d.hidden, k = routing.top_k;
+  std::vector<uint16_t> gathered(static_cast<size_t>(rows) * h);
+  for (int r = 0; r < rows; ++r) {
+    const int slot = sort.permuted_to_expanded[r];
+    for (int i = 0; i < h; ++i) {
+      const uint16_t x = d.x[static_cast<size_t>(slot / k) * h + i];
+      gathered[static_cast<size_t>(r) * h + i] =
+          d.apply_weight_on_input ? ref::FloatToBf16(ref::Bf16ToFloat(x) * routing.weights[slot])
+                                  : x;
+    }
+  }
+  const moe::MoeFormat f = d.activation_format;
+  const char* name = moe::FormatName(f);
+  const ref::QuantizedRows q1 = ref::QuantizeActivations(f, gathered, rows, h, d.input_scale);
+  EXPECT_TRUE(Download<uint8_t>(ws, q1.data.size(), w.gathered) == q1.data)
+      << name << ": GEMM1's input differs from the reference quantizer";
+  EXPECT_TRUE(Download<uint8_t>(ws, q1.scale.size(), w.gathered_scale) == q1.scale)
+      << name << ": GEMM1's input scales differ from the reference quantizer";
+  const std::vector<uint16_t> act =
+      Download<uint16_t>(ws, static_cast<size_t>(rows) * d.intermediate, w.activated);
+  const ref::QuantizedRows q2 =
+      ref::QuantizeActivations(f, act, rows, d.intermediate, d.intermediate_scale);
+  EXPECT_TRUE(Download<uint8_t>(ws, q2.data.size(), w.quantized) == q2.data)
+      << name << ": GEMM2's input differs from the reference quantizer";
+  EXPECT_TRUE(Download<uint8_t>(ws, q2.scale.size(), w.quantized_scale) == q2.scale)
+      << name << ": GEMM2's input scales differ from the reference quantizer";
+  if (f == moe::kNvfp4) {
+    const std::vector<float> g = Download<float>(ws, 2, w.global_scales);
+    EXPECT_EQ(g[0], q1.global);
+    EXPECT_EQ(g[1], q2.global);
+  }
+}
+
 // Runs the layer once on inputs drawn from `seed` and checks routing, sort and output
 // against the reference; returns what it ran.
 Result RunAndCheck(const Case& c, uint64_t seed) {
@@ -159,6 +207,16 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
   d.x = RandomBf16(static_cast<size_t>(t) * h, 1.0, rng);
   d.w1 = RandomBf16(static_cast<size_t>(l) * n1 * h, 1.0 / std::sqrt(h), rng);
   d.w2 = RandomBf16(static_cast<size_t>(l) * h * inter, 1.0 / std::sqrt(inter), rng);
+  d.weight_format = o.weight_format;
+  d.activation_format = o.activation_format;
+  const bool quantized_weights = o.weight_format != moe::kBf16;
+  const bool quantized_acts = o.activation_format != moe::kBf16;
+  ref::QuantizeLayerWeights(&d);
+  // Per-tensor activation scales as an engine calibrates them: from the input's amax, and
+  // a fixed bound for GEMM1's output (O(1) here; saturating beyond it is the same in the
+  // kernels and the reference).
+  d.input_scale = ref::ActivationScaleFor(o.activation_format, MaxAbsBf16(d.x));
+  d.intermediate_scale = ref::ActivationScaleFor(o.activation_format, 4.0f);
 
   // Logits as the device sees them: bf16 logits are rounded first, and the reference
   // routes on the same (widened) values.
@@ -204,7 +262,13 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
   absl::StatusOr<MoeLayerWorkspace> layout = MoeLayer::WorkspaceLayout(o, t);
   EXPECT_TRUE(layout.ok()) << layout.status();
 
-  DeviceBuffer x = Upload(d.x), w1 = Upload(d.w1), w2 = Upload(d.w2);
+  DeviceBuffer x = Upload(d.x);
+  DeviceBuffer w1 = quantized_weights ? Upload(d.w1q) : Upload(d.w1);
+  DeviceBuffer w2 = quantized_weights ? Upload(d.w2q) : Upload(d.w2);
+  DeviceBuffer w1s = Upload(d.w1_scale), w2s = Upload(d.w2_scale);
+  DeviceBuffer w1g = Upload(d.w1_global), w2g = Upload(d.w2_global);
+  DeviceBuffer s1 = Upload(std::vector<float>{d.input_scale});
+  DeviceBuffer s2 = Upload(std::vector<float>{d.intermediate_scale});
   DeviceBuffer lg = c.bf16_logits ? Upload(logits_bf16) : Upload(logits);
   DeviceBuffer bias_d = Upload(bias);
   DeviceBuffer ids = Upload(want_routing.ids), wts = Upload(want_routing.weights);
@@ -225,6 +289,18 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
   }
   a.w1 = w1.get();
   a.w2 = w2.get();
+  if (!d.w1_scale.empty()) {
+    a.w1_scale = w1s.get();
+    a.w2_scale = w2s.get();
+  }
+  if (!d.w1_global.empty()) {
+    a.w1_global_scale = w1g.get();
+    a.w2_global_scale = w2g.get();
+  }
+  if (moe::FormatHasGlobalScale(o.activation_format)) {
+    a.input_scale = s1.get();
+    a.intermediate_scale = s2.get();
+  }
   a.out = out.get();
   a.accumulate = c.accumulate;
   a.workspace = ws->get();
@@ -260,15 +336,18 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
               sort.permuted_to_expanded);
     r.dropped = Download<int32_t>(*ws, 1, layout->dropped)[0];
     EXPECT_EQ(r.dropped, sort.dropped);
+    if (quantized_acts) CheckQuantized(d, r.routing, sort, *ws, *layout);
   }
   r.out = Download<uint16_t>(out, size_t(t) * h);
   const std::vector<double> want = ref::MoeLayerReference(d, r.routing, prior);
-  ref::Tolerance tol;
-  tol.rel_fro = 5e-3;
-  tol.rtol = 3e-2;
-  tol.atol_rel = 1e-2;
+  const ref::Tolerance tol = ref::MoeLayerTolerance(o.activation_format);
   const ref::Comparison cmp = ref::CompareBf16(r.out, want, tol);
-  EXPECT_TRUE(cmp.ok) << o.routing_method << " T=" << t << ": " << cmp.summary;
+  EXPECT_TRUE(cmp.ok) << o.routing_method << " " << moe::FormatName(o.weight_format) << " x "
+                      << moe::FormatName(o.activation_format) << " T=" << t << ": "
+                      << cmp.summary;
+  std::printf("[ layer    ] %s x %s T=%d %s: %s\n", moe::FormatName(o.weight_format),
+              moe::FormatName(o.activation_format), t, ActivationName(o.activation),
+              cmp.summary.c_str());
   return r;
 }
 
@@ -291,6 +370,53 @@ TEST(MoeLayerGpuTest, MatchesTheReferenceFromDecodeToPrefill) {
     c.tokens = t;
     RunAndCheck(c, 100 + t);
   }
+}
+
+// Every weight x activation pair of the family, decode and a multi-CTA sort, with the
+// quantize kernels' bytes checked bit for bit (CheckQuantized).
+TEST(MoeLayerGpuTest, EveryFormatPair) {
+  CUBIST_REQUIRE_GPU();
+  const std::pair<DataFormat, DataFormat> pairs[] = {
+      {DataFormat::kFp8, DataFormat::kFp8},     {DataFormat::kFp8Block, DataFormat::kFp8Block},
+      {DataFormat::kMxfp4, DataFormat::kBf16},  {DataFormat::kMxfp4, DataFormat::kMxfp8},
+      {DataFormat::kNvfp4, DataFormat::kNvfp4},
+  };
+  for (const auto& [wf, af] : pairs) {
+    for (int t : {3, 1500}) {
+      Case c;
+      c.options = Small();
+      c.options.weight_format = wf;
+      c.options.activation_format = af;
+      c.tokens = t;
+      SCOPED_TRACE(absl::StrCat(moe::FormatName(wf), " x ", moe::FormatName(af), " T=", t));
+      RunAndCheck(c, 800 + t);
+    }
+  }
+}
+
+// llama4's weight on input, quantized on the way (fp8 per tensor).
+TEST(MoeLayerGpuTest, QuantizedGatherAppliesTheWeightOnInput) {
+  CUBIST_REQUIRE_GPU();
+  Case c;
+  c.options = Small();
+  c.options.weight_format = c.options.activation_format = DataFormat::kFp8;
+  c.options.routing_method = "llama4";
+  c.options.top_k = 1;
+  c.options.apply_weight_on_input = true;
+  c.tokens = 50;
+  RunAndCheck(c, 900);
+}
+
+// gpt-oss-120b's hidden size: K = 2880 is 22.5 blocks of 128, the last one partial.
+TEST(MoeLayerGpuTest, Fp8BlockWithAPartialLastBlock) {
+  CUBIST_REQUIRE_GPU();
+  Case c;
+  c.options = Small();
+  c.options.weight_format = c.options.activation_format = DataFormat::kFp8Block;
+  c.options.hidden = 2880;
+  c.options.intermediate = 320;
+  c.tokens = 20;
+  RunAndCheck(c, 950);
 }
 
 TEST(MoeLayerGpuTest, EveryRoutingMethod) {

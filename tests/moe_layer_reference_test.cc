@@ -233,8 +233,45 @@ TEST(MoeLayerOptionsTest, RefusesBadOptionsNamingTheField) {
   EXPECT_THAT(SizeStatus(o).message(), HasSubstr("experts 96..159 are not within the 128"));
   o = Qwen3();
   o.weight_format = moe::kMxfp4;
+  o.activation_format = moe::kFp8;
   EXPECT_EQ(SizeStatus(o).code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(SizeStatus(o).message(), HasSubstr("mxfp4 x bf16 pair is not served"));
+  EXPECT_THAT(SizeStatus(o).message(),
+              HasSubstr("the mxfp4 x fp8 pair is not served by the layer (bf16 x bf16, fp8 x "
+                        "fp8, fp8-block x fp8-block, mxfp4 x bf16, mxfp4 x mxfp8, nvfp4 x "
+                        "nvfp4 are)"));
+  o = Qwen3();
+  o.weight_format = moe::kMxfp4;
+  o.activation_format = moe::kMxfp8;
+  o.hidden = 2056;  // a multiple of 8, not of mxfp8's 32-element scale block
+  EXPECT_EQ(SizeStatus(o).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(SizeStatus(o).message(),
+              HasSubstr("hidden: 2056 is not a multiple of 32, which mxfp8 activations need"));
+  o.hidden = 2048;
+  EXPECT_TRUE(SizeStatus(o).ok()) << SizeStatus(o);
+  o.weight_format = o.activation_format = moe::kFp8Block;
+  o.hidden = 2880;  // fp8-block: a partial last 128-block is allowed
+  EXPECT_TRUE(SizeStatus(o).ok()) << SizeStatus(o);
+}
+
+TEST(MoeLayerOptionsTest, QuantizedWorkspaceHoldsEachFormatsBytes) {
+  // GEMM1's input in the activation format with its scales, GEMM1's bf16 output, GEMM2's
+  // input again quantized: the layout places each where the quantize kernels write it.
+  MoeLayerOptions o = Qwen3();
+  o.weight_format = o.activation_format = moe::kNvfp4;
+  const MoeLayerWorkspace w = *MoeLayer::WorkspaceLayout(o, 1);
+  const size_t rows = 64;  // the smallest row bucket
+  EXPECT_EQ(w.row_capacity, 64);
+  EXPECT_GE(w.gathered_scale - w.gathered, rows * 2048 / 2);    // e2m1, two per byte
+  EXPECT_GE(w.activated - w.gathered_scale, rows * 2048 / 16);  // e4m3 per 16
+  EXPECT_GE(w.quantized - w.activated, rows * 768 * 2);         // bf16
+  EXPECT_GE(w.quantized_scale - w.quantized, rows * 768 / 2);
+  EXPECT_GE(w.global_scales - w.quantized_scale, rows * 768 / 16);
+  EXPECT_GT(w.rows, w.global_scales);
+  EXPECT_EQ(w.gathered % 256, 0u);
+  EXPECT_EQ(w.quantized_scale % 256, 0u);
+  o.weight_format = o.activation_format = moe::kBf16;
+  const MoeLayerWorkspace b = *MoeLayer::WorkspaceLayout(o, 1);
+  EXPECT_EQ(b.quantized, b.activated);  // GEMM2 reads GEMM1's bf16 output itself
 }
 
 TEST(MoeLayerOptionsTest, WorkspaceIsBoundedByTheChunk) {

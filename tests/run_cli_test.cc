@@ -52,11 +52,11 @@ TEST_F(RunCliTest, LayerOptionsAreCheckedBeforeTheRuntimeOpens) {
 TEST_F(RunCliTest, UnservedPairIsUnimplementedNotAUsageError) {
   std::string out;
   const int rc = Run(
-      "--op moe --weights mxfp4 --activations bf16 --experts 8 --hidden 64 "
+      "--op moe --weights mxfp4 --activations fp8 --experts 8 --hidden 64 "
       "--intermediate 64 --top-k 2 --tokens 4",
       &out);
   EXPECT_EQ(rc, 1);
-  EXPECT_THAT(out, HasSubstr("the mxfp4 x bf16 pair is not served by the layer yet"));
+  EXPECT_THAT(out, HasSubstr("the mxfp4 x fp8 pair is not served by the layer (bf16 x bf16"));
 }
 
 TEST_F(RunCliTest, BadOpAndMissingGemmShape) {
