@@ -37,7 +37,9 @@ void CheckShape(const KernelEntry& kernel, const MoeProblem& p,
     out.push_back({RejectReason::kShape, std::move(detail)});
   };
   for (DataFormat f : {kernel.weight_format, kernel.activation_format}) {
-    int block = moe::FormatScaleBlock(f);  // 0: no block scales
+    // 0: no block scales. fp8-block scales cover ceil(K/128) blocks, the last one partial
+    // (kernels/moe_gemm_abi.h), so any K its k_align allows is whole.
+    const int block = f == DataFormat::kFp8Block ? 0 : moe::FormatScaleBlock(f);
     if (block > 1 && p.k % block != 0) {
       reject(absl::StrCat("K=", p.k, " is not a multiple of ", block, " (the ",
                           Sv(DataFormatName(f)), " scale block)"));

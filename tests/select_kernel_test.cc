@@ -129,6 +129,32 @@ TEST_F(SelectTest, ShapeConstraintRejectsWithReason) {
                          "128 (the kernel's k_align))")));
 }
 
+TEST(SelectFp8BlockTest, APartialLastScaleBlockIsServed) {
+  // fp8-block scales cover ceil(K/128) blocks (kernels/moe_gemm_abi.h), so gpt-oss-120b's
+  // K = 2880 (22.5 blocks) runs on a kernel whose k_align (16) it meets; K = 2872 does not.
+  std::vector<testing::TestKernel> kernels(1);
+  testing::TestKernel& k = kernels[0];
+  k.name = "fp8block_fp8block_swiglu_m128n128k128";
+  k.weight_format = k.activation_format = "fp8-block";
+  k.tile_m = 128;
+  k.tile_k = 128;
+  k.threads = 384;
+  k.extras = "\"k_align\": 16, \"n_align\": 16, \"gated\": true";
+  auto m = ParseTestManifest(kernels);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto r = Registry::Create(*m);
+  ASSERT_TRUE(r.ok()) << r.status();
+  MoeProblem p = Problem(DataFormat::kFp8Block, DataFormat::kFp8Block, Activation::kSwiglu, 128,
+                         128, 5760, 2880);
+  auto best = SelectKernel(*r, p);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "fp8block_fp8block_swiglu_m128n128k128");
+  p.k = 2872;
+  EXPECT_THAT(SelectKernel(*r, p),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("(shape: K=2872 is not a multiple of 16 (the kernel's k_align))")));
+}
+
 TEST_F(SelectTest, OutputWidthAlignmentAppliesToTheGatedHalf) {
   MoeProblem p =
       Problem(DataFormat::kMxfp4, DataFormat::kBf16, Activation::kSwiglu, 8, 64, 1008, 2048);
