@@ -1,9 +1,11 @@
 #include "dispatch/moe_layer_reference.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <thread>
 
 #include "dispatch/moe_quantize_reference.h"
 #include "dispatch/reference.h"
@@ -79,18 +81,40 @@ std::vector<int> DeepSeekV3Select(const RoutingConfig& c, const float* s) {
 
 // A bf16 x bf16 GEMM over `rows` rows grouped by `offsets`: weights copied in, the
 // activations zeroed for the caller to fill.
+// Bytes of one expert's [n, k] weights in `f`: elements, block scales.
+size_t ExpertElementBytes(moe::MoeFormat f, int n, int k) {
+  return static_cast<size_t>(moe::MoeElementBytes(f, int64_t{n} * k));
+}
+size_t ExpertScaleBytes(moe::MoeFormat f, int n, int k) {
+  return static_cast<size_t>(
+      moe::MoeScaleBytes(f, f == moe::kFp8Block ? (n + 127) / 128 : n, k));
+}
+
+// Appends expert e's slice of `all` (per-expert slices of `per` bytes) to `out`.
+void AppendSlice(const uint8_t* all, size_t per, int e, std::vector<uint8_t>* out) {
+  out->insert(out->end(), all + per * e, all + per * (e + 1));
+}
+
 // One of the layer's GEMMs on `rows` rows of bf16 input `a` (bit patterns, [rows, k]):
-// the input quantized as the layer's kernels quantize it, the weights as given.
+// the input quantized as the layer's kernels quantize it, the weights as given. Only the
+// experts that own rows take part (`offsets` [L + 1]): a check of a few tokens at a real
+// model's size reads a few experts' weights, not all of them.
 MoeProblemData LayerGemm(const MoeLayerData& layer, const std::vector<int32_t>& offsets,
                          int rows, int n, int k, const std::vector<uint16_t>& a, bool second) {
   MoeProblemData g;
   g.weight_format = layer.weight_format;
   g.activation_format = layer.activation_format;
-  g.num_experts = static_cast<int>(offsets.size()) - 1;
   g.num_tokens = rows;
   g.n = n;
   g.k = k;
-  g.offsets = offsets;
+  std::vector<int> used;
+  g.offsets.push_back(0);
+  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+    if (offsets[e + 1] == offsets[e]) continue;
+    used.push_back(static_cast<int>(e));
+    g.offsets.push_back(offsets[e + 1]);
+  }
+  g.num_experts = static_cast<int>(used.size());
   if (layer.activation_format == moe::kBf16) {
     g.a.resize(a.size() * 2);
     std::copy_n(reinterpret_cast<const uint8_t*>(a.data()), g.a.size(), g.a.data());
@@ -101,16 +125,28 @@ MoeProblemData LayerGemm(const MoeLayerData& layer, const std::vector<int32_t>& 
     g.a_scale = std::move(q.scale);
     if (moe::FormatHasGlobalScale(layer.activation_format)) g.a_global_scale = {q.global};
   }
-  if (layer.weight_format == moe::kBf16) {
-    const std::vector<uint16_t>& w = second ? layer.w2 : layer.w1;
-    g.b.resize(w.size() * 2);
-    std::copy_n(reinterpret_cast<const uint8_t*>(w.data()), g.b.size(), g.b.data());
-  } else {
-    g.b = second ? layer.w2q : layer.w1q;
-    g.b_scale = second ? layer.w2_scale : layer.w1_scale;
-    g.b_global_scale = second ? layer.w2_global : layer.w1_global;
+  const moe::MoeFormat wf = layer.weight_format;
+  const bool bf16 = wf == moe::kBf16;
+  const uint8_t* w = bf16 ? reinterpret_cast<const uint8_t*>((second ? layer.w2 : layer.w1).data())
+                          : (second ? layer.w2q : layer.w1q).data();
+  const std::vector<uint8_t>& scale = second ? layer.w2_scale : layer.w1_scale;
+  const std::vector<float>& global = second ? layer.w2_global : layer.w1_global;
+  for (int e : used) {
+    AppendSlice(w, ExpertElementBytes(wf, n, k), e, &g.b);
+    if (!scale.empty()) AppendSlice(scale.data(), ExpertScaleBytes(wf, n, k), e, &g.b_scale);
+    if (!global.empty()) g.b_global_scale.push_back(global[e]);
   }
   return g;
+}
+
+// The per-expert activation parameters of the experts LayerGemm kept.
+std::vector<float> CompactParams(const std::vector<float>& v, const std::vector<int32_t>& offsets) {
+  if (v.empty()) return v;
+  std::vector<float> out;
+  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+    if (offsets[e + 1] != offsets[e]) out.push_back(v[e]);
+  }
+  return out;
 }
 
 }  // namespace
@@ -236,9 +272,9 @@ std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& 
     }
   }
   MoeProblemData g1 = LayerGemm(layer, sort.offsets, rows, n1, h, a, /*second=*/false);
-  g1.alpha = layer.alpha;
-  g1.beta = layer.beta;
-  g1.limit = layer.limit;
+  g1.alpha = CompactParams(layer.alpha, sort.offsets);
+  g1.beta = CompactParams(layer.beta, sort.offsets);
+  g1.limit = CompactParams(layer.limit, sort.offsets);
   const std::vector<double> act =
       ApplyActivation(g1, ReferenceGemm(g1), layer.activation);  // [rows, I]
 
@@ -271,21 +307,32 @@ namespace {
 void QuantizePerExpert(moe::MoeFormat format, const std::vector<uint16_t>& w, int experts, int n,
                        int k, std::vector<uint8_t>* data, std::vector<uint8_t>* scale,
                        std::vector<float>* global) {
+  // Experts are independent: quantized on all cores (a real model's experts take about a
+  // second each on one), then concatenated in expert order.
+  const size_t per = static_cast<size_t>(n) * k;
+  std::vector<std::vector<uint8_t>> d(experts), sc(experts);
+  std::vector<float> g(experts, 1.0f);
+  std::atomic<int> next{0};
+  auto work = [&] {
+    std::vector<float> x(per);
+    for (int e = next++; e < experts; e = next++) {
+      for (size_t i = 0; i < per; ++i) x[i] = Bf16ToFloat(w[e * per + i]);
+      Quantize(format, x, n, k, /*square_blocks=*/true, &d[e], &sc[e], &g[e]);
+    }
+  };
+  const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1,
+                                 std::min(experts, 64));
+  std::vector<std::thread> pool;
+  for (int i = 1; i < threads; ++i) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
   data->clear();
   scale->clear();
-  global->clear();
-  const size_t per = static_cast<size_t>(n) * k;
-  std::vector<float> x(per);
   for (int e = 0; e < experts; ++e) {
-    for (size_t i = 0; i < per; ++i) x[i] = Bf16ToFloat(w[e * per + i]);
-    std::vector<uint8_t> d, sc;
-    float g = 1.0f;
-    Quantize(format, x, n, k, /*square_blocks=*/true, &d, &sc, &g);
-    data->insert(data->end(), d.begin(), d.end());
-    scale->insert(scale->end(), sc.begin(), sc.end());
-    global->push_back(g);
+    data->insert(data->end(), d[e].begin(), d[e].end());
+    scale->insert(scale->end(), sc[e].begin(), sc[e].end());
   }
-  if (!moe::FormatHasGlobalScale(format)) global->clear();
+  *global = moe::FormatHasGlobalScale(format) ? g : std::vector<float>{};
 }
 
 }  // namespace
