@@ -3,6 +3,7 @@
 same layer, on an H200, in one process (docs/benchmarks.md, "The MoE layer").
 
     python3 bench/moe_layer_bench.py --manifest DIR/manifest.json [--models qwen3,gptoss]
+        [--pairs bf16,fp8,fp8-block,mxfp4,mxfp4-mxfp8,nvfp4]
         [--tokens 1,16,64,256,4096,16384] [--iters 30] [--json OUT] [--plot OUT.png]
 
 For each model and batch size T (uniform random routing logits from a fixed seed; router
@@ -11,9 +12,12 @@ logits are an input, the router GEMM is the engine's):
   gemms    our two GEMMs alone on pre-permuted inputs (the layer's routing, taken once)
   torch    the same layer in torch: the model's routing and activation in torch,
            torch._grouped_mm for both GEMMs, index_add finalize (examples/moe_layer.py's
-           torch_layer, made model-faithful)
-  floor    one read of the weights of the experts the batch touches: a sum over a
-           buffer of that many bytes
+           torch_layer, made model-faithful); for the fp8 pair torch._scaled_grouped_mm
+           with the activations quantized in torch; for the pairs torch has no grouped
+           GEMM for (fp8-block, mxfp4, mxfp8, nvfp4) the bf16 layer on the dequantized
+           weights, which is what an engine without those kernels runs
+  floor    one read of the weights (with their scales) of the experts the batch
+           touches: a sum over a buffer of that many bytes
 Each is timed under CUDA-graph replay (a captured step, as engines run decode) with the
 L2 cache flushed before every replay; medians of --iters replays. Eager times of ours and
 torch are reported too. Every layer output is checked against torch's first.
@@ -39,6 +43,62 @@ MODELS = {
 }
 TITLES = {"qwen3": "Qwen3-30B-A3B", "gptoss": "gpt-oss-120b", "deepseek": "DeepSeek-V3",
           "mixtral": "Mixtral-8x7B"}
+# --pairs name: (weight format, activation format)
+PAIRS = {"bf16": ("bf16", "bf16"), "fp8": ("fp8", "fp8"), "fp8-block": ("fp8-block", "fp8-block"),
+         "mxfp4": ("mxfp4", "bf16"), "mxfp4-mxfp8": ("mxfp4", "mxfp8"),
+         "nvfp4": ("nvfp4", "nvfp4")}
+# Calibrated activation magnitudes (inputs N(0, 1); GEMM1's output O(1)), as an engine
+# would measure them: the per-tensor scales of fp8 and nvfp4 activations.
+INPUT_AMAX, INTER_AMAX = 5.0, 4.0
+
+
+def act_scale(af, amax):
+    """fp8: the dequantization scale s; nvfp4: FlashInfer's global scale g."""
+    s = amax / 448.0 if af == "fp8" else 448.0 * 6.0 / amax if af == "nvfp4" else 1.0
+    return torch.tensor([s], dtype=torch.float32, device="cuda")
+
+
+def random_operand(fmt, rows, k):
+    """A GEMM input in `fmt` with plausible bytes (timing only): (data, scale, global)."""
+    dev = "cuda"
+    if fmt == "bf16":
+        return torch.randn(rows, k, device=dev).to(torch.bfloat16), None, None
+    if fmt in ("fp8", "fp8-block", "mxfp8"):
+        data = torch.randn(rows, k, device=dev).to(torch.float8_e4m3fn)
+        if fmt == "fp8":
+            return data, None, torch.ones(1, device=dev)
+        if fmt == "fp8-block":
+            return data, torch.ones(rows, (k + 127) // 128, device=dev), None
+        return data, torch.full((rows, k // 32), 127, dtype=torch.uint8, device=dev), None
+    data = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, device=dev)
+    return data, torch.ones(rows, k // 16, device=dev).to(torch.float8_e4m3fn), torch.ones(
+        1, device=dev)
+
+
+def torch_fp8_layer(x, logits, w, m, bias, s1, s2):
+    """The fp8 x fp8 layer in torch: activations quantized per tensor with the same
+    scales, torch._scaled_grouped_mm (row-wise scales) for both GEMMs."""
+    (w1q, _, g1), (w2q, _, g2) = w
+    e = w1q.shape[0]
+    ids, wt = torch_route(logits, m, bias)
+    flat = ids.flatten()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(e, dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    token = order // m["k"]
+    a = (x[token].float() * (1.0 / s1)).to(torch.float8_e4m3fn)
+    rows = a.shape[0]
+    c = torch._scaled_grouped_mm(a, w1q.transpose(-2, -1), s1.expand(rows).contiguous(),
+                                 g1[:, None].expand(e, w1q.shape[1]).contiguous(), offs=offs,
+                                 out_dtype=torch.bfloat16)
+    h = (torch_act(c, m).float() * (1.0 / s2)).to(torch.float8_e4m3fn)
+    y = torch._scaled_grouped_mm(h, w2q.transpose(-2, -1), s2.expand(rows).contiguous(),
+                                 g2[:, None].expand(e, w2q.shape[1]).contiguous(), offs=offs,
+                                 out_dtype=torch.bfloat16)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    out.index_add_(0, token, y.float() * wt.flatten()[order][:, None])
+    return out.to(torch.bfloat16)
 
 
 def torch_route(logits, m, bias):
@@ -72,7 +132,7 @@ def torch_act(c, m):
     return (x1 * torch.sigmoid(alpha * x1) * (x0 + beta)).to(torch.bfloat16)
 
 
-def torch_layer(x, logits, w1, w2, m, bias):
+def torch_layer(x, logits, w1, w2, m, bias, b1=None, b2=None):
     e = w1.shape[0]
     ids, w = torch_route(logits, m, bias)
     flat = ids.flatten()
@@ -84,8 +144,12 @@ def torch_layer(x, logits, w1, w2, m, bias):
     token = order // m["k"]
     a = x[token]
     c = torch._grouped_mm(a, w1.transpose(-2, -1), offs=offs)
+    if b1 is not None:  # gpt-oss: per-expert biases after each GEMM
+        c = (c.float() + b1[flat[order]]).to(torch.bfloat16)
     h = torch_act(c, m)
     y = torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
+    if b2 is not None:
+        y = (y.float() + b2[flat[order]]).to(torch.bfloat16)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     out.index_add_(0, token, y.float() * w.flatten()[order][:, None])
     return out.to(torch.bfloat16)
@@ -124,6 +188,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--manifest", required=True)
     ap.add_argument("--models", default="qwen3,gptoss,deepseek,mixtral")
+    ap.add_argument("--pairs", default="bf16", help=f"format pairs: {','.join(PAIRS)}")
     ap.add_argument("--tokens", default="1,16,64,256,4096,16384")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--chunk", type=int, default=0,
@@ -136,96 +201,154 @@ def main():
     flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")  # 512 MB > L2
     rows = []
     for name in args.models.split(","):
-        m = MODELS[name]
-        e, k, h, inter = m["e"], m["k"], m["h"], m["i"]
-        w1 = (torch.randn(e, 2 * inter, h, device="cuda") * h ** -0.5).to(torch.bfloat16)
-        w2 = (torch.randn(e, h, inter, device="cuda") * inter ** -0.5).to(torch.bfloat16)
-        bias = (0.1 * torch.randn(e, device="cuda")) if m["routing"] == "deepseek_v3" else None
-        act = {}
-        for key in ("alpha", "beta", "limit"):
-            if key in m:
-                act[key] = torch.full((e,), m[key], dtype=torch.float32, device="cuda")
-        layer = cubist.MoeLayer(
-            rt, num_experts=e, top_k=k, hidden=h, intermediate=inter, routing=m["routing"],
-            activation="swiglu", n_group=m.get("n_group", 0),
-            topk_group=m.get("topk_group", 0), routed_scaling_factor=m.get("scale", 1.0),
-            max_chunk_tokens=args.chunk)
-        max_t = max(int(t) for t in args.tokens.split(","))
-        layer.prepare(max_t, w1, w2, **act)
-        gemm = cubist.MoeGemm(rt)
-        for t in (int(v) for v in args.tokens.split(",")):
-            x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
-            logits = torch.randn(t, e, device="cuda")
-            out = torch.empty_like(x)
-            kw = dict(router_logits=logits, routing_bias=bias, out=out, **act)
-            want = torch_layer(x, logits, w1, w2, m, bias)
-            got = layer(x, w1, w2, **kw)
-            err = ((got.float() - want.float()).norm() / want.float().norm()).item()
-            ours = timed(lambda: layer(x, w1, w2, **kw), args.iters, flush)
-            ours_eager = timed(lambda: layer(x, w1, w2, **kw), args.iters, flush, graph=False)
-            ref = timed(lambda: torch_layer(x, logits, w1, w2, m, bias), args.iters, flush)
-            ref_eager = timed(lambda: torch_layer(x, logits, w1, w2, m, bias), args.iters,
-                              flush, graph=False)
-            # Our two GEMMs alone on pre-permuted inputs (the same routing).
-            ids, _ = torch_route(logits, m, bias)
-            flat = ids.flatten()
-            order = torch.argsort(flat, stable=True)
-            offs = torch.zeros(e + 1, dtype=torch.int32, device="cuda")
-            offs[1:] = torch.cumsum(torch.bincount(flat, minlength=e), 0)  # eager: fine
-            a = x[order // k].contiguous()
-            hbuf = torch.empty(a.shape[0], inter, dtype=torch.bfloat16, device="cuda")
-            ybuf = torch.empty(a.shape[0], h, dtype=torch.bfloat16, device="cuda")
-
-            def gemms():
-                gemm.run(a, w1, offs, hbuf, activation="swiglu", **act)
-                gemm.run(hbuf, w2, offs, ybuf, activation="identity")
-            gemm.check(a, w1, offs, hbuf, activation="swiglu", **act)
-            gemm.check(hbuf, w2, offs, ybuf, activation="identity")
-            two = timed(gemms, args.iters, flush)
-            touched = len(set(flat.tolist()))
-            nbytes = touched * (2 * inter * h + h * inter) * 2
-            buf = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
-            floor = timed(lambda: buf.sum(dtype=torch.float32), args.iters, flush)
-            del buf
-            target = min(1.5 * floor + 20, 1.10 * two + 15)
-            row = dict(model=name, tokens=t, ours_us=ours, torch_us=ref, gemms_us=two,
-                       floor_us=floor, ours_eager_us=ours_eager, torch_eager_us=ref_eager,
-                       experts_touched=touched, rel_err=err, target_us=target,
-                       vs_torch=ref / ours)
-            rows.append(row)
-            print(f"{TITLES[name]:14s} T={t:6d}: ours {ours:9.1f} us  torch {ref:9.1f}  "
-                  f"x{ref / ours:5.2f}  gemms {two:9.1f}  floor {floor:8.1f} "
-                  f"(target {target:8.1f}: {'met' if ours <= target else 'OPEN'})  "
-                  f"eager {ours_eager:8.1f} / {ref_eager:8.1f}  err {err:.1e}", flush=True)
-        del w1, w2, layer
-        torch.cuda.empty_cache()
+        for pair in args.pairs.split(","):
+            rows += bench_model(rt, name, pair, args, flush)
+            torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     if args.plot:
         plot(rows, args.plot)
-    return 0 if all(r["rel_err"] < 2e-2 for r in rows) else 1
+    bound = {"bf16": 2e-2, "fp8": 8e-2, "fp8-block": 8e-2, "mxfp4": 2e-2, "mxfp4-mxfp8": 8e-2,
+             "nvfp4": 0.2}
+    return 0 if all(r["rel_err"] < bound[r["pair"]] for r in rows) else 1
+
+
+def nbytes(t):
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def bench_model(rt, name, pair, args, flush):
+    m = MODELS[name]
+    wf, af = PAIRS[pair]
+    e, k, h, inter = m["e"], m["k"], m["h"], m["i"]
+    w1 = (torch.randn(e, 2 * inter, h, device="cuda") * h ** -0.5).to(torch.bfloat16)
+    w2 = (torch.randn(e, h, inter, device="cuda") * inter ** -0.5).to(torch.bfloat16)
+    bias = (0.1 * torch.randn(e, device="cuda")) if m["routing"] == "deepseek_v3" else None
+    act = {}
+    for key in ("alpha", "beta", "limit"):
+        if key in m:
+            act[key] = torch.full((e,), m[key], dtype=torch.float32, device="cuda")
+    b1 = b2 = None
+    if name == "gptoss":  # its experts add a bias after each GEMM
+        b1 = 0.1 * torch.randn(e, 2 * inter, device="cuda")
+        b2 = 0.1 * torch.randn(e, h, device="cuda")
+        act.update(w1_bias=b1, w2_bias=b2)
+    # Quantized weights (and the bf16 weights they stand for, for torch's composite).
+    q1 = cubist.quantize_weights(w1, wf)
+    q2 = cubist.quantize_weights(w2, wf)
+    if wf != "bf16":
+        w1 = cubist.dequantize_weights(*q1, wf).to(torch.bfloat16)
+        w2 = cubist.dequantize_weights(*q2, wf).to(torch.bfloat16)
+    s1, s2 = act_scale(af, INPUT_AMAX), act_scale(af, INTER_AMAX)
+    wkw = {}
+    if wf != "bf16":
+        wkw = dict(w1_scale=q1[1], w2_scale=q2[1], w1_global_scale=q1[2],
+                   w2_global_scale=q2[2])
+        wkw = {key: v for key, v in wkw.items() if v is not None}
+    if af in ("fp8", "nvfp4"):
+        wkw.update(input_scale=s1, intermediate_scale=s2)
+    layer = cubist.MoeLayer(
+        rt, num_experts=e, top_k=k, hidden=h, intermediate=inter, routing=m["routing"],
+        activation="swiglu", weights=wf, activations=af, n_group=m.get("n_group", 0),
+        topk_group=m.get("topk_group", 0), routed_scaling_factor=m.get("scale", 1.0),
+        max_chunk_tokens=args.chunk)
+    max_t = max(int(t) for t in args.tokens.split(","))
+    layer.prepare(max_t, q1[0], q2[0], **act, **wkw)
+    gemm = cubist.MoeGemm(rt)
+    # Bytes per expert of both GEMMs' weights with their scales: the floor's unit.
+    per_expert = sum(nbytes(t) for t in (*q1, *q2)) / e
+    rows = []
+    for t in (int(v) for v in args.tokens.split(",")):
+        x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
+        logits = torch.randn(t, e, device="cuda")
+        out = torch.empty_like(x)
+        kw = dict(router_logits=logits, routing_bias=bias, out=out, **act, **wkw)
+        ref_name, ref_fn = "torch", lambda: torch_layer(x, logits, w1, w2, m, bias, b1, b2)
+        if pair == "fp8" and b1 is None:
+            try:
+                torch_fp8_layer(x, logits, (q1, q2), m, bias, s1, s2)
+                ref_name = "torch fp8"
+                ref_fn = lambda: torch_fp8_layer(x, logits, (q1, q2), m, bias, s1, s2)
+            except RuntimeError as err:  # torch without fp8 grouped GEMMs for this shape
+                print(f"  torch._scaled_grouped_mm unavailable ({err}); bf16 composite")
+        elif wf != "bf16":
+            ref_name = "torch bf16 (dequantized)"
+        want = torch_layer(x, logits, w1, w2, m, bias, b1, b2)
+        got = layer(x, q1[0], q2[0], **kw)
+        err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+        ours = timed(lambda: layer(x, q1[0], q2[0], **kw), args.iters, flush)
+        ours_eager = timed(lambda: layer(x, q1[0], q2[0], **kw), args.iters, flush, graph=False)
+        ref = timed(ref_fn, args.iters, flush)
+        ref_eager = timed(ref_fn, args.iters, flush, graph=False)
+        # Our two GEMMs alone on pre-permuted inputs (the same routing), in the pair's
+        # formats (timing only: the inputs' bytes need not be the layer's).
+        ids, _ = torch_route(logits, m, bias)
+        flat = ids.flatten()
+        offs = torch.zeros(e + 1, dtype=torch.int32, device="cuda")
+        offs[1:] = torch.cumsum(torch.bincount(flat, minlength=e), 0)  # eager: fine
+        a, a_s, a_g = random_operand(af, flat.numel(), h)
+        hq, h_s, h_g = random_operand(af, flat.numel(), inter)
+        hbuf = torch.empty(flat.numel(), inter, dtype=torch.bfloat16, device="cuda")
+        ybuf = torch.empty(flat.numel(), h, dtype=torch.bfloat16, device="cuda")
+        gact = {key: v for key, v in act.items() if key in ("alpha", "beta", "limit")}
+        g1 = dict(weights=wf, activations=af, a_scale=a_s, a_global_scale=a_g, b_scale=q1[1],
+                  b_global_scale=q1[2], activation="swiglu", **gact)
+        g2 = dict(weights=wf, activations=af, a_scale=h_s, a_global_scale=h_g, b_scale=q2[1],
+                  b_global_scale=q2[2], activation="identity")
+        if af == "bf16":
+            hq = hbuf
+
+        def gemms():
+            gemm.run(a, q1[0], offs, hbuf, **g1)
+            gemm.run(hq, q2[0], offs, ybuf, **g2)
+        gemm.check(a, q1[0], offs, hbuf, **g1)
+        gemm.check(hq, q2[0], offs, ybuf, **g2)
+        two = timed(gemms, args.iters, flush)
+        touched = len(set(flat.tolist()))
+        buf = torch.empty(int(touched * per_expert) // 4, dtype=torch.float32, device="cuda")
+        floor = timed(lambda: buf.sum(), args.iters, flush)
+        del buf
+        target = min(1.5 * floor + 20, 1.10 * two + 15)
+        row = dict(model=name, pair=pair, tokens=t, ours_us=ours, torch_us=ref,
+                   torch_baseline=ref_name, gemms_us=two, floor_us=floor,
+                   ours_eager_us=ours_eager, torch_eager_us=ref_eager, experts_touched=touched,
+                   rel_err=err, target_us=target, vs_torch=ref / ours)
+        rows.append(row)
+        print(f"{TITLES[name]:14s} {pair:11s} T={t:6d}: ours {ours:9.1f} us  {ref_name} "
+              f"{ref:9.1f} x{ref / ours:5.2f}  gemms {two:9.1f}  floor {floor:8.1f} "
+              f"(target {target:8.1f}: {'met' if ours <= target else 'OPEN'})  "
+              f"eager {ours_eager:8.1f} / {ref_eager:8.1f}  err {err:.1e}", flush=True)
+    return rows
 
 
 def plot(rows, path):
+    """Layer time vs T per model: ours for each pair, torch's composite (bf16, or the
+    pair's own baseline when only one pair ran) and the bf16 weights' floor."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.6))
-    for ax, name in zip(axes if len(models) > 1 else [axes], models):
-        rs = [r for r in rows if r["model"] == name]
-        ts = [r["tokens"] for r in rs]
-        for key, label in (("ours_us", "cubist layer"), ("torch_us", "torch composite"),
-                           ("gemms_us", "our 2 GEMMs alone"), ("floor_us", "weight-read floor")):
-            ax.plot(ts, [r[key] for r in rs], marker="o", label=label)
+    pairs = list(dict.fromkeys(r["pair"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.6), squeeze=False)
+    for ax, name in zip(axes[0], models):
+        for pair in pairs:
+            rs = [r for r in rows if r["model"] == name and r["pair"] == pair]
+            if rs:
+                ax.plot([r["tokens"] for r in rs], [r["ours_us"] for r in rs], marker="o",
+                        label=f"cubist {pair}")
+        base = [r for r in rows if r["model"] == name and r["pair"] == pairs[0]]
+        ts = [r["tokens"] for r in base]
+        ax.plot(ts, [r["torch_us"] for r in base], marker="s", ls="--",
+                label=f"torch composite ({base[0]['torch_baseline']})")
+        ax.plot(ts, [r["floor_us"] for r in base], ls=":", label=f"floor ({pairs[0]} weights)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(TITLES[name])
         ax.set_xlabel("tokens")
         ax.set_ylabel("us (CUDA graph, L2 flushed)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7) if len(models) > 1 else axes.legend(fontsize=7)
+    axes[0][0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -34,7 +34,7 @@ inline CUdeviceptr ScaleAlignMask(DataFormat f) { return f == DataFormat::kFp8Bl
 inline bool PointersLookValid(const MoeGemmArgs& a) {
   const CUdeviceptr wide = a.a | a.b | a.out;
   const CUdeviceptr words =
-      a.a_global_scale | a.b_global_scale | a.offsets | a.alpha | a.beta | a.limit;
+      a.a_global_scale | a.b_global_scale | a.offsets | a.alpha | a.beta | a.limit | a.bias;
   return (wide & 15) == 0 && (words & 3) == 0 &&
          (a.a_scale & ScaleAlignMask(a.activation_format)) == 0 &&
          (a.b_scale & ScaleAlignMask(a.weight_format)) == 0 && a.b != 0 && a.offsets != 0 &&
@@ -61,6 +61,7 @@ inline moe::MoeGemmParams ParamsOf(const MoeGemmArgs& args) {
   p.beta = reinterpret_cast<const float*>(args.beta);
   p.limit = reinterpret_cast<const float*>(args.limit);
   p.out = reinterpret_cast<void*>(args.out);
+  p.bias = reinterpret_cast<const float*>(args.bias);
   return p;
 }
 
@@ -100,6 +101,7 @@ absl::Status ValidateMoeGemmArgs(const MoeGemmArgs& a) {
       {"beta", a.beta, false, 4},
       {"limit", a.limit, false, 4},
       {"out", a.out, a.tokens > 0, 16},
+      {"bias", a.bias, false, 4},
   };
   for (const Ptr& p : ptrs) {
     if (p.required && p.value == 0) {
@@ -168,6 +170,7 @@ MoeProblem MoeGemm::ProblemOf(const MoeGemmArgs& a) const {
   p.k = a.k;
   p.sm = runtime_->sm();
   p.sm_count = runtime_->device_info().sm_count;
+  p.bias = a.bias != 0;
   return p;
 }
 

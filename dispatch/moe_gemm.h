@@ -66,6 +66,9 @@ struct MoeGemmArgs {
   CUdeviceptr offsets = 0;  // int32 [E+1]
   CUdeviceptr alpha = 0, beta = 0, limit = 0;
   CUdeviceptr out = 0;  // bf16 [T, N] or [T, N/2]
+  // fp32 [E, N]: added to each expert's B row n before the activation (both halves when
+  // gated), or 0. Served by kernels of parameter struct version 3 (generation 2).
+  CUdeviceptr bias = 0;
 };
 
 struct MoeGemmOptions {

@@ -153,7 +153,7 @@ absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
     out->grid = whole_clusters(moe::MoeGemmGridFor(p, k.activation, k.tile_m, k.tile_n));
     return absl::OkStatus();
   }
-  out->params.g.abi = moe::kMoeGemmAbiV2;
+  out->params.g.abi = k.abi;  // 2 or 3: the same struct
   auto row_bytes = [&](moe::MoeFormat f) {
     return static_cast<uint64_t>(p.k) * moe::FormatBits(f) / 8;
   };

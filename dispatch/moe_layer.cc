@@ -350,6 +350,8 @@ absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) c
       {"w2_global_scale", a.w2_global_scale, wglobal, 4},
       {"input_scale", a.input_scale, aglobal, 4},
       {"intermediate_scale", a.intermediate_scale, aglobal, 4},
+      {"w1_bias", a.w1_bias, false, 4},
+      {"w2_bias", a.w2_bias, false, 4},
       {"alpha", a.alpha, false, 4},
       {"beta", a.beta, false, 4},
       {"limit", a.limit, false, 4},
@@ -406,6 +408,7 @@ MoeGemmArgs MoeLayer::Gemm1Args(const MoeLayerArgs& a, int64_t rows) const {
   g.b = a.w1;
   g.b_scale = a.w1_scale;
   g.b_global_scale = a.w1_global_scale;
+  g.bias = a.w1_bias;
   g.alpha = a.alpha;
   g.beta = a.beta;
   g.limit = a.limit;
@@ -424,6 +427,7 @@ MoeGemmArgs MoeLayer::Gemm2Args(const MoeLayerArgs& a, int64_t rows) const {
   g.b = a.w2;
   g.b_scale = a.w2_scale;
   g.b_global_scale = a.w2_global_scale;
+  g.bias = a.w2_bias;
   return g;
 }
 
@@ -443,6 +447,8 @@ absl::Status MoeLayer::CanImplement(const MoeLayerArgs& args, int64_t max_tokens
     const bool aglobal = moe::FormatHasGlobalScale(options_.activation_format);
     if (ablock) g1.a_scale = g2.a_scale = placeholder;
     if (aglobal) g1.a_global_scale = g2.a_global_scale = placeholder;
+    if (g1.bias != 0) g1.bias = placeholder;
+    if (g2.bias != 0) g2.bias = placeholder;
     if (g1.b == 0) g1.b = placeholder;
     if (g2.b == 0) g2.b = placeholder;
     CUBIST_RETURN_IF_ERROR(gemm1_->CanImplement(g1));

@@ -114,6 +114,10 @@ struct MoeLayerArgs {
   // fp8: the dequantization scale s (x ~ q x s). nvfp4: the global quantization scale g
   // in FlashInfer's convention (g = 448 x 6 / amax; fp4_quantize's global_scale).
   CUdeviceptr input_scale = 0, intermediate_scale = 0;
+  // The experts' biases, fp32, or 0: w1_bias [L, N1] (GEMM1's rows, in w1's row order)
+  // added before the activation, w2_bias [L, H] added to GEMM2's output before the
+  // weighted sum (gpt-oss). Served by the generation-2 GEMMs (parameter struct version 3).
+  CUdeviceptr w1_bias = 0, w2_bias = 0;
   CUdeviceptr alpha = 0, beta = 0, limit = 0;
   CUdeviceptr out = 0;     // bf16 [T, H]
   bool accumulate = false;  // add into out (a shared expert's output computed beside)

@@ -131,7 +131,10 @@ MoeProblemData LayerGemm(const MoeLayerData& layer, const std::vector<int32_t>& 
                           : (second ? layer.w2q : layer.w1q).data();
   const std::vector<uint8_t>& scale = second ? layer.w2_scale : layer.w1_scale;
   const std::vector<float>& global = second ? layer.w2_global : layer.w1_global;
+  const std::vector<float>& bias = second ? layer.w2_bias : layer.w1_bias;
   for (int e : used) {
+    if (!bias.empty()) g.bias.insert(g.bias.end(), bias.begin() + size_t{e} * n,
+                                     bias.begin() + size_t{e + 1} * n);
     AppendSlice(w, ExpertElementBytes(wf, n, k), e, &g.b);
     if (!scale.empty()) AppendSlice(scale.data(), ExpertScaleBytes(wf, n, k), e, &g.b_scale);
     if (!global.empty()) g.b_global_scale.push_back(global[e]);
@@ -281,7 +284,8 @@ std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& 
   std::vector<uint16_t> a2(act.size());
   for (size_t i = 0; i < act.size(); ++i) a2[i] = FloatToBf16(static_cast<float>(act[i]));
   const MoeProblemData g2 = LayerGemm(layer, sort.offsets, rows, h, inter, a2, /*second=*/true);
-  const std::vector<double> y = ReferenceGemm(g2);  // [rows, H]
+  const std::vector<double> y =
+      ApplyActivation(g2, ReferenceGemm(g2), moe::kIdentity);  // [rows, H], + w2_bias
 
   std::vector<double> out(static_cast<size_t>(t_count) * h, 0.0);
   for (int t = 0; t < t_count; ++t) {

@@ -81,6 +81,9 @@ struct MoeLayerData {
   // The activation quantizers' per-tensor scales (dispatch/moe_quantize_reference.h):
   // fp8's s or nvfp4's g, of GEMM1's input and of GEMM2's input.
   float input_scale = 1.0f, intermediate_scale = 1.0f;
+  // The experts' biases, or empty: [L, N1] before the activation, [L, H] on GEMM2's
+  // output (in fp32 with the GEMM, before its bf16 rounding).
+  std::vector<float> w1_bias, w2_bias;
   std::vector<float> alpha, beta, limit;  // [L] or empty
 };
 

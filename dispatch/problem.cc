@@ -68,6 +68,7 @@ std::string ToString(const MoeProblem& p) {
       " tokens=", p.tokens, " (", p.tokens_per_expert(), "/expert) n=", p.n,
       " k=", p.k, " sm=", p.sm.number());
   if (p.sm_count > 0) absl::StrAppend(&s, " sms=", p.sm_count);
+  if (p.bias) absl::StrAppend(&s, " bias");
   if (p.output_format.has_value()) {
     absl::StrAppend(&s, " output=", Sv(DataFormatName(*p.output_format)));
   }

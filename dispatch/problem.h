@@ -41,6 +41,9 @@ struct MoeProblem {
   // kernels write bf16).
   std::optional<DataFormat> output_format;
   int sm_count = 0;     // its multiprocessors (0: the default for `sm`)
+  // A per-expert bias row is added before the activation: only moe_gemm kernels of
+  // parameter struct version 3 or newer read one (kernels/moe_gemm_abi.h).
+  bool bias = false;
 
   // Average rows per expert, rounded up (0 when there are no tokens).
   int64_t tokens_per_expert() const {
@@ -59,7 +62,7 @@ struct MoeProblem {
   friend H AbslHashValue(H h, const MoeProblem& p) {
     return H::combine(std::move(h), p.op, p.weight_format, p.activation_format,
                       p.activation, p.experts, p.tokens, p.n, p.k, p.sm.major, p.sm.minor,
-                      p.sm_count, p.output_format);
+                      p.sm_count, p.output_format, p.bias);
   }
 };
 

@@ -425,11 +425,13 @@ std::vector<double> ApplyActivation(const MoeProblemData& p, const std::vector<d
     const double alpha = p.alpha.empty() ? 1.0 : p.alpha[e];
     const double beta = p.beta.empty() ? (act == moe::kSitu ? 1.0 : 0.0) : p.beta[e];
     const double limit = p.limit.empty() ? kInf : p.limit[e];
+    const float* bias = p.bias.empty() ? nullptr : &p.bias[static_cast<size_t>(e) * p.n];
+    auto biased = [&](const double* row, int j) { return row[j] + (bias ? bias[j] : 0.0); };
     for (int t = p.offsets[e]; t < p.offsets[e + 1]; ++t) {
       const double* row = &c[static_cast<size_t>(t) * p.n];
       for (int j = 0; j < cols; ++j) {
-        out[static_cast<size_t>(t) * cols + j] =
-            ActivationValue(act, row[j], gated ? row[cols + j] : 0.0, alpha, beta, limit);
+        out[static_cast<size_t>(t) * cols + j] = ActivationValue(
+            act, biased(row, j), gated ? biased(row, cols + j) : 0.0, alpha, beta, limit);
       }
     }
   }

@@ -49,6 +49,7 @@ struct MoeProblemData {
   std::vector<float> a_global_scale;  // [1] for fp8 / nvfp4, else empty
   std::vector<float> b_global_scale;  // [E] for fp8 / nvfp4, else empty
   std::vector<float> alpha, beta, limit;  // [E] or empty (kernel default)
+  std::vector<float> bias;  // [E, N] or empty: added to C before the activation
 };
 
 struct MoeProblemShape {
@@ -81,7 +82,7 @@ std::vector<float> DequantizeB(const MoeProblemData& p);
 
 // C = A_e * B_e^T per expert, accumulated in double: [T, N].
 std::vector<double> ReferenceGemm(const MoeProblemData& p);
-// act(C) as the kernels define it, [T, N] or [T, N/2] for gated activations.
+// act(C + bias) as the kernels define it, [T, N] or [T, N/2] for gated activations.
 std::vector<double> ApplyActivation(const MoeProblemData& p, const std::vector<double>& c,
                                     MoeActivation act);
 double ActivationValue(MoeActivation act, double x0, double x1, double alpha, double beta,

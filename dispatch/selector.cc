@@ -175,6 +175,11 @@ std::vector<Rejection> CheckKernel(const KernelEntry& kernel, const MoeProblem& 
                    absl::StrCat("kernel takes parameter struct version ", kernel.spec.abi,
                                 ", this build fills versions 1 to ", options.abi)});
   }
+  if (p.bias && p.op == Op::kMoeGemm && kernel.spec.abi < moe::kMoeGemmAbiV3) {
+    out.push_back({RejectReason::kAbi,
+                   absl::StrCat("kernel takes parameter struct version ", kernel.spec.abi,
+                                ", which has no bias (version 3 adds it)")});
+  }
   if (kernel.op.has_value()) {
     if (kernel.weight_format != p.weight_format) {
       out.push_back({RejectReason::kWeightFormat,

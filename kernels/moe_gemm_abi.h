@@ -7,8 +7,9 @@
 // The operation (docs/kernels.md):
 //   tokens are sorted by expert; expert e owns rows offsets[e] .. offsets[e+1]-1 of A
 //   [T, K]; its weights are B[e] = [N, K] (K contiguous, "TN"); C = A_e * B_e^T in fp32
-//   after dequantisation; out = act(C) in bf16, [T, N] or, for gated activations,
-//   [T, N/2] with x0 = C[:, 0:N/2] (linear) and x1 = C[:, N/2:N] (gate).
+//   after dequantisation, plus the expert's bias row when given (version 3); out =
+//   act(C) in bf16, [T, N] or, for gated activations, [T, N/2] with x0 = C[:, 0:N/2]
+//   (linear) and x1 = C[:, N/2:N] (gate).
 //
 // Versions: every kernel's manifest entry records the version of the parameter struct it
 // takes ("abi"). Any change to a struct's layout or to the meaning of a field is a new
@@ -16,6 +17,10 @@
 //   1  MoeGemmParams; one CTA per (M tile, N tile), MoeGemmGridFor (kernels/moe_gemm.cu)
 //   2  MoeGemmParamsV2 = MoeGemmParams plus TMA tensor maps of A and B built by the host;
 //      a persistent grid, MoeGemmPersistentGridFor (kernels/moe_gemm_tma.cu)
+//   3  version 2's struct, whose kernels also add `bias` (fp32 [E, N]: one value per
+//      expert and B row, both halves when gated) to C after the global scales, before
+//      the activation. Versions 1 and 2 never read the field (it was reserved, 0): a
+//      problem with a bias needs a version-3 kernel.
 #ifndef CUBIST_KERNELS_MOE_GEMM_ABI_H_
 #define CUBIST_KERNELS_MOE_GEMM_ABI_H_
 
@@ -31,8 +36,9 @@ namespace cubist::moe {
 
 inline constexpr int kMoeGemmAbiV1 = 1;
 inline constexpr int kMoeGemmAbiV2 = 2;
-inline constexpr int kMoeGemmAbi = 2;  // the newest version
-static_assert(kMoeGemmAbi == kMoeGemmAbiV2, "kMoeGemmAbi names the newest version");
+inline constexpr int kMoeGemmAbiV3 = 3;
+inline constexpr int kMoeGemmAbi = 3;  // the newest version
+static_assert(kMoeGemmAbi == kMoeGemmAbiV3, "kMoeGemmAbi names the newest version");
 inline constexpr char kMoeGemmOp[] = "moe_gemm";
 
 // Element formats of A (activations) and B (weights). Names match the manifest's
@@ -113,7 +119,8 @@ struct MoeGemmParams {
   const float* beta;   // [E] or null
   const float* limit;  // [E] or null (= +inf)
   void* out;           // bf16 [T, N] or [T, N/2] (gated), dense rows
-  int64_t reserved[3];  // 0; room for strides without an ABI bump of the size
+  const float* bias;   // [E, N] or null; read by version-3 kernels only (null below)
+  int64_t reserved[2];  // 0; room for strides without an ABI bump of the size
 };
 static_assert(sizeof(MoeGemmParams) == 136, "MoeGemmParams layout is ABI");
 

@@ -90,15 +90,21 @@ inline std::string MoeGemmCheck(const MoeGemmParams& p, const MoeGemmKernelDesc&
   if ((k.activation_format == kFp8Block && misaligned(p.a_scale, 4)) ||
       (k.weight_format == kFp8Block && misaligned(p.b_scale, 4)) ||
       misaligned(p.a_global_scale, 4) || misaligned(p.b_global_scale, 4) ||
-      misaligned(p.alpha, 4) || misaligned(p.beta, 4) || misaligned(p.limit, 4)) {
-    return "moe_gemm: fp32 arrays (scales, alpha, beta, limit) must be 4-byte aligned";
+      misaligned(p.alpha, 4) || misaligned(p.beta, 4) || misaligned(p.limit, 4) ||
+      misaligned(p.bias, 4)) {
+    return "moe_gemm: fp32 arrays (scales, alpha, beta, limit, bias) must be 4-byte aligned";
+  }
+  if (p.bias != nullptr && k.abi < kMoeGemmAbiV3) {
+    return "moe_gemm: the kernel takes parameter struct version " + s(k.abi) +
+           ", which has no bias; a bias needs a version-3 kernel (scripts/build-artifacts "
+           "builds them)";
   }
   if (k.tile_m <= 0 || k.tile_n <= 0) return "moe_gemm: kernel description has no tile";
-  if (k.abi == kMoeGemmAbiV2) {
+  if (k.abi >= kMoeGemmAbiV2) {
     if (p.num_experts > kMoeGemmTmaMaxExperts) {
       return "moe_gemm: E = " + s(p.num_experts) + " exceeds the " +
-             s(kMoeGemmTmaMaxExperts) + " experts a TMA (abi 2) kernel schedules; use an "
-             "abi 1 kernel or split the experts";
+             s(kMoeGemmTmaMaxExperts) + " experts a TMA (abi " + s(k.abi) +
+             ") kernel schedules; use an abi 1 kernel or split the experts";
     }
     if (static_cast<int64_t>(p.num_experts) * p.n > 0x7FFFFFFF) {
       return "moe_gemm: E x N = " + s(static_cast<int64_t>(p.num_experts) * p.n) +

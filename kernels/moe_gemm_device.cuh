@@ -237,12 +237,15 @@ __device__ __forceinline__ float Act(float x0, float x1, const ActParams& q) {
 // of A/out; rows at or past row_end (the expert's end) and columns past the output width
 // are not stored.
 
-// What turns accumulators into output values: the global scales and the activation's
-// per-expert parameters, read once per tile.
+// What turns accumulators into output values: the global scales, the expert's bias row
+// (version 3) and the activation's per-expert parameters, read once per tile.
 template <MoeFormat WF, MoeActivation ACT>
 struct TileEpilogue {
   float scale = 1.0f;
   ActParams q{1.0f, ACT == kSitu ? 1.0f : 0.0f, __int_as_float(0x7f800000)};
+  const float* bias = nullptr;  // the expert's [N] bias row, or null
+  int32_t gate = 0;             // gated: the gate half's first bias column (N/2)
+  int32_t n_out = 0;            // output columns: bias is read below this only
 
   __device__ __forceinline__ TileEpilogue(const MoeGemmParams& p, int e) {
     if constexpr (WF == kFp8 || WF == kNvfp4) {
@@ -254,20 +257,33 @@ struct TileEpilogue {
       if (p.beta != nullptr) q.beta = __ldg(p.beta + e);
       if (p.limit != nullptr) q.limit = __ldg(p.limit + e);
     }
+    if (p.bias != nullptr) bias = p.bias + static_cast<int64_t>(e) * p.n;
+    gate = p.n / 2;
+    n_out = MoeGemmOutCols(p.n, ACT);
+  }
+  // The bias of B row n (0 without a bias, or past the output).
+  __device__ __forceinline__ float Bias(int n, bool inside) const {
+    return bias != nullptr && inside ? __ldg(bias + n) : 0.0f;
   }
   // The two output values this thread holds in 8-column group g of out, row half h (rows
-  // lane / 4 and lane / 4 + 8 of its warp's 16); gated activations pair column c of the
-  // tile's up half with column c of its gate half (TN / 2 further).
+  // lane / 4 and lane / 4 + 8 of its warp's 16), output columns col and col + 1; gated
+  // activations pair column c of the tile's up half with column c of its gate half (TN /
+  // 2 further).
   template <int TN, int R>
-  __device__ __forceinline__ __nv_bfloat162 Pair(const float (&acc)[R], int g, int h) const {
+  __device__ __forceinline__ __nv_bfloat162 Pair(const float (&acc)[R], int g, int h,
+                                                 int col) const {
     const int i0 = g * 4 + 2 * h;
+    const bool inside = col < n_out;
     if constexpr (IsGated(ACT)) {
       const int i1 = (g + TN / 16) * 4 + 2 * h;
-      return __floats2bfloat162_rn(Act<ACT>(acc[i0] * scale, acc[i1] * scale, q),
-                                   Act<ACT>(acc[i0 + 1] * scale, acc[i1 + 1] * scale, q));
+      return __floats2bfloat162_rn(
+          Act<ACT>(acc[i0] * scale + Bias(col, inside),
+                   acc[i1] * scale + Bias(gate + col, inside), q),
+          Act<ACT>(acc[i0 + 1] * scale + Bias(col + 1, inside),
+                   acc[i1 + 1] * scale + Bias(gate + col + 1, inside), q));
     } else {
-      return __floats2bfloat162_rn(Act<ACT>(acc[i0] * scale, 0.0f, q),
-                                   Act<ACT>(acc[i0 + 1] * scale, 0.0f, q));
+      return __floats2bfloat162_rn(Act<ACT>(acc[i0] * scale + Bias(col, inside), 0.0f, q),
+                                   Act<ACT>(acc[i0 + 1] * scale + Bias(col + 1, inside), 0.0f, q));
     }
   }
 };
@@ -291,7 +307,7 @@ __device__ __forceinline__ void StoreTile(const MoeGemmParams& p, int e, int row
     for (int g = 0; g < kOutGroups; ++g) {
       const int col = n_tile * kTileCols + g * 8 + (lane % 4) * 2;
       if (col >= n_out) continue;
-      *reinterpret_cast<__nv_bfloat162*>(orow + col) = ep.template Pair<TN>(acc, g, h);
+      *reinterpret_cast<__nv_bfloat162*>(orow + col) = ep.template Pair<TN>(acc, g, h, col);
     }
   }
 }

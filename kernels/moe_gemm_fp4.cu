@@ -928,6 +928,8 @@ struct MoeGemmFp4 {
       if (p.a_global_scale != nullptr) gs *= __ldg(p.a_global_scale);
       if (p.b_global_scale != nullptr) gs *= __ldg(p.b_global_scale + t.e);
     }
+    // The expert's bias row (version 3), or null: B row n adds bias[n] before the activation.
+    const float* bias = p.bias != nullptr ? p.bias + static_cast<int64_t>(t.e) * p.n : nullptr;
     constexpr int kOutCols = kGated ? W / 2 : W;
     constexpr int kGroups = kOutCols / 8;
     const int n_out = MoeGemmOutCols(p.n, ACT);
@@ -938,16 +940,25 @@ struct MoeGemmFp4 {
       const int col = t.n_tile * kOutCols + grp * 8;
       if (row >= t.row_end || col >= n_out) continue;
       const float* x0 = ep + tok * W + grp * 8;
+      float b0[8] = {}, b1[8] = {};  // bias of the 8 columns (x0) and of their gate (x1)
+      if (bias != nullptr) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          b0[i] = __ldg(bias + col + i);
+          if constexpr (kGated) b1[i] = __ldg(bias + p.n / 2 + col + i);
+        }
+      }
       uint32_t packed[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float v0, v1;
         if constexpr (kGated) {
-          v0 = Act<ACT>(x0[2 * i] * gs, x0[kOutCols + 2 * i] * gs, q);
-          v1 = Act<ACT>(x0[2 * i + 1] * gs, x0[kOutCols + 2 * i + 1] * gs, q);
+          v0 = Act<ACT>(x0[2 * i] * gs + b0[2 * i], x0[kOutCols + 2 * i] * gs + b1[2 * i], q);
+          v1 = Act<ACT>(x0[2 * i + 1] * gs + b0[2 * i + 1],
+                        x0[kOutCols + 2 * i + 1] * gs + b1[2 * i + 1], q);
         } else {
-          v0 = Act<ACT>(x0[2 * i] * gs, 0.0f, q);
-          v1 = Act<ACT>(x0[2 * i + 1] * gs, 0.0f, q);
+          v0 = Act<ACT>(x0[2 * i] * gs + b0[2 * i], 0.0f, q);
+          v1 = Act<ACT>(x0[2 * i + 1] * gs + b0[2 * i + 1], 0.0f, q);
         }
         packed[i] = Bits(__floats2bfloat162_rn(v0, v1));
       }

@@ -249,7 +249,8 @@ __device__ __forceinline__ void StoreStaged(const MoeGemmParams& p, const MoeTil
       const uint32_t row_addr = base + (warp * 16 + lane / 4 + 8 * h) * kRowB + (lane % 4) * 4;
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
-        const __nv_bfloat162 v = ep.template Pair<TN>(acc, c * kGroups + g, h);
+        const int col = t.n_tile * kTileCols + c * kChunkCols + g * 8 + (lane % 4) * 2;
+        const __nv_bfloat162 v = ep.template Pair<TN>(acc, c * kGroups + g, h, col);
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_addr + g * 16),
                      "r"(*reinterpret_cast<const uint32_t*>(&v))
                      : "memory");

@@ -173,7 +173,7 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
     EXPECT_EQ(k.op, "moe_gemm");
     // Generation 2 (TMA, persistent) kernels take parameter struct version 2.
     const bool tma = k.name.rfind("moe_gemm_tma_", 0) == 0;
-    EXPECT_EQ(k.abi, tma ? moe::kMoeGemmAbiV2 : moe::kMoeGemmAbiV1);
+    EXPECT_EQ(k.abi, tma ? moe::kMoeGemmAbiV3 : moe::kMoeGemmAbiV1);
     EXPECT_EQ(k.arch, "sm_90a");
     EXPECT_EQ(k.function, k.name);
     EXPECT_EQ(k.artifact, "cubins/sm_90a/" + k.name + ".cubin");
@@ -270,7 +270,7 @@ TEST_F(MoeArtifactsTest, CubinsAreSm90aWithTheAbiParameterStruct) {
     const KernelInfo& ki = img.kernels[0];
     EXPECT_EQ(ki.name, k.function);
     ASSERT_TRUE(ki.param_bytes.has_value());
-    if (k.abi == moe::kMoeGemmAbiV2) {
+    if (k.abi >= moe::kMoeGemmAbiV2) {
       // The 64-byte aligned parameter (its tensor maps) starts at an aligned address of
       // the constant bank, so the bank's parameter size includes up to 63 bytes of
       // padding before it (496 with nvcc 13.0: 48 + 448).

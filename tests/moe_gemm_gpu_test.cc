@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,19 @@ TEST(MoeGemmCheckTest, RejectsMissingScalesMisalignmentAndAbi) {
               HasSubstr("has abi 0, the kernels expect 1"));
 }
 
+TEST(MoeGemmCheckTest, OnlyVersionThreeKernelsTakeABias) {
+  MoeGemmParams p = ValidParams();
+  static const float kBias[4] = {};
+  p.bias = kBias;
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV2}),
+              HasSubstr("the kernel takes parameter struct version 2, which has no bias; a "
+                        "bias needs a version-3 kernel"));
+  EXPECT_EQ(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV3}), "");
+  p.bias = reinterpret_cast<const float*>(reinterpret_cast<uintptr_t>(kBias) + 2);
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV3}),
+              HasSubstr("(scales, alpha, beta, limit, bias) must be 4-byte aligned"));
+}
+
 TEST(MoeGemmCheckTest, VersionTwoKernelsBoundExpertsAndRows) {
   MoeGemmParams p = ValidParams();
   const MoeGemmKernelDesc tma{kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV2};
@@ -133,9 +147,9 @@ TEST(MoeGemmCheckTest, VersionTwoKernelsBoundExpertsAndRows) {
   p.n = 4 * 1024 * 1024;  // 4e9 weight rows: past a TMA coordinate
   EXPECT_THAT(MoeGemmCheck(p, tma), HasSubstr("weight rows exceed a TMA coordinate"));
   p = ValidParams();
-  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, 3}),
-              HasSubstr("the kernel takes parameter struct version 3, this build fills "
-                        "versions 1 to 2"));
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, 4}),
+              HasSubstr("the kernel takes parameter struct version 4, this build fills "
+                        "versions 1 to 3"));
 }
 
 TEST(MoeGemmAbiTest, PersistentGridIsCappedBySmsAndTiles) {
@@ -247,7 +261,7 @@ absl::StatusOr<DeviceBuffer> Upload(DriverApi& d, const std::vector<T>& v) {
 
 // A problem's inputs on the device plus a poisoned output with a guard band.
 struct DeviceProblem {
-  DeviceBuffer a, b, a_scale, b_scale, a_gs, b_gs, offsets, alpha, beta, limit, out;
+  DeviceBuffer a, b, a_scale, b_scale, a_gs, b_gs, offsets, alpha, beta, limit, bias, out;
   size_t out_bytes = 0;  // the kernel's output; the guard follows
 
   absl::Status Init(DriverApi& d, const MoeProblemData& p) {
@@ -261,6 +275,7 @@ struct DeviceProblem {
     CUBIST_ASSIGN_OR_RETURN(alpha, Upload(d, p.alpha));
     CUBIST_ASSIGN_OR_RETURN(beta, Upload(d, p.beta));
     CUBIST_ASSIGN_OR_RETURN(limit, Upload(d, p.limit));
+    CUBIST_ASSIGN_OR_RETURN(bias, Upload(d, p.bias));
     CUBIST_ASSIGN_OR_RETURN(out, DeviceBuffer::Allocate(
                                      d, size_t(p.num_tokens) * p.n * 2 + kGuard));
     return absl::OkStatus();
@@ -285,6 +300,7 @@ struct DeviceProblem {
     q.alpha = static_cast<const float*>(ptr(alpha));
     q.beta = static_cast<const float*>(ptr(beta));
     q.limit = static_cast<const float*>(ptr(limit));
+    q.bias = static_cast<const float*>(ptr(bias));
     q.out = ptr(out);
     out_bytes = size_t(p.num_tokens) * MoeGemmOutCols(p.n, act) * 2;
     return q;
@@ -297,6 +313,15 @@ struct ProblemCase {
   MoeProblemShape shape;
   void (*mutate)(MoeProblemData*) = nullptr;  // applied after MakeRandomProblem
 };
+
+// gpt-oss's experts add a bias after each GEMM: one per expert and B row, O(1) like C,
+// drawn from the problem's own seed so that every kernel of the pair sees the same.
+void AddBias(MoeProblemData* p) {
+  std::mt19937_64 rng(static_cast<uint64_t>(p->n) * 7919 + p->num_experts);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  p->bias.resize(static_cast<size_t>(p->num_experts) * p->n);
+  for (float& b : p->bias) b = u(rng);
+}
 
 // mxfp4 weights whose block scales span more than 11 binades in one row of each expert
 // (row 3: block 1 raised by 2^13) and one NaN scale (expert 2, row 10, block 0): tiles
@@ -321,6 +346,8 @@ std::vector<ProblemCase> Problems(MoeFormat w, MoeFormat a) {
   out.push_back({"ragged", {w, a, 384, 320, RaggedCounts(12, 0), true, true, true}});
   out.push_back({"gptoss", {w, a, 1152, 2880, {40, 0, 300, 17, 128, 256}, false, false, false}});
   out.push_back({"last", {w, a, 128, 256, {0, 0, 0, 0, 0, 0, 0, 77}, false, true, false}});
+  // A bias row per expert (parameter struct version 3: generation-2 kernels only).
+  out.push_back({"bias", {w, a, 384, 320, RaggedCounts(12, 3), true, true, true}, AddBias});
   if (w == kFp8Block) {
     // N/2 = 224: a gated tile's 64 gate rows (224.., 288.., ...) straddle two 128-row
     // scale blocks, so the kernels take their general scale loop (per-group block select)
@@ -346,7 +373,7 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
     if (k.op != kMoeGemmOp) continue;
     auto w = ParseFormat(k.weight_format), a = ParseFormat(k.activation_format);
     ASSERT_TRUE(w && a && ParseAct(k.activation)) << k.name;
-    EXPECT_TRUE(k.abi == kMoeGemmAbiV1 || k.abi == kMoeGemmAbiV2) << k.name;
+    EXPECT_TRUE(k.abi == kMoeGemmAbiV1 || k.abi == kMoeGemmAbiV3) << k.name;
     by_pair[{*w, *a}].push_back(&k);
   }
 
@@ -382,9 +409,10 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
         auto fn = env.cache->GetFunction(*fid);
         ASSERT_TRUE(fn.ok()) << fn.status();
 
-        MoeGemmParams params = dev.Params(prob, act);
         auto info = MoeGemmKernelInfoOf(*k);
         ASSERT_TRUE(info.ok()) << info.status();
+        if (!prob.bias.empty() && info->abi < kMoeGemmAbiV3) continue;  // reads no bias
+        MoeGemmParams params = dev.Params(prob, act);
         const MoeGemmKernelDesc desc{pair.first, pair.second, act, k->tile_m, k->tile_n,
                                      info->abi};
         ASSERT_EQ(MoeGemmCheck(params, desc), "");

@@ -251,11 +251,14 @@ TEST(MoeGemmLaunchTest, KernelInfoFromTheManifestEntry) {
                        HasSubstr("kernel moe_gemm_tma_fp8_fp8_relu2_m64n128k128: ctas_per_sm: "
                                  "expected an integer in 1..32, got 0")));
   s.extras.erase("ctas_per_sm");
-  s.abi = 3;
+  s.abi = 3;  // version 2's struct with the bias
+  ASSERT_TRUE(MoeGemmKernelInfoOf(s).ok());
+  EXPECT_EQ(MoeGemmKernelInfoOf(s)->abi, 3);
+  s.abi = 4;
   EXPECT_THAT(MoeGemmKernelInfoOf(s),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("abi: parameter struct version 3; this build fills versions "
-                                 "1 to 2")));
+                       HasSubstr("abi: parameter struct version 4; this build fills versions "
+                                 "1 to 3")));
   s.abi = 1;
   s.weight_format = "fp16";
   EXPECT_THAT(MoeGemmKernelInfoOf(s), StatusIs(absl::StatusCode::kInvalidArgument,

@@ -136,6 +136,7 @@ struct Case {
   bool with_bias = false;
   bool nan_logits = false;
   bool accumulate = false;
+  bool biases = false;       // per-expert biases after both GEMMs, gpt-oss's SwiGLU
   std::vector<int32_t> ids;  // pre-routed (else random)
 };
 
@@ -212,6 +213,14 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
   const bool quantized_weights = o.weight_format != moe::kBf16;
   const bool quantized_acts = o.activation_format != moe::kBf16;
   ref::QuantizeLayerWeights(&d);
+  if (c.biases) {  // gpt-oss: biases after both GEMMs, SwiGLU alpha 1.702, beta 1, limit 7
+    std::uniform_real_distribution<float> ub(-0.5f, 0.5f);
+    for (int i = 0; i < l * n1; ++i) d.w1_bias.push_back(ub(rng));
+    for (int i = 0; i < l * h; ++i) d.w2_bias.push_back(ub(rng));
+    d.alpha.assign(l, 1.702f);
+    d.beta.assign(l, 1.0f);
+    d.limit.assign(l, 7.0f);
+  }
   // Per-tensor activation scales as an engine calibrates them: from the input's amax, and
   // a fixed bound for GEMM1's output (O(1) here; saturating beyond it is the same in the
   // kernels and the reference).
@@ -269,6 +278,8 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
   DeviceBuffer w1g = Upload(d.w1_global), w2g = Upload(d.w2_global);
   DeviceBuffer s1 = Upload(std::vector<float>{d.input_scale});
   DeviceBuffer s2 = Upload(std::vector<float>{d.intermediate_scale});
+  DeviceBuffer b1 = Upload(d.w1_bias), b2 = Upload(d.w2_bias);
+  DeviceBuffer alpha = Upload(d.alpha), beta = Upload(d.beta), limit = Upload(d.limit);
   DeviceBuffer lg = c.bf16_logits ? Upload(logits_bf16) : Upload(logits);
   DeviceBuffer bias_d = Upload(bias);
   DeviceBuffer ids = Upload(want_routing.ids), wts = Upload(want_routing.weights);
@@ -300,6 +311,13 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
   if (moe::FormatHasGlobalScale(o.activation_format)) {
     a.input_scale = s1.get();
     a.intermediate_scale = s2.get();
+  }
+  if (c.biases) {
+    a.w1_bias = b1.get();
+    a.w2_bias = b2.get();
+    a.alpha = alpha.get();
+    a.beta = beta.get();
+    a.limit = limit.get();
   }
   a.out = out.get();
   a.accumulate = c.accumulate;
@@ -405,6 +423,23 @@ TEST(MoeLayerGpuTest, QuantizedGatherAppliesTheWeightOnInput) {
   c.options.apply_weight_on_input = true;
   c.tokens = 50;
   RunAndCheck(c, 900);
+}
+
+// gpt-oss's experts: biases after both GEMMs and its clamped SwiGLU, on its two weight
+// pairs (bf16 and mxfp4 x bf16).
+TEST(MoeLayerGpuTest, GptOssBiasesAndSwiglu) {
+  CUBIST_REQUIRE_GPU();
+  for (DataFormat wf : {DataFormat::kBf16, DataFormat::kMxfp4}) {
+    Case c;
+    c.options = Small();
+    c.options.weight_format = wf;
+    c.biases = true;
+    for (int t : {2, 700}) {
+      c.tokens = t;
+      SCOPED_TRACE(absl::StrCat(moe::FormatName(wf), " T=", t));
+      RunAndCheck(c, 980 + t);
+    }
+  }
 }
 
 // gpt-oss-120b's hidden size: K = 2880 is 22.5 blocks of 128, the last one partial.
