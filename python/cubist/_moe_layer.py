@@ -74,7 +74,9 @@ class MoeLayer:
     """The routed MoE layer. Options (keywords): num_experts E, top_k k, hidden H,
     intermediate I (w1 is [L, 2I, H] for gated activations, [L, I, H] otherwise; w2
     [L, H, I]), routing (one of ROUTING_METHODS), activation (GEMM1's), weights /
-    activations (the format pair; bf16), n_group / topk_group / routed_scaling_factor
+    activations (the format pair: bf16 x bf16, fp8 x fp8, fp8-block x fp8-block, mxfp4 x
+    bf16, mxfp4 x mxfp8, nvfp4 x nvfp4; the call then takes the pair's scales, see
+    __call__), n_group / topk_group / routed_scaling_factor
     (deepseek_v3), apply_weight_on_input (llama4), logits ("fp32" or "bf16"),
     local_expert_offset / num_local_experts (expert parallelism: L local experts),
     max_chunk_tokens (bounds the workspace), finalize ("sum", or "none"), pdl."""
