@@ -51,7 +51,7 @@ _PACKED = ("mxfp4", "nvfp4")
 _GLOBAL = ("fp8", "nvfp4")  # per-expert weight / per-tensor activation scales
 # The layer's new tensors, keyword arguments of __call__, prepare and op.
 SCALE_ARGUMENTS = ("w1_scale", "w2_scale", "w1_global_scale", "w2_global_scale",
-                   "input_scale", "intermediate_scale")
+                   "input_scale", "intermediate_scale", "w1_bias", "w2_bias")
 
 
 def _weight_shape(fmt, l, n, k, n_name, k_name):
@@ -141,8 +141,8 @@ class MoeLayer:
         w2_shape, w2_sym = _weight_shape(wf, l, h, inter, "H", "I")
         # The native run's pointer order (MoeLayerArgs'): hidden_states, router_logits,
         # routing_bias, topk_ids, topk_weights, w1, w2, w1_scale, w2_scale,
-        # w1_global_scale, w2_global_scale, input_scale, intermediate_scale, alpha, beta,
-        # limit, out, workspace.
+        # w1_global_scale, w2_global_scale, input_scale, intermediate_scale, w1_bias,
+        # w2_bias, alpha, beta, limit, out, workspace.
         checks = [
             (x, "x", ("bfloat16",), (t, self.hidden), None),
             (router_logits, "router_logits",
@@ -179,6 +179,10 @@ class MoeLayer:
         else:
             checks += [(scales.get(n), n, None, None, pair)
                        for n in ("input_scale", "intermediate_scale")]
+        checks += [
+            (scales.get("w1_bias"), "w1_bias", ("float32",), (l, n1), f"[L, {n1_name}]"),
+            (scales.get("w2_bias"), "w2_bias", ("float32",), (l, h), "[L, H]"),
+        ]
         checks += [
             (alpha, "alpha", ("float32",), (l,), None),
             (beta, "beta", ("float32",), (l,), None),
@@ -225,8 +229,8 @@ class MoeLayer:
     def prepare(self, max_tokens, w1, w2, *, x=None, router_logits=None, routing_bias=None,
                 topk_ids=None, topk_weights=None, w1_scale=None, w2_scale=None,
                 w1_global_scale=None, w2_global_scale=None, input_scale=None,
-                intermediate_scale=None, alpha=None, beta=None, limit=None, out=None,
-                workspace=None, accumulate=False, stream=None):
+                intermediate_scale=None, w1_bias=None, w2_bias=None, alpha=None, beta=None,
+                limit=None, out=None, workspace=None, accumulate=False, stream=None):
         """Checks the arguments for every batch of up to max_tokens tokens and selects,
         fetches and loads every kernel they need: call it before CUDA-graph capture.
         Also sizes the layer's own workspace for max_tokens. Takes the call's keywords;
@@ -252,7 +256,7 @@ class MoeLayer:
                 intermediate_scale = torch.ones(1, dtype=torch.float32, device=x.device)
         scales = dict(w1_scale=w1_scale, w2_scale=w2_scale, w1_global_scale=w1_global_scale,
                       w2_global_scale=w2_global_scale, input_scale=input_scale,
-                      intermediate_scale=intermediate_scale)
+                      intermediate_scale=intermediate_scale, w1_bias=w1_bias, w2_bias=w2_bias)
         t, ptrs, ws_bytes = self._pointers(
             x, w1, w2, router_logits, routing_bias, topk_ids, topk_weights, alpha, beta,
             limit, out, workspace, scales)
@@ -260,9 +264,9 @@ class MoeLayer:
 
     def __call__(self, x, w1, w2, *, router_logits=None, routing_bias=None, topk_ids=None,
                  topk_weights=None, w1_scale=None, w2_scale=None, w1_global_scale=None,
-                 w2_global_scale=None, input_scale=None, intermediate_scale=None, alpha=None,
-                 beta=None, limit=None, out=None, accumulate=False, workspace=None,
-                 stream=None):
+                 w2_global_scale=None, input_scale=None, intermediate_scale=None, w1_bias=None,
+                 w2_bias=None, alpha=None, beta=None, limit=None, out=None, accumulate=False,
+                 workspace=None, stream=None):
         """The layer on x (bfloat16 [T, H]): routed from router_logits [T, E] (+ an fp32
         routing_bias [E] for deepseek_v3), or pre-routed by topk_ids int32 [T, k] and
         topk_weights fp32 [T, k]. Returns out (bfloat16 [T, H], allocated when None);
@@ -276,7 +280,10 @@ class MoeLayer:
         each expert's dequantization scale), as cubist.quantize_weights returns them; for
         fp8 and nvfp4 activations input_scale and intermediate_scale, float32 [1] on the
         device: fp8's dequantization scale s (x ~ q x s), nvfp4's global quantization scale
-        g = 448 x 6 / amax (FlashInfer's convention), of GEMM1's and GEMM2's input."""
+        g = 448 x 6 / amax (FlashInfer's convention), of GEMM1's and GEMM2's input.
+
+        Biases (gpt-oss): w1_bias float32 [L, N1] (w1's rows) added before the activation,
+        w2_bias float32 [L, H] added to GEMM2's rows before the weighted sum."""
         from . import _current_stream
         torch = sys.modules.get("torch")
         if out is None:
@@ -289,7 +296,7 @@ class MoeLayer:
             workspace = self._workspace_for(x, x.shape[0])
         scales = dict(w1_scale=w1_scale, w2_scale=w2_scale, w1_global_scale=w1_global_scale,
                       w2_global_scale=w2_global_scale, input_scale=input_scale,
-                      intermediate_scale=intermediate_scale)
+                      intermediate_scale=intermediate_scale, w1_bias=w1_bias, w2_bias=w2_bias)
         t, ptrs, ws_bytes = self._pointers(x, w1, w2, router_logits, routing_bias, topk_ids,
                                            topk_weights, alpha, beta, limit, out, workspace,
                                            scales)

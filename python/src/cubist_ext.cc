@@ -683,7 +683,8 @@ class PyMoeLayer {
 
   // p: hidden_states, router_logits, routing_bias, topk_ids, topk_weights, w1, w2,
   // w1_scale, w2_scale, w1_global_scale, w2_global_scale, input_scale, intermediate_scale,
-  // alpha, beta, limit, out, workspace (MoeLayerArgs' order; 0 for an absent tensor).
+  // w1_bias, w2_bias, alpha, beta, limit, out, workspace (MoeLayerArgs' order; 0 for an
+  // absent tensor).
   void Run(int64_t tokens, const std::vector<uint64_t>& p, size_t workspace_bytes,
            bool accumulate, uintptr_t stream, int64_t max_tokens) {
     MoeLayerArgs a = ArgsOf(tokens, p, workspace_bytes, accumulate);
@@ -697,7 +698,7 @@ class PyMoeLayer {
  private:
   static MoeLayerArgs ArgsOf(int64_t tokens, const std::vector<uint64_t>& p,
                              size_t workspace_bytes, bool accumulate) {
-    if (p.size() != 18) Raise(absl::InvalidArgumentError("moe layer: 18 pointers expected"));
+    if (p.size() != 20) Raise(absl::InvalidArgumentError("moe layer: 20 pointers expected"));
     MoeLayerArgs a;
     a.tokens = tokens;
     a.hidden_states = p[0];
@@ -713,11 +714,13 @@ class PyMoeLayer {
     a.w2_global_scale = p[10];
     a.input_scale = p[11];
     a.intermediate_scale = p[12];
-    a.alpha = p[13];
-    a.beta = p[14];
-    a.limit = p[15];
-    a.out = p[16];
-    a.workspace = p[17];
+    a.w1_bias = p[13];
+    a.w2_bias = p[14];
+    a.alpha = p[15];
+    a.beta = p[16];
+    a.limit = p[17];
+    a.out = p[18];
+    a.workspace = p[19];
     a.workspace_bytes = workspace_bytes;
     a.accumulate = accumulate;
     return a;
