@@ -772,6 +772,8 @@ def layer_args(weights, activations):
         kw.update(w1_global_scale=Cai((E,), F32), w2_global_scale=Cai((E,), F32))
     if activations in ("fp8", "nvfp4"):
         kw.update(input_scale=Cai((1,), F32), intermediate_scale=Cai((1,), F32))
+    if weights == "mxfp4":  # gpt-oss's pair, with its expert biases
+        kw.update(w1_bias=Cai((E, 2 * I), F32), w2_bias=Cai((E, H), F32))
     return (Cai((T, H), BF16), w1, w2), kw
 
 
@@ -779,7 +781,8 @@ PAIRS = [("bf16", "bf16"), ("fp8", "fp8"), ("fp8-block", "fp8-block"), ("mxfp4",
          ("mxfp4", "mxfp8"), ("nvfp4", "nvfp4")]
 ORDER = ("x", "router_logits", "routing_bias", "topk_ids", "topk_weights", "w1", "w2",
          "w1_scale", "w2_scale", "w1_global_scale", "w2_global_scale", "input_scale",
-         "intermediate_scale", "alpha", "beta", "limit", "out", "workspace")
+         "intermediate_scale", "w1_bias", "w2_bias", "alpha", "beta", "limit", "out",
+         "workspace")
 
 
 def ptr(c):
@@ -795,7 +798,7 @@ def test_layer_hands_every_pairs_tensors_to_the_native_op_in_order(weights, acti
     t, ptrs, ws_bytes, accumulate, stream, max_tokens = layer._native.runs[-1]
     assert (t, ws_bytes, accumulate, stream, max_tokens) == (T, 1 << 20, False, 0, -1)
     given = dict(kw, x=x, w1=w1, w2=w2)
-    assert len(ptrs) == 18
+    assert len(ptrs) == 20
     assert ptrs == [ptr(given[n]) if n in given else 0 for n in ORDER]
     # prepare: the same tensors; placeholders only for what it may make itself.
     kw.pop("stream")
@@ -874,3 +877,12 @@ def test_layer_call_and_prepare_take_the_same_keywords():
     assert list(call)[:4] == ["self", "x", "w1", "w2"]
     assert list(prepare)[:4] == ["self", "max_tokens", "w1", "w2"]
 
+
+
+def test_layer_refuses_a_bias_of_the_wrong_shape():
+    layer = layer_without_gpu("bf16", "bf16")
+    (x, w1, w2), kw = layer_args("bf16", "bf16")
+    kw["w2_bias"] = Cai((E, H + 8), F32)
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"w2_bias: expected float32 \[%d, %d\] \(\[L, H\]\), got float32" % (E, H)):
+        layer(x, w1, w2, **kw)
