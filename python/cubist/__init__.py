@@ -24,7 +24,8 @@ from ._tensors import describe
 _cubist._register_errors(BY_CODE)
 
 __all__ = ["Runtime", "MoeGemm", "MoeLayer", "fetch", "verify", "select", "FORMATS",
-           "ACTIVATIONS", "ROUTING_METHODS", "GATED_LAYOUTS", "gated_weights"] + list(
+           "ACTIVATIONS", "ROUTING_METHODS", "GATED_LAYOUTS", "gated_weights",
+           "quantize_weights", "dequantize_weights", "WEIGHT_FORMATS"] + list(
                _error_names)
 __version__ = "0.1.0"
 
@@ -377,6 +378,7 @@ def _install_run(cls):
 _install_run(MoeGemm)
 from ._moe_layer import (  # noqa: E402 (needs Runtime)
     GATED_LAYOUTS, MoeLayer, ROUTING_METHODS, _live_layers, gated_weights)
+from ._quantize import WEIGHT_FORMATS, dequantize_weights, quantize_weights  # noqa: E402
 _stream_getter = None
 _torch_op = None  # torch.ops.cubist.moe_gemm once cubist.ops is imported
 

@@ -5,6 +5,17 @@
     layer.prepare(max_tokens=256, w1=w1, w2=w2)      # loads every kernel: before capture
     y = layer(x, w1, w2, router_logits=logits)       # bf16 [T, H]
 
+Quantized pairs (weights= / activations=: fp8 x fp8, fp8-block x fp8-block, mxfp4 x bf16,
+mxfp4 x mxfp8, nvfp4 x nvfp4) take the weights in their format with their scales, and
+fp8 / nvfp4 activations a per-tensor scale for each GEMM's input (the layer quantizes
+both inputs itself):
+
+    w1q, w1s, w1g = cubist.quantize_weights(w1, "nvfp4")   # and the same for w2
+    layer = cubist.MoeLayer(rt, ..., weights="nvfp4", activations="nvfp4")
+    y = layer(x, w1q, w2q, router_logits=logits, w1_scale=w1s, w2_scale=w2s,
+              w1_global_scale=w1g, w2_global_scale=w2g,
+              input_scale=g1, intermediate_scale=g2)       # fp32 [1] each
+
 Routing, the sort of token slots by expert, the gather, both GEMMs and the weighted sum
 run as kernels of the runtime's manifest on torch's current stream, with no host
 synchronization: a step can be captured in a CUDA graph. The workspace comes from
@@ -27,11 +38,45 @@ def _bad(name, what):
     return InvalidArgumentError(f"{name}: {what}")
 
 
+# Per format: the dtypes that hold its weight elements, and its weights' block scales
+# (kernels/moe_gemm_abi.h). fp4 elements are packed two per byte along K.
+_FP8 = ("float8_e4m3fn", "uint8")
+_FP4 = ("uint8", "float4_e2m1fn_x2")
+_E8M0 = ("uint8", "float8_e8m0fnu")
+_ELEMENTS = {"bf16": ("bfloat16",), "fp8": _FP8, "fp8-block": _FP8, "mxfp8": _FP8,
+             "mxfp4": _FP4, "nvfp4": _FP4}
+_BLOCK_SCALES = {"fp8-block": ("float32",), "mxfp4": _E8M0, "mxfp8": _E8M0,
+                 "nvfp4": ("uint8", "float8_e4m3fn")}
+_PACKED = ("mxfp4", "nvfp4")
+_GLOBAL = ("fp8", "nvfp4")  # per-expert weight / per-tensor activation scales
+# The layer's new tensors, keyword arguments of __call__, prepare and op.
+SCALE_ARGUMENTS = ("w1_scale", "w2_scale", "w1_global_scale", "w2_global_scale",
+                   "input_scale", "intermediate_scale", "w1_bias", "w2_bias")
+
+
+def _weight_shape(fmt, l, n, k, n_name, k_name):
+    """([L, N, K] of a weight in `fmt` (K/2 bytes packed fp4), its symbolic spelling)."""
+    if fmt in _PACKED:
+        return (l, n, k // 2), f"[L, {n_name}, {k_name}/2]"
+    return (l, n, k), f"[L, {n_name}, {k_name}]"
+
+
+def _scale_shape(fmt, l, n, k, n_name, k_name):
+    """The block scales of a [L, N, K] weight in `fmt` and their symbolic spelling."""
+    if fmt == "fp8-block":
+        return ((l, -(-n // 128), -(-k // 128)),
+                f"[L, ceil({n_name}/128), ceil({k_name}/128)]")
+    block = 16 if fmt == "nvfp4" else 32
+    return (l, n, k // block), f"[L, {n_name}, {k_name}/{block}]"
+
+
 class MoeLayer:
     """The routed MoE layer. Options (keywords): num_experts E, top_k k, hidden H,
     intermediate I (w1 is [L, 2I, H] for gated activations, [L, I, H] otherwise; w2
     [L, H, I]), routing (one of ROUTING_METHODS), activation (GEMM1's), weights /
-    activations (the format pair; bf16), n_group / topk_group / routed_scaling_factor
+    activations (the format pair: bf16 x bf16, fp8 x fp8, fp8-block x fp8-block, mxfp4 x
+    bf16, mxfp4 x mxfp8, nvfp4 x nvfp4; the call then takes the pair's scales, see
+    __call__), n_group / topk_group / routed_scaling_factor
     (deepseek_v3), apply_weight_on_input (llama4), logits ("fp32" or "bf16"),
     local_expert_offset / num_local_experts (expert parallelism: L local experts),
     max_chunk_tokens (bounds the workspace), finalize ("sum", or "none"), pdl."""
@@ -50,6 +95,7 @@ class MoeLayer:
         self.num_experts, self.top_k = int(num_experts), int(top_k)
         self.hidden, self.intermediate = int(hidden), int(intermediate)
         self.activation, self.logits = activation, logits
+        self.weights, self.activations = weights, activations
         self.num_local_experts = int(num_local_experts) or self.num_experts
         self._gated = activation in ("swiglu", "geglu", "situ")
         self._native = _cubist.MoeLayer(
@@ -68,46 +114,102 @@ class MoeLayer:
         return self._native.workspace_size(int(max_tokens))
 
     def workspace_layout(self, max_tokens):
-        """Byte offsets of the workspace's arrays (topk_ids, topk_weights, offsets,
-        dropped, expanded_to_permuted, permuted_to_expanded, rows): what finalize="none"
-        leaves there."""
+        """Byte offsets of the workspace's arrays (dispatch/moe_layer.h,
+        MoeLayerWorkspace): topk_ids, topk_weights, offsets, dropped, expanded_to_permuted,
+        permuted_to_expanded, rows (what finalize="none" leaves there), chunk_counts,
+        gathered (GEMM1's input, the activation format), gathered_scale (its block
+        scales), activated (GEMM1's bf16 output), quantized and quantized_scale (GEMM2's
+        input for quantized activations), global_scales (fp32 [2]: nvfp4's rcp(g) of
+        both inputs); chunk_tokens, row_capacity and bytes."""
         return self._native.workspace_layout(int(max_tokens))
 
     def _pointers(self, x, w1, w2, router_logits, routing_bias, topk_ids, topk_weights,
-                  alpha, beta, limit, out, workspace):
+                  alpha, beta, limit, out, workspace, scales=None):
         device = self.runtime.device
         ix = describe(x, "x")
         if ix.dtype != "bfloat16" or len(ix.shape) != 2 or ix.shape[1] != self.hidden:
             raise _bad("x", f"expected bfloat16 [T, H={self.hidden}], got {ix.dtype} "
                        f"{list(ix.shape)}")
         t = ix.shape[0]
-        n1 = 2 * self.intermediate if self._gated else self.intermediate
+        h, inter = self.hidden, self.intermediate
+        n1 = 2 * inter if self._gated else inter
+        n1_name = "2I" if self._gated else "I"
         l = self.num_local_experts
+        wf, af = self.weights, self.activations
+        scales = scales or {}
+        w1_shape, w1_sym = _weight_shape(wf, l, n1, h, n1_name, "H")
+        w2_shape, w2_sym = _weight_shape(wf, l, h, inter, "H", "I")
         # The native run's pointer order (MoeLayerArgs'): hidden_states, router_logits,
-        # routing_bias, topk_ids, topk_weights, w1, w2, alpha, beta, limit, out, workspace.
+        # routing_bias, topk_ids, topk_weights, w1, w2, w1_scale, w2_scale,
+        # w1_global_scale, w2_global_scale, input_scale, intermediate_scale, w1_bias,
+        # w2_bias, alpha, beta, limit, out, workspace.
         checks = [
-            (x, "x", ("bfloat16",), (t, self.hidden)),
+            (x, "x", ("bfloat16",), (t, self.hidden), None),
             (router_logits, "router_logits",
-             ("float32",) if self.logits == "fp32" else ("bfloat16",), (t, self.num_experts)),
-            (routing_bias, "routing_bias", ("float32",), (self.num_experts,)),
-            (topk_ids, "topk_ids", ("int32",), (t, self.top_k)),
-            (topk_weights, "topk_weights", ("float32",), (t, self.top_k)),
-            (w1, "w1", ("bfloat16",), (l, n1, self.hidden)),
-            (w2, "w2", ("bfloat16",), (l, self.hidden, self.intermediate)),
-            (alpha, "alpha", ("float32",), (l,)),
-            (beta, "beta", ("float32",), (l,)),
-            (limit, "limit", ("float32",), (l,)),
-            (out, "out", ("bfloat16",), (t, self.hidden)),
+             ("float32",) if self.logits == "fp32" else ("bfloat16",), (t, self.num_experts),
+             None),
+            (routing_bias, "routing_bias", ("float32",), (self.num_experts,), None),
+            (topk_ids, "topk_ids", ("int32",), (t, self.top_k), None),
+            (topk_weights, "topk_weights", ("float32",), (t, self.top_k), None),
+            (w1, "w1", _ELEMENTS[wf], w1_shape, w1_sym),
+            (w2, "w2", _ELEMENTS[wf], w2_shape, w2_sym),
+        ]
+        pair = f"{wf} x {af}"
+        if wf in _BLOCK_SCALES:
+            for name, w, n, k, nn, kn in (("w1_scale", "w1", n1, h, n1_name, "H"),
+                                          ("w2_scale", "w2", h, inter, "H", "I")):
+                shape, sym = _scale_shape(wf, l, n, k, nn, kn)
+                checks.append((scales.get(name), name, _BLOCK_SCALES[wf], shape,
+                               f"{wf} block scales {sym}", w))
+        else:
+            checks += [(scales.get(n), n, None, None, pair) for n in ("w1_scale", "w2_scale")]
+        if wf in _GLOBAL:
+            checks += [(scales.get(name), name, ("float32",), (l,),
+                        f"{wf} per-expert dequantization scales [L]", w)
+                       for name, w in (("w1_global_scale", "w1"), ("w2_global_scale", "w2"))]
+        else:
+            checks += [(scales.get(n), n, None, None, pair)
+                       for n in ("w1_global_scale", "w2_global_scale")]
+        what = ("fp8 dequantization scale s (x ~ q x s)" if af == "fp8" else
+                "nvfp4 global quantization scale g = 448 x 6 / amax")
+        if af in _GLOBAL:
+            checks += [(scales.get(name), name, ("float32",), (1,), f"the {of}'s {what}", None)
+                       for name, of in (("input_scale", "GEMM1 input"),
+                                        ("intermediate_scale", "GEMM2 input"))]
+        else:
+            checks += [(scales.get(n), n, None, None, pair)
+                       for n in ("input_scale", "intermediate_scale")]
+        checks += [
+            (scales.get("w1_bias"), "w1_bias", ("float32",), (l, n1), f"[L, {n1_name}]"),
+            (scales.get("w2_bias"), "w2_bias", ("float32",), (l, h), "[L, H]"),
+        ]
+        checks += [
+            (alpha, "alpha", ("float32",), (l,), None),
+            (beta, "beta", ("float32",), (l,), None),
+            (limit, "limit", ("float32",), (l,), None),
+            (out, "out", ("bfloat16",), (t, self.hidden), None),
         ]
         ptrs = []
-        for value, name, dtypes, shape in checks:
+        for check in checks:
+            value, name, dtypes, shape, what = check[:5]
+            if dtypes is None:  # a scale this pair does not take
+                if value is not None:
+                    raise _bad(name, f"is given, but {what} takes no such scale; pass None")
+                ptrs.append(0)
+                continue
             if value is None:
+                if len(check) > 5:  # a scale this pair needs
+                    hint = (f" (cubist.quantize_weights({check[5]}, {wf!r}) returns it)"
+                            if check[5] else "")
+                    raise _bad(name, f"{pair} needs {what}: pass {' or '.join(dtypes)} "
+                               f"{list(shape)}{hint}")
                 ptrs.append(0)
                 continue
             info = describe(value, name)
             if info.dtype not in dtypes or tuple(info.shape) != shape:
-                raise _bad(name, f"expected {' or '.join(dtypes)} {list(shape)}, got "
-                           f"{info.dtype} {list(info.shape)}")
+                raise _bad(name, f"expected {' or '.join(dtypes)} {list(shape)}"
+                           f"{f' ({what})' if what else ''}, got {info.dtype} "
+                           f"{list(info.shape)}")
             if info.device is not None and info.device != device:
                 raise _bad(name, f"is on cuda:{info.device}; this runtime runs on "
                            f"cuda:{device}")
@@ -124,36 +226,64 @@ class MoeLayer:
             self._workspace = (torch.empty(size, dtype=torch.uint8, device=x.device), tokens)
         return self._workspace[0]
 
-    def prepare(self, max_tokens, w1, w2, *, x=None, router_logits=None, **kwargs):
+    def prepare(self, max_tokens, w1, w2, *, x=None, router_logits=None, routing_bias=None,
+                topk_ids=None, topk_weights=None, w1_scale=None, w2_scale=None,
+                w1_global_scale=None, w2_global_scale=None, input_scale=None,
+                intermediate_scale=None, w1_bias=None, w2_bias=None, alpha=None, beta=None,
+                limit=None, out=None, workspace=None, accumulate=False, stream=None):
         """Checks the arguments for every batch of up to max_tokens tokens and selects,
         fetches and loads every kernel they need: call it before CUDA-graph capture.
-        Also sizes the layer's own workspace for max_tokens."""
+        Also sizes the layer's own workspace for max_tokens. Takes the call's keywords;
+        x, router_logits, out and the activation scales (input_scale,
+        intermediate_scale) default to placeholders (only the weights and their scales
+        must be the ones the calls will pass); accumulate and stream are ignored."""
+        del accumulate, stream  # the call's keywords; nothing runs here
         torch = sys.modules.get("torch")
         if x is None:
             x = torch.empty(1, self.hidden, dtype=torch.bfloat16, device=w1.device)
-        if router_logits is None and "topk_ids" not in kwargs:
+        if router_logits is None and topk_ids is None:
             router_logits = torch.empty(
                 x.shape[0], self.num_experts, device=x.device,
                 dtype=torch.float32 if self.logits == "fp32" else torch.bfloat16)
-        workspace = kwargs.pop("workspace", None)
         if workspace is None:
             workspace = self._workspace_for(x, max_tokens)
-        out = kwargs.pop("out", None)
         if out is None:
             out = torch.empty_like(x)
+        if self.activations in _GLOBAL:
+            if input_scale is None:
+                input_scale = torch.ones(1, dtype=torch.float32, device=x.device)
+            if intermediate_scale is None:
+                intermediate_scale = torch.ones(1, dtype=torch.float32, device=x.device)
+        scales = dict(w1_scale=w1_scale, w2_scale=w2_scale, w1_global_scale=w1_global_scale,
+                      w2_global_scale=w2_global_scale, input_scale=input_scale,
+                      intermediate_scale=intermediate_scale, w1_bias=w1_bias, w2_bias=w2_bias)
         t, ptrs, ws_bytes = self._pointers(
-            x, w1, w2, router_logits, kwargs.get("routing_bias"), kwargs.get("topk_ids"),
-            kwargs.get("topk_weights"), kwargs.get("alpha"), kwargs.get("beta"),
-            kwargs.get("limit"), out, workspace)
+            x, w1, w2, router_logits, routing_bias, topk_ids, topk_weights, alpha, beta,
+            limit, out, workspace, scales)
         self._native.run(t, ptrs, ws_bytes, False, 0, int(max_tokens))
 
     def __call__(self, x, w1, w2, *, router_logits=None, routing_bias=None, topk_ids=None,
-                 topk_weights=None, alpha=None, beta=None, limit=None, out=None,
-                 accumulate=False, workspace=None, stream=None):
+                 topk_weights=None, w1_scale=None, w2_scale=None, w1_global_scale=None,
+                 w2_global_scale=None, input_scale=None, intermediate_scale=None, w1_bias=None,
+                 w2_bias=None, alpha=None, beta=None, limit=None, out=None, accumulate=False,
+                 workspace=None, stream=None):
         """The layer on x (bfloat16 [T, H]): routed from router_logits [T, E] (+ an fp32
         routing_bias [E] for deepseek_v3), or pre-routed by topk_ids int32 [T, k] and
         topk_weights fp32 [T, k]. Returns out (bfloat16 [T, H], allocated when None);
-        accumulate=True adds into it."""
+        accumulate=True adds into it.
+
+        Quantized pairs: w1 [L, N1, H] and w2 [L, H, I] in the weight format (fp8:
+        float8_e4m3fn; mxfp4, nvfp4: uint8 [.., K/2], two e2m1 per byte, low nibble
+        first), w1_scale / w2_scale their block scales (fp8-block: float32
+        [L, ceil(N/128), ceil(K/128)]; mxfp4: uint8 e8m0 [L, N, K/32]; nvfp4: float8_e4m3fn
+        or uint8 [L, N, K/16]), w1_global_scale / w2_global_scale float32 [L] (fp8, nvfp4:
+        each expert's dequantization scale), as cubist.quantize_weights returns them; for
+        fp8 and nvfp4 activations input_scale and intermediate_scale, float32 [1] on the
+        device: fp8's dequantization scale s (x ~ q x s), nvfp4's global quantization scale
+        g = 448 x 6 / amax (FlashInfer's convention), of GEMM1's and GEMM2's input.
+
+        Biases (gpt-oss): w1_bias float32 [L, N1] (w1's rows) added before the activation,
+        w2_bias float32 [L, H] added to GEMM2's rows before the weighted sum."""
         from . import _current_stream
         torch = sys.modules.get("torch")
         if out is None:
@@ -164,8 +294,12 @@ class MoeLayer:
                 raise _bad("accumulate", "needs out")
         if workspace is None:
             workspace = self._workspace_for(x, x.shape[0])
+        scales = dict(w1_scale=w1_scale, w2_scale=w2_scale, w1_global_scale=w1_global_scale,
+                      w2_global_scale=w2_global_scale, input_scale=input_scale,
+                      intermediate_scale=intermediate_scale, w1_bias=w1_bias, w2_bias=w2_bias)
         t, ptrs, ws_bytes = self._pointers(x, w1, w2, router_logits, routing_bias, topk_ids,
-                                           topk_weights, alpha, beta, limit, out, workspace)
+                                           topk_weights, alpha, beta, limit, out, workspace,
+                                           scales)
         if stream is None:
             stream = _current_stream(self.runtime.device)
         elif not isinstance(stream, int):
@@ -174,7 +308,9 @@ class MoeLayer:
         return out
 
     def op(self, x, w1, w2, **kwargs):
-        """The same call through torch.ops.cubist.moe (torch.compile-friendly)."""
+        """The same call through torch.ops.cubist.moe (torch.compile-friendly); the same
+        keywords as the call (out, accumulate, routing, the scales), without workspace
+        and stream (the layer's own workspace, torch's current stream)."""
         from . import ops  # noqa: F401 (registers the op)
         torch = sys.modules["torch"]
         out = kwargs.pop("out", None)
@@ -182,11 +318,12 @@ class MoeLayer:
             out = torch.empty_like(x)
         names = ("router_logits", "routing_bias", "topk_ids", "topk_weights", "alpha",
                  "beta", "limit")
-        unknown = set(kwargs) - set(names) - {"accumulate"}
+        unknown = set(kwargs) - set(names) - set(SCALE_ARGUMENTS) - {"accumulate"}
         if unknown:
             raise _bad(sorted(unknown)[0], "is not an argument of MoeLayer.op")
         torch.ops.cubist.moe(self.handle, x, w1, w2, out,
-                             *(kwargs.get(n) for n in names), bool(kwargs.get("accumulate")))
+                             *(kwargs.get(n) for n in names), bool(kwargs.get("accumulate")),
+                             *(kwargs.get(n) for n in SCALE_ARGUMENTS))
         return out
 
 

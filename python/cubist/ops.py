@@ -46,19 +46,32 @@ def moe(handle: int, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, out: t
         router_logits: Optional[torch.Tensor], routing_bias: Optional[torch.Tensor],
         topk_ids: Optional[torch.Tensor], topk_weights: Optional[torch.Tensor],
         alpha: Optional[torch.Tensor], beta: Optional[torch.Tensor],
-        limit: Optional[torch.Tensor], accumulate: bool) -> None:
+        limit: Optional[torch.Tensor], accumulate: bool,
+        w1_scale: Optional[torch.Tensor] = None, w2_scale: Optional[torch.Tensor] = None,
+        w1_global_scale: Optional[torch.Tensor] = None,
+        w2_global_scale: Optional[torch.Tensor] = None,
+        input_scale: Optional[torch.Tensor] = None,
+        intermediate_scale: Optional[torch.Tensor] = None,
+        w1_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None) -> None:
     """torch.ops.cubist.moe: cubist.MoeLayer.__call__ into `out`, the layer named by its
     handle (MoeLayer.handle). The workspace is the layer's own, from torch's caching
-    allocator (call layer.prepare(max_tokens, ...) before capturing a graph)."""
+    allocator (call layer.prepare(max_tokens, ...) before capturing a graph). The
+    quantized pairs' tensors (the weights' scales, the activations' scales) come last
+    and default to None, so a bf16 call leaves them out."""
     layer = _live_layers.get(handle)
     if layer is None:
         raise InvalidArgumentError(f"handle: no live cubist.MoeLayer has handle {handle}")
     layer(x, w1, w2, router_logits=router_logits, routing_bias=routing_bias,
           topk_ids=topk_ids, topk_weights=topk_weights, alpha=alpha, beta=beta, limit=limit,
-          out=out, accumulate=accumulate)
+          out=out, accumulate=accumulate, w1_scale=w1_scale, w2_scale=w2_scale,
+          w1_global_scale=w1_global_scale, w2_global_scale=w2_global_scale,
+          input_scale=input_scale, intermediate_scale=intermediate_scale, w1_bias=w1_bias,
+          w2_bias=w2_bias)
 
 
 @moe.register_fake
 def _(handle, x, w1, w2, out, router_logits, routing_bias, topk_ids, topk_weights, alpha,
-      beta, limit, accumulate):
+      beta, limit, accumulate, w1_scale=None, w2_scale=None, w1_global_scale=None,
+      w2_global_scale=None, input_scale=None, intermediate_scale=None, w1_bias=None,
+      w2_bias=None):
     return None

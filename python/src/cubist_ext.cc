@@ -669,13 +669,22 @@ class PyMoeLayer {
     d["dropped"] = w.dropped;
     d["expanded_to_permuted"] = w.expanded_to_permuted;
     d["permuted_to_expanded"] = w.permuted_to_expanded;
+    d["chunk_counts"] = w.chunk_counts;
+    d["gathered"] = w.gathered;
+    d["gathered_scale"] = w.gathered_scale;
+    d["activated"] = w.activated;
+    d["quantized"] = w.quantized;
+    d["quantized_scale"] = w.quantized_scale;
+    d["global_scales"] = w.global_scales;
     d["rows"] = w.rows;
     d["bytes"] = w.bytes;
     return d;
   }
 
-  // p: hidden_states, router_logits, routing_bias, topk_ids, topk_weights, w1, w2, alpha,
-  // beta, limit, out, workspace (MoeLayerArgs' order).
+  // p: hidden_states, router_logits, routing_bias, topk_ids, topk_weights, w1, w2,
+  // w1_scale, w2_scale, w1_global_scale, w2_global_scale, input_scale, intermediate_scale,
+  // w1_bias, w2_bias, alpha, beta, limit, out, workspace (MoeLayerArgs' order; 0 for an
+  // absent tensor).
   void Run(int64_t tokens, const std::vector<uint64_t>& p, size_t workspace_bytes,
            bool accumulate, uintptr_t stream, int64_t max_tokens) {
     MoeLayerArgs a = ArgsOf(tokens, p, workspace_bytes, accumulate);
@@ -689,7 +698,7 @@ class PyMoeLayer {
  private:
   static MoeLayerArgs ArgsOf(int64_t tokens, const std::vector<uint64_t>& p,
                              size_t workspace_bytes, bool accumulate) {
-    if (p.size() != 12) Raise(absl::InvalidArgumentError("moe layer: 12 pointers expected"));
+    if (p.size() != 20) Raise(absl::InvalidArgumentError("moe layer: 20 pointers expected"));
     MoeLayerArgs a;
     a.tokens = tokens;
     a.hidden_states = p[0];
@@ -699,11 +708,19 @@ class PyMoeLayer {
     a.topk_weights = p[4];
     a.w1 = p[5];
     a.w2 = p[6];
-    a.alpha = p[7];
-    a.beta = p[8];
-    a.limit = p[9];
-    a.out = p[10];
-    a.workspace = p[11];
+    a.w1_scale = p[7];
+    a.w2_scale = p[8];
+    a.w1_global_scale = p[9];
+    a.w2_global_scale = p[10];
+    a.input_scale = p[11];
+    a.intermediate_scale = p[12];
+    a.w1_bias = p[13];
+    a.w2_bias = p[14];
+    a.alpha = p[15];
+    a.beta = p[16];
+    a.limit = p[17];
+    a.out = p[18];
+    a.workspace = p[19];
     a.workspace_bytes = workspace_bytes;
     a.accumulate = accumulate;
     return a;

@@ -722,3 +722,167 @@ def test_objects_alive_at_exit_are_not_reported_as_leaks():
                        env=dict(os.environ))
     assert r.returncode == 0, r.stderr
     assert "leaked" not in r.stderr, r.stderr
+
+
+# The MoE layer's argument checks per format pair (cubist.MoeLayer._pointers and the
+# keywords of __call__ / prepare), on a layer built without a GPU whose native op only
+# records what it is handed.
+class RecordingNativeLayer:
+    def __init__(self):
+        self.runs = []
+
+    def run(self, *args):
+        self.runs.append(args)
+
+    def workspace_size(self, max_tokens):
+        return 1 << 20
+
+
+def layer_without_gpu(weights="bf16", activations="bf16", activation="swiglu"):
+    layer = cubist.MoeLayer.__new__(cubist.MoeLayer)
+    layer.runtime = FakeRuntime()
+    layer.num_experts, layer.top_k, layer.hidden, layer.intermediate = 4, 2, 256, 128
+    layer.activation, layer.logits = activation, "fp32"
+    layer.weights, layer.activations = weights, activations
+    layer.num_local_experts = 4
+    layer._gated = activation in ("swiglu", "geglu", "situ")
+    layer._native = RecordingNativeLayer()
+    return layer
+
+
+FP8 = "|u1"  # raw bytes: the layer's format fixes the meaning
+E, T, H, I = 4, 8, 256, 128
+
+
+def layer_args(weights, activations):
+    """Good arguments of a call for the pair: (positional, keywords)."""
+    packed = weights in ("mxfp4", "nvfp4")
+    elem = BF16 if weights == "bf16" else U8
+    w1 = Cai((E, 2 * I, H // 2 if packed else H), elem)
+    w2 = Cai((E, H, I // 2 if packed else I), elem)
+    kw = dict(router_logits=Cai((T, E), F32), out=Cai((T, H), BF16),
+              workspace=Cai((1 << 20,), U8), stream=0)
+    if weights == "fp8-block":
+        kw.update(w1_scale=Cai((E, 2, 2), F32), w2_scale=Cai((E, 2, 1), F32))
+    if weights == "mxfp4":
+        kw.update(w1_scale=Cai((E, 2 * I, H // 32), U8), w2_scale=Cai((E, H, I // 32), U8))
+    if weights == "nvfp4":
+        kw.update(w1_scale=Cai((E, 2 * I, H // 16), U8), w2_scale=Cai((E, H, I // 16), U8))
+    if weights in ("fp8", "nvfp4"):
+        kw.update(w1_global_scale=Cai((E,), F32), w2_global_scale=Cai((E,), F32))
+    if activations in ("fp8", "nvfp4"):
+        kw.update(input_scale=Cai((1,), F32), intermediate_scale=Cai((1,), F32))
+    if weights == "mxfp4":  # gpt-oss's pair, with its expert biases
+        kw.update(w1_bias=Cai((E, 2 * I), F32), w2_bias=Cai((E, H), F32))
+    return (Cai((T, H), BF16), w1, w2), kw
+
+
+PAIRS = [("bf16", "bf16"), ("fp8", "fp8"), ("fp8-block", "fp8-block"), ("mxfp4", "bf16"),
+         ("mxfp4", "mxfp8"), ("nvfp4", "nvfp4")]
+ORDER = ("x", "router_logits", "routing_bias", "topk_ids", "topk_weights", "w1", "w2",
+         "w1_scale", "w2_scale", "w1_global_scale", "w2_global_scale", "input_scale",
+         "intermediate_scale", "w1_bias", "w2_bias", "alpha", "beta", "limit", "out",
+         "workspace")
+
+
+def ptr(c):
+    return c.__cuda_array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("weights, activations", PAIRS)
+def test_layer_hands_every_pairs_tensors_to_the_native_op_in_order(weights, activations):
+    layer = layer_without_gpu(weights, activations)
+    (x, w1, w2), kw = layer_args(weights, activations)
+    out = layer(x, w1, w2, **kw)
+    assert out is kw["out"]
+    t, ptrs, ws_bytes, accumulate, stream, max_tokens = layer._native.runs[-1]
+    assert (t, ws_bytes, accumulate, stream, max_tokens) == (T, 1 << 20, False, 0, -1)
+    given = dict(kw, x=x, w1=w1, w2=w2)
+    assert len(ptrs) == 20
+    assert ptrs == [ptr(given[n]) if n in given else 0 for n in ORDER]
+    # prepare: the same tensors; placeholders only for what it may make itself.
+    kw.pop("stream")
+    layer.prepare(64, w1, w2, x=x, **kw)
+    assert layer._native.runs[-1][1] == ptrs and layer._native.runs[-1][5] == 64
+
+
+@pytest.mark.parametrize("weights, activations, over, error", [
+    # bf16 callers pass nothing new; a scale given to a pair without it is refused.
+    ("bf16", "bf16", dict(w1_scale=Cai((E, 256, 8), U8)),
+     r"^w1_scale: is given, but bf16 x bf16 takes no such scale; pass None$"),
+    ("bf16", "bf16", dict(input_scale=Cai((1,), F32)),
+     r"^input_scale: is given, but bf16 x bf16 takes no such scale; pass None$"),
+    ("mxfp4", "mxfp8", dict(w1_global_scale=Cai((E,), F32)),
+     r"^w1_global_scale: is given, but mxfp4 x mxfp8 takes no such scale; pass None$"),
+    ("fp8-block", "fp8-block", dict(input_scale=Cai((1,), F32)),
+     r"^input_scale: is given, but fp8-block x fp8-block takes no such scale"),
+    # Missing: named with the expected dtype and shape, and where to get it.
+    ("mxfp4", "bf16", dict(w1_scale=None),
+     r"^w1_scale: mxfp4 x bf16 needs mxfp4 block scales \[L, 2I, H/32\]: pass uint8 or "
+     r"float8_e8m0fnu \[4, 256, 8\] \(cubist.quantize_weights\(w1, 'mxfp4'\) returns it\)$"),
+    ("nvfp4", "nvfp4", dict(w2_global_scale=None),
+     r"^w2_global_scale: nvfp4 x nvfp4 needs nvfp4 per-expert dequantization scales \[L\]: "
+     r"pass float32 \[4\] \(cubist.quantize_weights\(w2, 'nvfp4'\) returns it\)$"),
+    ("fp8", "fp8", dict(input_scale=None),
+     r"^input_scale: fp8 x fp8 needs the GEMM1 input's fp8 dequantization scale s "
+     r"\(x ~ q x s\): pass float32 \[1\]$"),
+    ("nvfp4", "nvfp4", dict(intermediate_scale=None),
+     r"^intermediate_scale: nvfp4 x nvfp4 needs the GEMM2 input's nvfp4 global "
+     r"quantization scale g = 448 x 6 / amax: pass float32 \[1\]$"),
+    # Wrong dtype or shape.
+    ("fp8", "fp8", dict(w1=Cai((E, 256, 256), BF16)),
+     r"^w1: expected float8_e4m3fn or uint8 \[4, 256, 256\] \(\[L, 2I, H\]\), got bfloat16 "
+     r"\[4, 256, 256\]$"),
+    ("mxfp4", "bf16", dict(w1=Cai((E, 256, 256), U8)),
+     r"^w1: expected uint8 or float4_e2m1fn_x2 \[4, 256, 128\] \(\[L, 2I, H/2\]\), got uint8 "
+     r"\[4, 256, 256\]$"),
+    ("nvfp4", "nvfp4", dict(w2=Cai((E, 256, 128), U8)),
+     r"^w2: expected uint8 or float4_e2m1fn_x2 \[4, 256, 64\] \(\[L, H, I/2\]\)"),
+    ("mxfp4", "mxfp8", dict(w1_scale=Cai((E, 256, 16), U8)),
+     r"^w1_scale: expected uint8 or float8_e8m0fnu \[4, 256, 8\] \(mxfp4 block scales "
+     r"\[L, 2I, H/32\]\), got uint8 \[4, 256, 16\]$"),
+    ("nvfp4", "nvfp4", dict(w2_scale=Cai((E, 256, 4), U8)),
+     r"^w2_scale: expected uint8 or float8_e4m3fn \[4, 256, 8\] \(nvfp4 block scales "
+     r"\[L, H, I/16\]\), got uint8 \[4, 256, 4\]$"),
+    ("fp8-block", "fp8-block", dict(w1_scale=Cai((E, 2, 2), U8)),
+     r"^w1_scale: expected float32 \[4, 2, 2\] \(fp8-block block scales \[L, ceil\(2I/128\), "
+     r"ceil\(H/128\)\]\), got uint8 \[4, 2, 2\]$"),
+    ("fp8", "fp8", dict(w1_global_scale=Cai((1,), F32)),
+     r"^w1_global_scale: expected float32 \[4\] \(fp8 per-expert dequantization scales "
+     r"\[L\]\), got float32 \[1\]$"),
+    ("nvfp4", "nvfp4", dict(input_scale=Cai((), F32)),
+     r"^input_scale: expected float32 \[1\] \(the GEMM1 input's nvfp4 global quantization "
+     r"scale g = 448 x 6 / amax\), got float32 \[\]$"),
+    ("bf16", "bf16", dict(w1=Cai((E, 128, 256), BF16)),
+     r"^w1: expected bfloat16 \[4, 256, 256\] \(\[L, 2I, H\]\), got bfloat16 \[4, 128, 256\]$"),
+])
+def test_layer_argument_errors_name_the_argument(weights, activations, over, error):
+    layer = layer_without_gpu(weights, activations)
+    (x, w1, w2), kw = layer_args(weights, activations)
+    w1, w2 = over.pop("w1", w1), over.pop("w2", w2)
+    kw.update(over)
+    kw = {k: v for k, v in kw.items() if v is not None}
+    with pytest.raises(cubist.InvalidArgumentError, match=error):
+        layer(x, w1, w2, **kw)
+    assert layer._native.runs == []
+
+
+def test_layer_call_and_prepare_take_the_same_keywords():
+    call = inspect.signature(cubist.MoeLayer.__call__).parameters
+    prepare = inspect.signature(cubist.MoeLayer.prepare).parameters
+    for name in cubist._moe_layer.SCALE_ARGUMENTS:
+        assert call[name].default is None and prepare[name].default is None
+    assert set(call) - {"self", "x"} <= set(prepare)
+    # bf16 callers' positional and keyword arguments are unchanged.
+    assert list(call)[:4] == ["self", "x", "w1", "w2"]
+    assert list(prepare)[:4] == ["self", "max_tokens", "w1", "w2"]
+
+
+
+def test_layer_refuses_a_bias_of_the_wrong_shape():
+    layer = layer_without_gpu("bf16", "bf16")
+    (x, w1, w2), kw = layer_args("bf16", "bf16")
+    kw["w2_bias"] = Cai((E, H + 8), F32)
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"w2_bias: expected float32 \[%d, %d\] \(\[L, H\]\), got float32" % (E, H)):
+        layer(x, w1, w2, **kw)

@@ -428,3 +428,174 @@ def test_gated_weights_turn_checkpoint_layouts_into_cubists():
     assert torch.equal(cubist.gated_weights(interleaved, "gate_up_interleaved"), ours)
     with pytest.raises(cubist.InvalidArgumentError, match="layout: 'w13'"):
         cubist.gated_weights(ours, "w13")
+
+
+# The quantized pairs of the layer (dispatch/moe_layer.h): weights from
+# cubist.quantize_weights, activation scales as an engine calibrates them, against torch
+# on the dequantized weights with the activations quantized as the layer's moe_quantize
+# kernels do (cubist._quantize._quantize_activations, the rule of
+# dispatch/moe_quantize_reference.cc), within dispatch/moe_layer_reference.cc's
+# MoeLayerTolerance.
+QUANTIZED_PAIRS = [("fp8", "fp8"), ("fp8-block", "fp8-block"), ("mxfp4", "bf16"),
+                   ("mxfp4", "mxfp8"), ("nvfp4", "nvfp4")]
+
+
+def _activation_scale(fmt, amax):
+    """ActivationScaleFor: fp8's s = amax / 448, nvfp4's g = 448 x 6 / amax; fp32 [1]."""
+    amax = amax if amax > 0 else 1.0
+    s = amax / 448.0 if fmt == "fp8" else 448.0 * 6.0 / amax
+    return torch.tensor([s], dtype=torch.float32, device="cuda")
+
+
+def _quantized_layer_args(wf, af, x, w1, w2):
+    """(w1q, w2q, the call's scale keywords) for the pair."""
+    w1q, w1s, w1g = cubist.quantize_weights(w1, wf)
+    w2q, w2s, w2g = cubist.quantize_weights(w2, wf)
+    kw = {}
+    if w1s is not None:
+        kw.update(w1_scale=w1s, w2_scale=w2s)
+    if w1g is not None:
+        kw.update(w1_global_scale=w1g, w2_global_scale=w2g)
+    if af in ("fp8", "nvfp4"):
+        # From the input's amax, and a fixed bound for GEMM1's output (O(1) here), as
+        # tests/moe_layer_gpu_test.cc calibrates them.
+        kw.update(input_scale=_activation_scale(af, x.float().abs().max().item()),
+                  intermediate_scale=_activation_scale(af, 4.0))
+    return w1q, w2q, kw
+
+
+def _torch_quantized_layer(x, logits, w1d, w2d, k, af, s1, s2):
+    """renormalize routing + SwiGLU in torch (double accumulation) on the dequantized
+    weights, both GEMMs' inputs quantized as the layer quantizes them; the bf16 roundings
+    of GEMM1's and GEMM2's outputs as the kernels store them. float64 [T, H]."""
+    quantize = cubist._quantize._quantize_activations
+    vals, ids = logits.float().topk(k, dim=-1)
+    w = torch.softmax(vals, dim=-1)
+    inter = w1d.shape[1] // 2
+    xq = quantize(x.float(), af, s1)  # per row: the gathered rows quantize the same
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    for e in range(w1d.shape[0]):
+        rows, slots = (ids == e).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        c = xq[rows].double() @ w1d[e].double().t()
+        hid = (F.silu(c[:, inter:]) * c[:, :inter]).to(torch.bfloat16)
+        y = (quantize(hid.float(), af, s2).double() @ w2d[e].double().t()).to(torch.bfloat16)
+        out.index_add_(0, rows, w[rows, slots].double()[:, None] * y.double())
+    return out
+
+
+def _assert_within_layer_tolerance(got, want, af):
+    """MoeLayerTolerance(af) with CompareBf16's bounds: the Frobenius relative error and
+    every element within atol_rel x max|ref| + rtol x |ref|."""
+    quantized = af != "bf16"
+    rel_fro = 3e-2 if af == "nvfp4" else 1.5e-2 if quantized else 5e-3
+    rtol, atol_rel = (0.15, 4e-2) if quantized else (3e-2, 1e-2)
+    err = got.double() - want
+    rel = (err.norm() / want.norm()).item()
+    bound = atol_rel * want.abs().max() + rtol * want.abs()
+    bad = int((err.abs() > bound).sum())
+    assert rel < rel_fro and bad == 0, f"{af}: rel_fro {rel:.3g}, {bad} elements out of bounds"
+    return rel
+
+
+@pytest.mark.parametrize("t", [5, 300])
+@pytest.mark.parametrize("wf, af", QUANTIZED_PAIRS)
+def test_moe_layer_quantized_pairs_match_torch(rt, wf, af, t):
+    x, logits, w1, w2 = _layer_problem(seed=10 + t, t=t)
+    layer = cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128,
+                            weights=wf, activations=af)
+    w1q, w2q, kw = _quantized_layer_args(wf, af, x, w1, w2)
+    got = layer(x, w1q, w2q, router_logits=logits, **kw)
+    s1 = kw["input_scale"].item() if "input_scale" in kw else 1.0
+    s2 = kw["intermediate_scale"].item() if "intermediate_scale" in kw else 1.0
+    w1d = cubist.dequantize_weights(w1q, kw.get("w1_scale"), kw.get("w1_global_scale"), wf)
+    w2d = cubist.dequantize_weights(w2q, kw.get("w2_scale"), kw.get("w2_global_scale"), wf)
+    want = _torch_quantized_layer(x, logits, w1d, w2d, 4, af, s1, s2)
+    torch.cuda.synchronize()
+    rel = _assert_within_layer_tolerance(got, want, af)
+    print(f"[ layer    ] {wf} x {af} T={t}: rel_fro {rel:.3g}")
+    again = layer(x, w1q, w2q, router_logits=logits, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(got, again)  # deterministic, quantized or not
+    layout = layer.workspace_layout(t)
+    for name in ("gathered", "gathered_scale", "activated", "quantized", "quantized_scale",
+                 "global_scales"):
+        assert 0 <= layout[name] < layout["bytes"]
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8-block", "mxfp4", "mxfp8", "nvfp4"])
+def test_quantize_weights_on_the_gpu_gives_the_cpus_bytes(fmt):
+    g = torch.Generator(device="cuda").manual_seed(5)
+    w = torch.randn(3, 200, 320, generator=g, device="cuda")
+    w = (w * torch.exp2(torch.randint(-8, 8, (3, 200, 10), generator=g, device="cuda")
+                        .float().repeat_interleave(32, dim=2))).to(torch.bfloat16)
+    gpu = cubist.quantize_weights(w, fmt)
+    cpu = cubist.quantize_weights(w.cpu(), fmt)
+    for a, b in zip(gpu, cpu):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.is_cuda and a.dtype == b.dtype and a.shape == b.shape
+            assert torch.equal(a.cpu().view(torch.uint8), b.view(torch.uint8))
+
+
+def test_moe_layer_quantized_op_captures_in_a_graph_and_compiles(rt):
+    x, logits, w1, w2 = _layer_problem(seed=3, t=20)
+    layer = cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128,
+                            weights="nvfp4", activations="nvfp4")
+    w1q, w2q, kw = _quantized_layer_args("nvfp4", "nvfp4", x, w1, w2)
+    weight_scales = {k: v for k, v in kw.items() if k.startswith("w")}
+    layer.prepare(64, w1q, w2q, **weight_scales)  # kernels for T <= 64; placeholders
+    eager = layer(x, w1q, w2q, router_logits=logits, **kw)
+    out = torch.empty_like(x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        layer.op(x, w1q, w2q, router_logits=logits, out=out, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer.op(x, w1q, w2q, router_logits=logits, out=out, **kw)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager) and eager.abs().sum() > 0
+    # New scales in the same tensors: the replay reads them (nothing is baked in).
+    kw["input_scale"].mul_(0.5)
+    graph.replay()
+    rescaled = layer(x, w1q, w2q, router_logits=logits, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(out, rescaled)
+
+    def f(x, logits):
+        return layer.op(x, w1q, w2q, router_logits=logits, **kw) * 2
+    got = torch.compile(f, fullgraph=True)(x, logits)
+    torch.cuda.synchronize()
+    assert torch.equal(got, rescaled * 2)
+    # The op spelled out: a bf16 caller's positional arguments are unchanged; the scales
+    # come after `accumulate`.
+    spelled = torch.empty_like(x)
+    torch.ops.cubist.moe(layer.handle, x, w1q, w2q, spelled, logits, None, None, None, None,
+                         None, None, False, kw["w1_scale"], kw["w2_scale"],
+                         kw["w1_global_scale"], kw["w2_global_scale"], kw["input_scale"],
+                         kw["intermediate_scale"])
+    torch.cuda.synchronize()
+    assert torch.equal(spelled, rescaled)
+
+
+def test_moe_layer_quantized_errors_name_the_argument(rt):
+    x, logits, w1, w2 = _layer_problem()
+    layer = cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128,
+                            weights="mxfp4", activations="mxfp8")
+    w1q, w2q, kw = _quantized_layer_args("mxfp4", "mxfp8", x, w1, w2)
+    with pytest.raises(cubist.InvalidArgumentError, match=r"^w1_scale: mxfp4 x mxfp8 needs"):
+        layer(x, w1q, w2q, router_logits=logits, w2_scale=kw["w2_scale"])
+    with pytest.raises(cubist.InvalidArgumentError, match=r"^w1: expected uint8 or "
+                       r"float4_e2m1fn_x2 \[16, 256, 128\]"):
+        layer(x, w1, w2q, router_logits=logits, **kw)
+    with pytest.raises(cubist.InvalidArgumentError, match=r"^w2_scale: is on cpu"):
+        layer(x, w1q, w2q, router_logits=logits, w1_scale=kw["w1_scale"],
+              w2_scale=kw["w2_scale"].cpu())
+    with pytest.raises(cubist.UnimplementedError, match=r"nvfp4 x bf16 pair is not served"):
+        cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128,
+                        weights="nvfp4", activations="bf16")
