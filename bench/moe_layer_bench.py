@@ -80,13 +80,7 @@ def torch_fp8_layer(x, logits, w, m, bias, s1, s2):
     scales, torch._scaled_grouped_mm (row-wise scales) for both GEMMs."""
     (w1q, _, g1), (w2q, _, g2) = w
     e = w1q.shape[0]
-    ids, wt = torch_route(logits, m, bias)
-    flat = ids.flatten()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(e, dtype=torch.int32, device=x.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-    offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    token = order // m["k"]
+    _, token, weight, offs = torch_permute(x, logits, m, bias, e)
     a = (x[token].float() * (1.0 / s1)).to(torch.float8_e4m3fn)
     rows = a.shape[0]
     c = torch._scaled_grouped_mm(a, w1q.transpose(-2, -1), s1.expand(rows).contiguous(),
@@ -96,9 +90,7 @@ def torch_fp8_layer(x, logits, w, m, bias, s1, s2):
     y = torch._scaled_grouped_mm(h, w2q.transpose(-2, -1), s2.expand(rows).contiguous(),
                                  g2[:, None].expand(e, w2q.shape[1]).contiguous(), offs=offs,
                                  out_dtype=torch.bfloat16)
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    out.index_add_(0, token, y.float() * wt.flatten()[order][:, None])
-    return out.to(torch.bfloat16)
+    return torch_finalize(x, token, weight, y)
 
 
 def torch_route(logits, m, bias):
@@ -132,8 +124,9 @@ def torch_act(c, m):
     return (x1 * torch.sigmoid(alpha * x1) * (x0 + beta)).to(torch.bfloat16)
 
 
-def torch_layer(x, logits, w1, w2, m, bias, b1=None, b2=None):
-    e = w1.shape[0]
+def torch_permute(x, logits, m, bias, e):
+    """Routing and the sort by expert in torch: (expert of each sorted row, its token,
+    its routing weight, grouped-GEMM offsets [E] (cumulative ends))."""
     ids, w = torch_route(logits, m, bias)
     flat = ids.flatten()
     order = torch.argsort(flat, stable=True)
@@ -141,18 +134,25 @@ def torch_layer(x, logits, w1, w2, m, bias, b1=None, b2=None):
     counts = torch.zeros(e, dtype=torch.int32, device=x.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    token = order // m["k"]
-    a = x[token]
-    c = torch._grouped_mm(a, w1.transpose(-2, -1), offs=offs)
+    return flat[order], order // m["k"], w.flatten()[order], offs
+
+
+def torch_finalize(x, token, weight, y):
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    out.index_add_(0, token, y.float() * weight[:, None])
+    return out.to(torch.bfloat16)
+
+
+def torch_layer(x, logits, w1, w2, m, bias, b1=None, b2=None):
+    expert, token, weight, offs = torch_permute(x, logits, m, bias, w1.shape[0])
+    c = torch._grouped_mm(x[token], w1.transpose(-2, -1), offs=offs)
     if b1 is not None:  # gpt-oss: per-expert biases after each GEMM
-        c = (c.float() + b1[flat[order]]).to(torch.bfloat16)
+        c = (c.float() + b1[expert]).to(torch.bfloat16)
     h = torch_act(c, m)
     y = torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
     if b2 is not None:
-        y = (y.float() + b2[flat[order]]).to(torch.bfloat16)
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    out.index_add_(0, token, y.float() * w.flatten()[order][:, None])
-    return out.to(torch.bfloat16)
+        y = (y.float() + b2[expert]).to(torch.bfloat16)
+    return torch_finalize(x, token, weight, y)
 
 
 def timed(fn, iters, flush, graph=True):

@@ -1,8 +1,8 @@
 #include "dispatch/moe_quantize_reference.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
-#include <cstring>
 
 #include "dispatch/reference.h"
 
@@ -21,19 +21,8 @@ float Amax(const float* x, int n) {
   return m;
 }
 
-uint32_t Bits(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  return b;
-}
-float FromBits(uint32_t b) {
-  float v;
-  std::memcpy(&v, &b, 4);
-  return v;
-}
-
 void PutFloat(std::vector<uint8_t>* out, float v) {
-  const uint32_t b = Bits(v);
+  const uint32_t b = std::bit_cast<uint32_t>(v);
   for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(b >> (8 * i)));
 }
 
@@ -49,10 +38,10 @@ float BlockFactor(moe::MoeFormat f, const float* x, int n, float g, float inv_g,
       return Rcp(s);
     }
     case moe::kMxfp8: {
-      const int biased = static_cast<int>((Bits(amax) >> 23) & 0xFF);
+      const int biased = static_cast<int>((std::bit_cast<uint32_t>(amax) >> 23) & 0xFF);
       const int byte = biased > 8 ? biased - 8 : 0;
       scale->push_back(static_cast<uint8_t>(byte));
-      return FromBits(static_cast<uint32_t>(254 - byte) << 23);  // 2^(127 - byte)
+      return std::bit_cast<float>(static_cast<uint32_t>(254 - byte) << 23);  // 2^(127 - byte)
     }
     default: {  // nvfp4
       const float inv6 = Rcp(6.0f);

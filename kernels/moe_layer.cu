@@ -783,27 +783,16 @@ __device__ __forceinline__ void QuantizeRows(const MoeQuantizeParams& p) {
 }  // namespace
 }  // namespace cubist::moe
 
-extern "C" __global__ void __launch_bounds__(kMoeQuantizeThreads)
-    cubist_moe_quantize_fp8(const __grid_constant__ MoeQuantizeParams p) {
-  GridDependencyWait();
-  LaunchDependents();
-  QuantizeRows<QuantFormat::kFp8>(p);
-}
-extern "C" __global__ void __launch_bounds__(kMoeQuantizeThreads)
-    cubist_moe_quantize_fp8_block(const __grid_constant__ MoeQuantizeParams p) {
-  GridDependencyWait();
-  LaunchDependents();
-  QuantizeRows<QuantFormat::kFp8Block>(p);
-}
-extern "C" __global__ void __launch_bounds__(kMoeQuantizeThreads)
-    cubist_moe_quantize_mxfp8(const __grid_constant__ MoeQuantizeParams p) {
-  GridDependencyWait();
-  LaunchDependents();
-  QuantizeRows<QuantFormat::kMxfp8>(p);
-}
-extern "C" __global__ void __launch_bounds__(kMoeQuantizeThreads)
-    cubist_moe_quantize_nvfp4(const __grid_constant__ MoeQuantizeParams p) {
-  GridDependencyWait();
-  LaunchDependents();
-  QuantizeRows<QuantFormat::kNvfp4>(p);
-}
+// One entry point per output format (the manifest names each function).
+#define CUBIST_MOE_QUANTIZE_KERNEL(name, format)                                     \
+  extern "C" __global__ void __launch_bounds__(kMoeQuantizeThreads)                  \
+      name(const __grid_constant__ MoeQuantizeParams p) {                            \
+    GridDependencyWait();                                                            \
+    LaunchDependents();                                                              \
+    QuantizeRows<QuantFormat::format>(p);                                            \
+  }
+CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_fp8, kFp8)
+CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_fp8_block, kFp8Block)
+CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_mxfp8, kMxfp8)
+CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_nvfp4, kNvfp4)
+#undef CUBIST_MOE_QUANTIZE_KERNEL
