@@ -354,7 +354,7 @@ void QuantizeLayerWeights(MoeLayerData* layer) {
 Tolerance MoeLayerTolerance(moe::MoeFormat activation_format) {
   Tolerance t;
   const bool quantized = activation_format != moe::kBf16;
-  t.rel_fro = !quantized ? 5e-3 : activation_format == moe::kNvfp4 ? 3e-2 : 1.5e-2;
+  t.rel_fro = quantized ? 1.5e-2 : 5e-3;  // measured on the H200: at most 7.8e-3 and 1.7e-3
   t.rtol = quantized ? 0.15 : 3e-2;
   t.atol_rel = quantized ? 4e-2 : 1e-2;
   return t;

