@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "artifacts/curl_transport.h"
+#include "artifacts/http_headers.h"
 #include "artifacts/fetch_policy.h"
 #include "artifacts/oci_manifest_source.h"
 #include "artifacts/parsed_manifest_cache.h"
