@@ -20,8 +20,6 @@ using moe::kMxfp4;
 using moe::kMxfp8;
 using moe::kNvfp4;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
 uint32_t FloatBits(float x) {
   uint32_t b;
   std::memcpy(&b, &x, 4);
@@ -422,9 +420,10 @@ std::vector<double> ApplyActivation(const MoeProblemData& p, const std::vector<d
   const int cols = gated ? p.n / 2 : p.n;
   std::vector<double> out(static_cast<size_t>(p.num_tokens) * cols);
   for (int e = 0; e < p.num_experts; ++e) {
-    const double alpha = p.alpha.empty() ? 1.0 : p.alpha[e];
-    const double beta = p.beta.empty() ? (act == moe::kSitu ? 1.0 : 0.0) : p.beta[e];
-    const double limit = p.limit.empty() ? kInf : p.limit[e];
+    const moe::MoeActParams defaults = moe::MoeActDefaults(act);
+    const double alpha = p.alpha.empty() ? defaults.alpha : p.alpha[e];
+    const double beta = p.beta.empty() ? defaults.beta : p.beta[e];
+    const double limit = p.limit.empty() ? defaults.limit : p.limit[e];
     const float* bias = p.bias.empty() ? nullptr : &p.bias[static_cast<size_t>(e) * p.n];
     auto biased = [&](const double* row, int j) { return row[j] + (bias ? bias[j] : 0.0); };
     for (int t = p.offsets[e]; t < p.offsets[e + 1]; ++t) {

@@ -48,7 +48,7 @@ struct MoeProblemData {
   std::vector<uint8_t> b_scale;
   std::vector<float> a_global_scale;  // [1] for fp8 / nvfp4, else empty
   std::vector<float> b_global_scale;  // [E] for fp8 / nvfp4, else empty
-  std::vector<float> alpha, beta, limit;  // [E] or empty (kernel default)
+  std::vector<float> alpha, beta, limit;  // [E] or empty (moe::MoeActDefaults)
   std::vector<float> bias;  // [E, N] or empty: added to C before the activation
 };
 
