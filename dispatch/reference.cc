@@ -187,96 +187,115 @@ float Ue8m0ToFloat(uint8_t bits) {
 
 // ---------------------------------------------------------------------------------
 
+namespace {
+
+// max |x| over rows [r0, r1) and columns [c0, c1) of a [rows, k] matrix.
+float AbsMax(const std::vector<float>& x, int k, int r0, int r1, int c0, int c1) {
+  float m = 0;
+  for (int r = r0; r < r1; ++r)
+    for (int c = c0; c < c1; ++c) m = std::max(m, std::fabs(x[int64_t{r} * k + c]));
+  return m;
+}
+
+void QuantizeBf16(const std::vector<float>& x, int64_t count, std::vector<uint8_t>* data) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t b = FloatToBf16(x[i]);
+    data->push_back(static_cast<uint8_t>(b));
+    data->push_back(static_cast<uint8_t>(b >> 8));
+  }
+}
+
+void QuantizeFp8(const std::vector<float>& x, int rows, int k, std::vector<uint8_t>* data,
+                 float* global) {
+  const float amax = AbsMax(x, k, 0, rows, 0, k);
+  *global = amax > 0 ? amax / 448.0f : 1.0f;
+  for (int64_t i = 0; i < int64_t{rows} * k; ++i) data->push_back(FloatToE4m3(x[i] / *global));
+}
+
+void QuantizeFp8Block(const std::vector<float>& x, int rows, int k, bool square_blocks,
+                      std::vector<uint8_t>* data, std::vector<uint8_t>* scale) {
+  const int rb = square_blocks ? 128 : 1;
+  const int kb = (k + 127) / 128;
+  const int nrb = (rows + rb - 1) / rb;
+  std::vector<float> s(static_cast<size_t>(nrb) * kb);
+  for (int i = 0; i < nrb; ++i) {
+    for (int j = 0; j < kb; ++j) {
+      const float amax = AbsMax(x, k, i * rb, std::min(rows, (i + 1) * rb), j * 128,
+                                std::min(k, (j + 1) * 128));
+      s[i * kb + j] = amax > 0 ? amax / 448.0f : 1.0f;
+      PutFloat(scale, s[i * kb + j]);
+    }
+  }
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < k; ++c)
+      data->push_back(FloatToE4m3(x[int64_t{r} * k + c] / s[(r / rb) * kb + c / 128]));
+}
+
+// Two e2m1 codes a byte, element 2i in the low nibble.
+void PackE2m1(const std::vector<float>& q, std::vector<uint8_t>* data) {
+  for (size_t i = 0; i < q.size(); i += 2)
+    data->push_back(static_cast<uint8_t>(FloatToE2m1(q[i]) | (FloatToE2m1(q[i + 1]) << 4)));
+}
+
+// OCP MX: shared exponent floor(log2(amax)) - emax(element), elements saturate.
+void QuantizeMx(MoeFormat format, const std::vector<float>& x, int rows, int k,
+                std::vector<uint8_t>* data, std::vector<uint8_t>* scale) {
+  const int emax = format == kMxfp8 ? 8 : 2;
+  std::vector<float> q(static_cast<size_t>(rows) * k);
+  for (int r = 0; r < rows; ++r) {
+    for (int c0 = 0; c0 < k; c0 += 32) {
+      const float amax = AbsMax(x, k, r, r + 1, c0, c0 + 32);
+      int se = 0;
+      if (amax > 0) {
+        int ex;
+        std::frexp(amax, &ex);
+        se = std::clamp(ex - 1 - emax, -127, 127);
+      }
+      scale->push_back(static_cast<uint8_t>(se + 127));
+      for (int c = c0; c < c0 + 32; ++c)
+        q[int64_t{r} * k + c] = std::ldexp(x[int64_t{r} * k + c], -se);
+    }
+  }
+  if (format == kMxfp8) {
+    for (float v : q) data->push_back(FloatToE4m3(v));
+  } else {
+    PackE2m1(q, data);
+  }
+}
+
+void QuantizeNvfp4(const std::vector<float>& x, int rows, int k, std::vector<uint8_t>* data,
+                   std::vector<uint8_t>* scale, float* global) {
+  const float amax = AbsMax(x, k, 0, rows, 0, k);
+  *global = amax > 0 ? amax / (448.0f * 6.0f) : 1.0f;
+  std::vector<float> q(static_cast<size_t>(rows) * k);
+  for (int r = 0; r < rows; ++r) {
+    for (int c0 = 0; c0 < k; c0 += 16) {
+      const float bmax = AbsMax(x, k, r, r + 1, c0, c0 + 16);
+      const uint8_t sc = FloatToE4m3(bmax / 6.0f / *global);
+      scale->push_back(sc);
+      const float s = E4m3ToFloat(sc) * *global;
+      for (int c = c0; c < c0 + 16; ++c)
+        q[int64_t{r} * k + c] = s > 0 ? x[int64_t{r} * k + c] / s : 0.0f;
+    }
+  }
+  PackE2m1(q, data);
+}
+
+}  // namespace
+
 void Quantize(MoeFormat format, const std::vector<float>& x, int rows, int k,
               bool square_blocks, std::vector<uint8_t>* data, std::vector<uint8_t>* scale,
               float* global) {
   data->clear();
   scale->clear();
   *global = 1.0f;
-  const int64_t count = static_cast<int64_t>(rows) * k;
-  auto amax_of = [&](int r0, int r1, int c0, int c1) {
-    float m = 0;
-    for (int r = r0; r < r1; ++r)
-      for (int c = c0; c < c1; ++c) m = std::max(m, std::fabs(x[int64_t{r} * k + c]));
-    return m;
-  };
   switch (format) {
-    case kBf16:
-      for (int64_t i = 0; i < count; ++i) {
-        const uint16_t b = FloatToBf16(x[i]);
-        data->push_back(static_cast<uint8_t>(b));
-        data->push_back(static_cast<uint8_t>(b >> 8));
-      }
-      return;
-    case kFp8: {
-      const float amax = amax_of(0, rows, 0, k);
-      *global = amax > 0 ? amax / 448.0f : 1.0f;
-      for (int64_t i = 0; i < count; ++i) data->push_back(FloatToE4m3(x[i] / *global));
-      return;
-    }
-    case kFp8Block: {
-      const int rb = square_blocks ? 128 : 1;
-      const int kb = (k + 127) / 128;
-      const int nrb = (rows + rb - 1) / rb;
-      std::vector<float> s(static_cast<size_t>(nrb) * kb);
-      for (int i = 0; i < nrb; ++i) {
-        for (int j = 0; j < kb; ++j) {
-          const float amax = amax_of(i * rb, std::min(rows, (i + 1) * rb), j * 128,
-                                     std::min(k, (j + 1) * 128));
-          s[i * kb + j] = amax > 0 ? amax / 448.0f : 1.0f;
-          PutFloat(scale, s[i * kb + j]);
-        }
-      }
-      for (int r = 0; r < rows; ++r)
-        for (int c = 0; c < k; ++c)
-          data->push_back(FloatToE4m3(x[int64_t{r} * k + c] / s[(r / rb) * kb + c / 128]));
-      return;
-    }
+    case kBf16: return QuantizeBf16(x, int64_t{rows} * k, data);
+    case kFp8: return QuantizeFp8(x, rows, k, data, global);
+    case kFp8Block: return QuantizeFp8Block(x, rows, k, square_blocks, data, scale);
     case kMxfp8:
-    case kMxfp4: {
-      // OCP MX: shared exponent floor(log2(amax)) - emax(element), elements saturate.
-      const int emax = format == kMxfp8 ? 8 : 2;
-      std::vector<float> q(count);
-      for (int r = 0; r < rows; ++r) {
-        for (int c0 = 0; c0 < k; c0 += 32) {
-          const float amax = amax_of(r, r + 1, c0, c0 + 32);
-          int se = 0;
-          if (amax > 0) {
-            int ex;
-            std::frexp(amax, &ex);
-            se = std::clamp(ex - 1 - emax, -127, 127);
-          }
-          scale->push_back(static_cast<uint8_t>(se + 127));
-          for (int c = c0; c < c0 + 32; ++c)
-            q[int64_t{r} * k + c] = std::ldexp(x[int64_t{r} * k + c], -se);
-        }
-      }
-      if (format == kMxfp8) {
-        for (int64_t i = 0; i < count; ++i) data->push_back(FloatToE4m3(q[i]));
-      } else {
-        for (int64_t i = 0; i < count; i += 2)
-          data->push_back(static_cast<uint8_t>(FloatToE2m1(q[i]) | (FloatToE2m1(q[i + 1]) << 4)));
-      }
-      return;
-    }
-    case kNvfp4: {
-      const float amax = amax_of(0, rows, 0, k);
-      *global = amax > 0 ? amax / (448.0f * 6.0f) : 1.0f;
-      std::vector<float> q(count);
-      for (int r = 0; r < rows; ++r) {
-        for (int c0 = 0; c0 < k; c0 += 16) {
-          const float bmax = amax_of(r, r + 1, c0, c0 + 16);
-          const uint8_t sc = FloatToE4m3(bmax / 6.0f / *global);
-          scale->push_back(sc);
-          const float s = E4m3ToFloat(sc) * *global;
-          for (int c = c0; c < c0 + 16; ++c)
-            q[int64_t{r} * k + c] = s > 0 ? x[int64_t{r} * k + c] / s : 0.0f;
-        }
-      }
-      for (int64_t i = 0; i < count; i += 2)
-        data->push_back(static_cast<uint8_t>(FloatToE2m1(q[i]) | (FloatToE2m1(q[i + 1]) << 4)));
-      return;
-    }
+    case kMxfp4: return QuantizeMx(format, x, rows, k, data, scale);
+    case kNvfp4: return QuantizeNvfp4(x, rows, k, data, scale, global);
     case moe::kFp16:
     case moe::kMxint4:
       return;  // names only: no moe_gemm kernel takes them, so nothing to quantize for
