@@ -16,6 +16,7 @@
 #include "cli/exit_codes.h"
 #include "cli/moe_problem_flags.h"
 #include "cli/run_moe_layer.h"
+#include "cli/trust_flags.h"
 #include "dispatch/moe_gemm.h"
 #include "dispatch/operand_fill.h"
 #include "dispatch/operand_reference.h"
@@ -29,7 +30,7 @@ namespace {
 struct RunFlags {
   std::string manifest;
   std::string cache;
-  ProblemFlags problem;
+  report::ProblemSpec problem;
   std::string pin;
   int device = 0;
   int iterations = 20;
@@ -39,7 +40,7 @@ struct RunFlags {
   bool json = false;
   bool offline = false;
   bool allow_inexact = false;
-  TrustFlags trust;
+  report::TrustSpec trust;
   MoeLayerRunFlags layer;  // --op moe
 };
 

@@ -1,4 +1,4 @@
-#include "cli/reports.h"
+#include "report/reports.h"
 
 #include <algorithm>
 
@@ -6,9 +6,10 @@
 #include "artifacts/keep.h"
 #include "artifacts/oci_manifest_source.h"
 #include "base/status_macros.h"
-#include "cli/common.h"
+#include "artifacts/cache_dir.h"
+#include "report/open_request.h"
 
-namespace cubist::cli {
+namespace cubist::report {
 namespace {
 
 nlohmann::json ProblemJson(const MoeProblem& p) {
@@ -66,7 +67,7 @@ absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgres
   // from the cache (they are looked at where they lie). Else the full plan, which
   // probes again.
   CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened,
-                          OpenManifestForCommand(f.manifest, f.trust, &store, f.offline,
+                          OpenManifestForRequest(f.manifest, f.trust, &store, f.offline,
                                                  /*record_version=*/true,
                                                  /*pack_artifacts=*/!f.artifact_entries));
   const Manifest& m = opened.manifest;
@@ -166,7 +167,7 @@ absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgres
 absl::StatusOr<CommandReport> RunVerifyReport(const VerifyRequest& f, VerifyReport* report_out) {
   CUBIST_ASSIGN_OR_RETURN(Store store, OpenStore(f.cache, /*create=*/false));
   CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened,
-                          OpenManifestForCommand(f.manifest, f.trust, &store, f.offline,
+                          OpenManifestForRequest(f.manifest, f.trust, &store, f.offline,
                                                  /*record_version=*/false));
   VerifyOptions options;
   options.manifest = f.manifest;
@@ -208,7 +209,7 @@ absl::StatusOr<std::unique_ptr<Selection>> Select(const SelectRequest& f) {
     if (auto s = Store::Open(*root, /*create=*/false); s.ok()) store.emplace(std::move(*s));
   }
   CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened,
-                          OpenManifestForCommand(f.manifest, f.trust,
+                          OpenManifestForRequest(f.manifest, f.trust,
                                                  store ? &*store : nullptr, f.offline,
                                                  /*record_version=*/false));
   CUBIST_ASSIGN_OR_RETURN(Registry registry, Registry::Create(opened.manifest));
@@ -253,4 +254,4 @@ CommandReport SelectReport(const Selection& s, bool explain) {
   return out;
 }
 
-}  // namespace cubist::cli
+}  // namespace cubist::report
