@@ -5,7 +5,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "dispatch/moe_gemm.h"
 #include "dispatch/moe_types.h"
 #include "loader/device_memory.h"
 
