@@ -148,26 +148,16 @@ absl::StatusOr<std::unique_ptr<MoeGemm>> MoeGemm::Create(Runtime& runtime,
 
 MoeGemmArgs MoeGemmArgsFor(const MoeProblem& p) {
   MoeGemmArgs a;
-  a.weight_format = p.weight_format;
-  a.activation_format = p.activation_format;
-  a.activation = p.activation;
-  a.experts = p.experts;
+  CopyGemmShape(p, &a);
   a.tokens = p.tokens;
-  a.n = p.n;
-  a.k = p.k;
   return a;
 }
 
 MoeProblem MoeGemm::ProblemOf(const MoeGemmArgs& a) const {
   MoeProblem p;
   p.op = Op::kMoeGemm;
-  p.weight_format = a.weight_format;
-  p.activation_format = a.activation_format;
-  p.activation = a.activation;
-  p.experts = a.experts;
+  CopyGemmShape(a, &p);
   p.tokens = a.tokens;
-  p.n = a.n;
-  p.k = a.k;
   p.sm = runtime_->sm();
   p.sm_count = runtime_->device_info().sm_count;
   p.bias = a.bias != 0;
