@@ -55,6 +55,85 @@ absl::Status NoMatchError(const FetchRequest& f) {
                                           "; see 'cubist list'"));
 }
 
+// The warm path's report: every selected artifact cached, an entry each when asked.
+FetchReport CachedReport(const Manifest& m, const FetchRequest& f, size_t selected) {
+  FetchReport report;
+  report.cached = static_cast<int>(selected);
+  if (!f.artifact_entries) return report;
+  report.results.reserve(selected);
+  for (const Artifact& a : m.artifacts) {
+    if (!SelectedByFilters(a.path, f.filters)) continue;
+    ArtifactResult& r = report.results.emplace_back();
+    r.path = a.path;
+    r.sha256 = a.sha256;
+    r.outcome = FetchOutcome::kCached;
+  }
+  return report;
+}
+
+absl::StatusOr<FetchOptions> FetchOptionsFor(const FetchRequest& f, const Manifest& m) {
+  FetchOptions options;
+  options.manifest = f.manifest;
+  options.jobs = f.jobs;
+  options.offline = f.offline;
+  options.attempts_per_source = f.retries;
+  options.low_speed_time = absl::Seconds(f.stall_seconds);
+  options.durable = !f.no_fsync;
+  if (IsOciReference(m.source)) {
+    CUBIST_ASSIGN_OR_RETURN(OciReference ref, ParseOciReference(m.source));
+    options.authorization = MakeOciAuthorizer(ref);
+  }
+  return options;
+}
+
+// After a fetch in which nothing failed: the manifest is kept for gc only once
+// everything it names is present (the root lets go after). A manifest that cannot be
+// kept is a failed fetch (exit 9 on a full disk): the next gc would delete what this one
+// reports fetched. Never success for objects gone at exit (a gc of an older cubist,
+// which knows no roots, or an operator's rm): one more stat each, only after downloads.
+absl::Status KeepFetched(Store& store, const OpenedManifest& opened, const FetchRequest& f,
+                         bool was_warm) {
+  CUBIST_RETURN_IF_ERROR(store.KeepManifest(opened.manifest, opened.bytes));
+  if (!was_warm && !CheckAllCached(store, opened.manifest, f.filters).all_present) {
+    return absl::UnavailableError(absl::StrCat(
+        "fetch ", f.manifest, ": objects were removed from cache ", store.root(),
+        " while this fetch ran (a 'cubist gc' of a version without pending roots?); "
+        "fetch again"));
+  }
+  return absl::OkStatus();
+}
+
+nlohmann::json FetchJson(const FetchRequest& f, const Manifest& m, const Store& store,
+                         const FetchReport& report) {
+  nlohmann::json j;
+  j["manifest"] = f.manifest;
+  j["name"] = m.name;
+  j["version"] = m.version;
+  j["digest"] = m.digest;
+  j["cache"] = store.root();
+  j["seconds"] = absl::ToDoubleSeconds(report.elapsed);
+  j["bytes_received"] = report.bytes_received;
+  j["counts"] = {{"cached", report.cached}, {"downloaded", report.downloaded},
+                 {"reused", report.reused}, {"failed", report.failed}};
+  if (f.artifact_entries) {
+    nlohmann::json arts = nlohmann::json::array();
+    for (const ArtifactResult& r : report.results) {
+      nlohmann::json a = {{"path", r.path}, {"sha256", r.sha256},
+                          {"outcome", FetchOutcomeName(r.outcome)},
+                          {"attempts", r.attempts}, {"bytes_received", r.bytes_received}};
+      if (!r.url.empty()) a["url"] = r.url;
+      if (!r.status.ok()) {
+        a["error"] = std::string(r.status.message());
+        a["code"] = absl::StatusCodeToString(r.status.code());
+      }
+      arts.push_back(std::move(a));
+    }
+    j["artifacts"] = std::move(arts);
+  }
+  j["ok"] = report.failed == 0;
+  return j;
+}
+
 }  // namespace
 
 absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgress* progress,
@@ -86,79 +165,23 @@ absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgres
                               : CheckAllCached(store, m, f.filters);
   if (warm.all_present) {
     if (warm.selected == 0 && !f.filters.empty()) return NoMatchError(f);
-    report.cached = static_cast<int>(warm.selected);
-    if (f.artifact_entries) {
-      report.results.reserve(warm.selected);
-      for (const Artifact& a : m.artifacts) {
-        if (!SelectedByFilters(a.path, f.filters)) continue;
-        ArtifactResult& r = report.results.emplace_back();
-        r.path = a.path;
-        r.sha256 = a.sha256;
-        r.outcome = FetchOutcome::kCached;
-      }
-    }
+    report = CachedReport(m, f, warm.selected);
     if (on_start) on_start(store, {});
     report.elapsed = absl::Now() - start;
   } else {
     opened.UnpackArtifacts();  // the plan needs them built
     std::vector<FetchItem> items = PlanFetch(m, f.mirrors, f.filters);
     if (items.empty() && !f.filters.empty()) return NoMatchError(f);
-    FetchOptions options;
-    options.manifest = f.manifest;
-    options.jobs = f.jobs;
-    options.offline = f.offline;
-    options.attempts_per_source = f.retries;
-    options.low_speed_time = absl::Seconds(f.stall_seconds);
-    options.durable = !f.no_fsync;
-    if (IsOciReference(m.source)) {
-      CUBIST_ASSIGN_OR_RETURN(OciReference ref, ParseOciReference(m.source));
-      options.authorization = MakeOciAuthorizer(ref);
-    }
+    CUBIST_ASSIGN_OR_RETURN(FetchOptions options, FetchOptionsFor(f, m));
     if (on_start) on_start(store, items);
     FetchProgress local_progress;
     report = FetchArtifacts(store, items, options,
                             progress != nullptr ? progress : &local_progress);
   }
   if (report.failed == 0) {
-    // Kept for gc only once everything it names is present; the root lets go after.
-    // A manifest that cannot be kept is a failed fetch (exit 9 on a full disk): the
-    // next gc would delete what this one reports fetched.
-    CUBIST_RETURN_IF_ERROR(store.KeepManifest(m, opened.bytes));
-    // Never success for objects gone at exit (a gc of an older cubist, which knows no
-    // roots, or an operator's rm): one more stat each, only after downloads.
-    if (!warm.all_present && !CheckAllCached(store, m, f.filters).all_present) {
-      return absl::UnavailableError(absl::StrCat(
-          "fetch ", f.manifest, ": objects were removed from cache ", store.root(),
-          " while this fetch ran (a 'cubist gc' of a version without pending roots?); "
-          "fetch again"));
-    }
+    CUBIST_RETURN_IF_ERROR(KeepFetched(store, opened, f, warm.all_present));
   }
-  nlohmann::json& j = out.json;
-  j["manifest"] = f.manifest;
-  j["name"] = m.name;
-  j["version"] = m.version;
-  j["digest"] = m.digest;
-  j["cache"] = store.root();
-  j["seconds"] = absl::ToDoubleSeconds(report.elapsed);
-  j["bytes_received"] = report.bytes_received;
-  j["counts"] = {{"cached", report.cached}, {"downloaded", report.downloaded},
-                 {"reused", report.reused}, {"failed", report.failed}};
-  if (f.artifact_entries) {
-    nlohmann::json arts = nlohmann::json::array();
-    for (const ArtifactResult& r : report.results) {
-      nlohmann::json a = {{"path", r.path}, {"sha256", r.sha256},
-                          {"outcome", FetchOutcomeName(r.outcome)},
-                          {"attempts", r.attempts}, {"bytes_received", r.bytes_received}};
-      if (!r.url.empty()) a["url"] = r.url;
-      if (!r.status.ok()) {
-        a["error"] = std::string(r.status.message());
-        a["code"] = absl::StatusCodeToString(r.status.code());
-      }
-      arts.push_back(std::move(a));
-    }
-    j["artifacts"] = std::move(arts);
-  }
-  j["ok"] = report.failed == 0;
+  out.json = FetchJson(f, m, store, report);
   out.status = report.status;
   if (report_out != nullptr) *report_out = std::move(report);
   return out;
