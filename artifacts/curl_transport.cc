@@ -2,11 +2,10 @@
 
 #include <string>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "artifacts/curl_handles.h"
+#include "artifacts/http_headers.h"
 #include "base/status_macros.h"
 #include "base/strings.h"
 
@@ -29,17 +28,9 @@ size_t OnBody(char* p, size_t size, size_t n, void* user) {
   return len;
 }
 
+// Header lines go to a ResponseHeaders (http_headers.h), the one parser of them.
 size_t OnHeader(char* p, size_t size, size_t n, void* user) {
-  auto* response = static_cast<TransportResponse*>(user);
-  std::string_view line(p, size * n);
-  if (absl::StartsWith(Sv(line), "HTTP/")) {
-    response->retry_after.reset();  // a new response (after a redirect)
-    response->etag.clear();
-  } else if (auto d = RetryAfterFromHeaderLine(line); d.has_value()) {
-    response->retry_after = d;
-  } else if (auto tag = EtagFromHeaderLine(line); tag.has_value()) {
-    response->etag = *std::move(tag);
-  }
+  static_cast<ResponseHeaders*>(user)->AddLine(std::string_view(p, size * n));
   return size * n;
 }
 
@@ -77,30 +68,6 @@ TransportResult TransportResultOf(CURLcode rc) {
   }
 }
 
-std::optional<absl::Duration> RetryAfterFromHeaderLine(std::string_view line) {
-  constexpr std::string_view kName = "retry-after:";
-  if (!absl::StartsWithIgnoreCase(Sv(line), Sv(kName))) return std::nullopt;
-  int64_t secs;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(Sv(line.substr(kName.size()))), &secs) ||
-      secs < 0) {
-    return std::nullopt;
-  }
-  return absl::Seconds(secs);
-}
-
-std::optional<std::string> EtagFromHeaderLine(std::string_view line) {
-  constexpr std::string_view kName = "etag:";
-  if (!absl::StartsWithIgnoreCase(Sv(line), Sv(kName))) return std::nullopt;
-  absl::string_view tag = absl::StripAsciiWhitespace(Sv(line.substr(kName.size())));
-  // It goes back out as a header line: refuse what could end or bend that line, and
-  // anything too long to be an entity tag.
-  if (tag.empty() || tag.size() > 1024) return std::nullopt;
-  for (char c : tag) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return std::nullopt;
-  }
-  return std::string(tag);
-}
-
 TransportResponse CurlTransport::Get(const TransportRequest& request) {
   TransportResponse response;
   CurlEasy easy(curl_.easy_init());
@@ -115,15 +82,18 @@ TransportResponse CurlTransport::Get(const TransportRequest& request) {
   curl_.easy_setopt(e, CURLOPT_WRITEFUNCTION, &OnBody);
   curl_.easy_setopt(e, CURLOPT_WRITEDATA, &sink);
   curl_.easy_setopt(e, CURLOPT_HEADERFUNCTION, &OnHeader);
-  curl_.easy_setopt(e, CURLOPT_HEADERDATA, &response);
+  ResponseHeaders headers;
+  curl_.easy_setopt(e, CURLOPT_HEADERDATA, &headers);
   curl_.easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
-  CurlSlist headers;
+  CurlSlist request_headers;
   if (!request.if_none_match.empty()) {
     const std::string header = absl::StrCat("If-None-Match: ", request.if_none_match);
-    headers.reset(curl_.slist_append(nullptr, header.c_str()));
-    curl_.easy_setopt(e, CURLOPT_HTTPHEADER, headers.get());
+    request_headers.reset(curl_.slist_append(nullptr, header.c_str()));
+    curl_.easy_setopt(e, CURLOPT_HTTPHEADER, request_headers.get());
   }
   CURLcode rc = curl_.easy_perform(e);
+  response.retry_after = headers.retry_after;
+  response.etag = headers.etag.value_or("");
   curl_.easy_getinfo(e, CURLINFO_RESPONSE_CODE, &response.facts.http_status);
   response.facts.is_file = absl::StartsWithIgnoreCase(Sv(request.url), "file://");
   response.facts.result = TransportResultOf(rc);

@@ -7,12 +7,7 @@
 
 #include <curl/curl.h>
 
-#include <optional>
-#include <string>
-#include <string_view>
-
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "artifacts/curl_library.h"
 #include "artifacts/curl_options.h"
 #include "artifacts/fetch_policy.h"
@@ -24,15 +19,6 @@ namespace cubist {
 // -> kRangeError; connect, resolve, timeout, reset, short-body, HTTP/2 and TLS
 // handshake errors -> kTransient; anything else -> kFatal.
 TransportResult TransportResultOf(CURLcode rc);
-
-// The delay of a "Retry-After: <seconds>" header line (any case), else nullopt (other
-// headers, and the HTTP-date form, which no server we know sends to clients like us).
-std::optional<absl::Duration> RetryAfterFromHeaderLine(std::string_view line);
-
-// The entity tag of an "ETag: <tag>" header line (any case), verbatim and trimmed, else
-// nullopt (other headers, an empty tag, one over 1,024 bytes or holding control
-// characters: it is sent back as an If-None-Match header line).
-std::optional<std::string> EtagFromHeaderLine(std::string_view line);
 
 // One easy handle per call, configured by ApplyCurlOptions (curl_options.h), with the
 // CA variables read at each call (a manifest read is one request; the environment may

@@ -2,23 +2,15 @@
 
 #include <fcntl.h>
 #include <fnmatch.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <deque>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <random>
 #include <thread>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "artifacts/curl_handles.h"
@@ -27,13 +19,13 @@
 #include "artifacts/curl_transport.h"
 #include "artifacts/fetch_policy.h"
 #include "artifacts/group_commit.h"
+#include "artifacts/http_headers.h"
 #include "artifacts/oci_manifest_source.h"
+#include "artifacts/partial_file.h"
 #include "artifacts/sources.h"
 #include "artifacts/verify.h"
-#include "base/sha256.h"
 #include "base/status_macros.h"
 #include "base/strings.h"
-#include "base/unique_fd.h"
 
 namespace cubist {
 
@@ -145,9 +137,7 @@ struct Job {
   std::vector<std::string> source_errors;
   absl::StatusCode worst = absl::StatusCode::kOk;
   FileLock lock;
-  UniqueFd fd;                // the temp file
-  Sha256 hasher;              // state covers the first `offset` bytes of the temp file
-  uint64_t offset = 0;
+  PartialFile partial;        // the temp file and the hash of what it holds
   bool resumed = false;       // some bytes came from an earlier attempt
   bool restarted = false;     // already retried from byte 0 after a resumed mismatch
   bool waited_for_lock = false;
@@ -170,13 +160,66 @@ struct Transfer {
   bool oversize = false;
   bool bad_range = false;
   bool range_ignored = false;
-  int write_errno = 0;
-  std::optional<uint64_t> content_range_start;
-  std::optional<absl::Duration> retry_after;
+  absl::Status write_error;  // our disk failed: no other source helps
+  ResponseHeaders headers;
   char errbuf[CURL_ERROR_SIZE] = {0};
   FetchProgress* progress = nullptr;
-  CurlSlist headers;  // FetchOptions::authorization's header, when there is one
+  CurlSlist request_headers;  // FetchOptions::authorization's header, when there is one
 };
+
+bool IsFileUrl(std::string_view url) { return absl::StartsWithIgnoreCase(Sv(url), "file://"); }
+
+// libcurl's header callback: every line goes to the one header parser.
+size_t OnHeader(char* data, size_t size, size_t n, void* user) {
+  static_cast<Transfer*>(user)->headers.AddLine(std::string_view(data, size * n));
+  return size * n;
+}
+
+// Decides, at the first body byte (or at the end for an empty body), what the
+// response is: an error page to discard, a range answer to check, or data.
+bool CheckStatus(Transfer* t) {
+  if (t->status_checked) return true;
+  t->status_checked = true;
+  long code = 0;
+  t->curl->easy_getinfo(t->easy.get(), CURLINFO_RESPONSE_CODE, &code);
+  const bool is_file = IsFileUrl(t->url);
+  if (!is_file && (code < 200 || code >= 300)) {
+    t->discard = true;
+    return true;
+  }
+  PartialFile& file = t->job->partial;
+  if (file.size() == 0 || is_file) return true;
+  if (code == 200) {
+    // The server ignored Range and sends the whole file: start over.
+    t->range_ignored = true;
+    t->start_offset = 0;
+    t->write_error = file.Reset();
+    return t->write_error.ok();
+  }
+  if (code == 206 && t->headers.content_range_start != file.size()) {
+    t->bad_range = true;  // answered a range we did not ask for
+    return false;
+  }
+  return true;
+}
+
+// libcurl's write callback: checks the response once, then appends to the partial file.
+size_t OnWrite(char* data, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  size_t len = size * n;
+  if (!CheckStatus(t)) return 0;
+  if (t->discard) return len;
+  PartialFile& file = t->job->partial;
+  if (file.size() + len > t->limit) {
+    t->oversize = true;  // stop at the declared size + 1 byte: never store more
+    return 0;
+  }
+  t->write_error = file.Append(data, len);
+  if (!t->write_error.ok()) return 0;
+  t->received += len;
+  if (t->progress != nullptr) t->progress->bytes_received.fetch_add(len);
+  return len;
+}
 
 struct Shared {
   const Store& store;
@@ -189,57 +232,52 @@ struct Shared {
   const CurlApi* curl;  // null with --offline: nothing is transferred, libcurl not loaded
 };
 
+RetryPolicy PolicyOf(const FetchOptions& options) {
+  RetryPolicy policy;
+  policy.attempts_per_source = options.attempts_per_source;
+  policy.backoff_base = options.backoff_base;
+  policy.backoff_max = options.backoff_max;
+  policy.retry_after_max = options.retry_after_max;
+  return policy;
+}
+
+CurlOptions CurlOptionsOf(const FetchOptions& options) {
+  CurlOptions curl;
+  curl.max_redirects = options.max_redirects;
+  curl.connect_timeout = options.connect_timeout;
+  curl.low_speed_bytes = options.low_speed_bytes;
+  curl.low_speed_time = options.low_speed_time;
+  curl.ca = CaSettings::FromEnvironment();
+  return curl;
+}
+
+// One thread's share of the jobs. A job goes: first look at the store -> the object's
+// cross-process lock (polled, with a timeout) -> second look -> partial file (resumed
+// where one was left) -> transfers on this worker's libcurl multi handle, retried and
+// moved to the next source as the fetch policy decides -> verify -> group commit.
 class Worker {
  public:
   explicit Worker(Shared& shared)
       : s_(shared),
         clock_(shared.options.clock != nullptr ? *shared.options.clock : Clock::Real()),
+        policy_(PolicyOf(shared.options)),
         curl_(shared.curl),
-        rng_(std::random_device{}()) {
-    policy_.attempts_per_source = s_.options.attempts_per_source;
-    policy_.backoff_base = s_.options.backoff_base;
-    policy_.backoff_max = s_.options.backoff_max;
-    policy_.retry_after_max = s_.options.retry_after_max;
+        rng_(std::random_device{}()),
+        curl_options_(CurlOptionsOf(shared.options)) {
     if (curl_ != nullptr) {
       multi_.reset(curl_->multi_init());
       curl_->multi_setopt(multi_.get(), CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
     }
-    curl_options_.max_redirects = s_.options.max_redirects;
-    curl_options_.connect_timeout = s_.options.connect_timeout;
-    curl_options_.low_speed_bytes = s_.options.low_speed_bytes;
-    curl_options_.low_speed_time = s_.options.low_speed_time;
-    curl_options_.ca = CaSettings::FromEnvironment();
   }
 
+  // The event loop: starts what is due, drives the transfers, waits for the next event.
   void Run() {
     for (;;) {
-      absl::Time now = clock_.Now();
-      // Jobs waiting for a backoff or a lock whose time has come.
-      for (size_t i = 0; i < waiting_.size() && active_ < s_.per_worker;) {
-        if (waiting_[i]->ready_at <= now) {
-          Job* job = waiting_[i];
-          waiting_.erase(waiting_.begin() + static_cast<long>(i));
-          Step(job);
-        } else {
-          ++i;
-        }
-      }
-      while (active_ < s_.per_worker) {
-        size_t k = s_.next.fetch_add(1);
-        if (k >= s_.jobs.size()) break;
-        Step(&s_.jobs[k]);
-      }
+      StartDueJobs();
       if (active_ == 0 && waiting_.empty() && s_.next.load() >= s_.jobs.size()) return;
-
       // Without libcurl (--offline) no transfer was started: nothing to drive.
       if (curl_ != nullptr) DriveTransfers();
-      int timeout_ms = 100;
-      if (!waiting_.empty()) {
-        absl::Time soonest = absl::InfiniteFuture();
-        for (Job* j : waiting_) soonest = std::min(soonest, j->ready_at);
-        timeout_ms = static_cast<int>(std::clamp<int64_t>(
-            absl::ToInt64Milliseconds(soonest - clock_.Now()), 0, 100));
-      }
+      const int timeout_ms = WaitMilliseconds();
       if (active_ > 0) {
         curl_->multi_poll(multi_.get(), nullptr, 0, timeout_ms, nullptr);
       } else if (!waiting_.empty() && timeout_ms > 0) {
@@ -253,6 +291,36 @@ class Worker {
 
  private:
   const Artifact& A(const Job* job) const { return job->item->artifact; }
+
+  // Steps the waiting jobs whose backoff or lock poll is due, then takes new jobs, up to
+  // this worker's share of transfers in flight.
+  void StartDueJobs() {
+    const absl::Time now = clock_.Now();
+    for (size_t i = 0; i < waiting_.size() && active_ < s_.per_worker;) {
+      if (waiting_[i]->ready_at <= now) {
+        Job* job = waiting_[i];
+        waiting_.erase(waiting_.begin() + static_cast<long>(i));
+        Step(job);
+      } else {
+        ++i;
+      }
+    }
+    while (active_ < s_.per_worker) {
+      size_t k = s_.next.fetch_add(1);
+      if (k >= s_.jobs.size()) break;
+      Step(&s_.jobs[k]);
+    }
+  }
+
+  // How long the loop may wait for the network: until the first waiting job is due,
+  // and never more than 100 ms.
+  int WaitMilliseconds() const {
+    if (waiting_.empty()) return 100;
+    absl::Time soonest = absl::InfiniteFuture();
+    for (const Job* j : waiting_) soonest = std::min(soonest, j->ready_at);
+    return static_cast<int>(std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(soonest - clock_.Now()), 0, 100));
+  }
 
   // One turn of the multi handle: moves data, then handles every finished transfer.
   void DriveTransfers() {
@@ -279,12 +347,7 @@ class Worker {
   }
 
   void DropTemp(Job* job) {
-    if (job->fd.valid()) {
-      job->fd.Reset();
-      ::unlink(s_.store.TempPath(A(job).sha256).c_str());
-    }
-    job->hasher.Finish();
-    job->offset = 0;
+    job->partial.Discard();
     job->resumed = false;
   }
 
@@ -353,81 +416,97 @@ class Worker {
 
   // Advances a job: cached check, lock, second look, temp file, transfer.
   void Step(Job* job) {
-    const Artifact& a = A(job);
     if (!job->lock.held()) {
-      ObjectState state = s_.store.Probe(a.sha256, a.size);
-      if (state == ObjectState::kPresent) {
-        Finish(job, job->waited_for_lock ? FetchOutcome::kReused : FetchOutcome::kCached);
-        return;
-      }
-      if (FailedOnManifestSize(job, state)) return;
-      if (s_.options.offline && state != ObjectState::kUnconfirmed) {
-        Fail(job, absl::NotFoundError(absl::StrCat(
-                      "fetch ", a.path, ": not in the cache, and --offline forbids the "
-                      "network; fetch it where the network is reachable, or copy the "
-                      "cache directory to this node")));
-        return;
-      }
-      auto lock = s_.store.TryLockObject(a.sha256);
-      if (!lock.ok()) {
-        Fail(job, Annotate(lock.status(), absl::StrCat("fetch ", a.path)));
-        return;
-      }
-      if (!lock->held()) {
-        absl::Time now = clock_.Now();
-        if (!job->waited_for_lock) {
-          job->waited_for_lock = true;
-          job->lock_wait_started = now;
-        } else if (now - job->lock_wait_started > s_.options.lock_timeout) {
-          Fail(job, absl::DeadlineExceededError(absl::StrCat(
-                        "fetch ", a.path, ": another process has held ",
-                        s_.store.LockPath(a.sha256), " for ",
-                        absl::FormatDuration(s_.options.lock_timeout),
-                        "; if no cubist process is running, delete that file")));
-          return;
-        }
-        job->ready_at = now + job->lock_poll;
-        job->lock_poll = std::min(job->lock_poll * 2, absl::Milliseconds(100));
-        waiting_.push_back(job);
-        return;
-      }
-      job->lock = *std::move(lock);
-      // The second look: another process may have published while we took the lock.
-      state = s_.store.Probe(a.sha256, a.size);
-      absl::Status changed;
-      if (state == ObjectState::kUnconfirmed) {
-        // Changed since it was published, or published unstamped: hashed once here
-        // (store.h, "the publish record"); kept and stamped when it is still right.
-        changed = s_.store.Confirm(a.sha256);
-        if (changed.ok()) state = ObjectState::kPresent;
-      }
-      if (state == ObjectState::kPresent) {
-        Finish(job, job->waited_for_lock ? FetchOutcome::kReused : FetchOutcome::kCached);
-        return;
-      }
-      if (FailedOnManifestSize(job, state)) return;
-      if (state != ObjectState::kMissing) {
-        // Wrong size or something planted there: never trust it, replace it.
-        absl::Status rm = s_.store.Remove(a.sha256);
-        if (!rm.ok()) {
-          Fail(job, Annotate(rm, absl::StrCat("fetch ", a.path)));
-          return;
-        }
-        if (s_.options.offline) {
-          Fail(job, absl::DataLossError(absl::StrCat(
-                        "fetch ", a.path, ": ", changed.message(),
-                        "; removed from the cache, and --offline forbids the network: "
-                        "fetch it where the network is reachable")));
-          return;
-        }
-      }
-      absl::Status opened = OpenTemp(job);
-      if (!opened.ok()) {
-        Fail(job, Annotate(opened, absl::StrCat("fetch ", a.path)));
+      if (!FirstLook(job) || !TakeLock(job) || !SecondLook(job) || !OpenPartial(job)) {
         return;
       }
     }
     StartTransfer(job);
+  }
+
+  // Before the lock: false when the job is done (present in the store) or failed.
+  bool FirstLook(Job* job) {
+    const Artifact& a = A(job);
+    const ObjectState state = s_.store.Probe(a.sha256, a.size);
+    if (state == ObjectState::kPresent) {
+      Finish(job, job->waited_for_lock ? FetchOutcome::kReused : FetchOutcome::kCached);
+      return false;
+    }
+    if (FailedOnManifestSize(job, state)) return false;
+    if (s_.options.offline && state != ObjectState::kUnconfirmed) {
+      Fail(job, absl::NotFoundError(absl::StrCat(
+                    "fetch ", a.path, ": not in the cache, and --offline forbids the "
+                    "network; fetch it where the network is reachable, or copy the "
+                    "cache directory to this node")));
+      return false;
+    }
+    return true;
+  }
+
+  // Takes the object's cross-process lock without blocking. Another process holding it
+  // is polled for (5 ms doubling to 100 ms, the job waiting meanwhile) until
+  // FetchOptions::lock_timeout. False when the job waits or failed.
+  bool TakeLock(Job* job) {
+    const Artifact& a = A(job);
+    auto lock = s_.store.TryLockObject(a.sha256);
+    if (!lock.ok()) {
+      Fail(job, Annotate(lock.status(), absl::StrCat("fetch ", a.path)));
+      return false;
+    }
+    if (lock->held()) {
+      job->lock = *std::move(lock);
+      return true;
+    }
+    const absl::Time now = clock_.Now();
+    if (!job->waited_for_lock) {
+      job->waited_for_lock = true;
+      job->lock_wait_started = now;
+    } else if (now - job->lock_wait_started > s_.options.lock_timeout) {
+      Fail(job, absl::DeadlineExceededError(absl::StrCat(
+                    "fetch ", a.path, ": another process has held ",
+                    s_.store.LockPath(a.sha256), " for ",
+                    absl::FormatDuration(s_.options.lock_timeout),
+                    "; if no cubist process is running, delete that file")));
+      return false;
+    }
+    job->ready_at = now + job->lock_poll;
+    job->lock_poll = std::min(job->lock_poll * 2, absl::Milliseconds(100));
+    waiting_.push_back(job);
+    return false;
+  }
+
+  // Under the lock: another process may have published while we took it. False when the
+  // job is done or failed; true when the object must be downloaded.
+  bool SecondLook(Job* job) {
+    const Artifact& a = A(job);
+    ObjectState state = s_.store.Probe(a.sha256, a.size);
+    absl::Status changed;
+    if (state == ObjectState::kUnconfirmed) {
+      // Changed since it was published, or published unstamped: hashed once here
+      // (store.h, "the publish record"); kept and stamped when it is still right.
+      changed = s_.store.Confirm(a.sha256);
+      if (changed.ok()) state = ObjectState::kPresent;
+    }
+    if (state == ObjectState::kPresent) {
+      Finish(job, job->waited_for_lock ? FetchOutcome::kReused : FetchOutcome::kCached);
+      return false;
+    }
+    if (FailedOnManifestSize(job, state)) return false;
+    if (state == ObjectState::kMissing) return true;
+    // Wrong size or something planted there: never trust it, replace it.
+    absl::Status rm = s_.store.Remove(a.sha256);
+    if (!rm.ok()) {
+      Fail(job, Annotate(rm, absl::StrCat("fetch ", a.path)));
+      return false;
+    }
+    if (s_.options.offline) {
+      Fail(job, absl::DataLossError(absl::StrCat(
+                    "fetch ", a.path, ": ", changed.message(),
+                    "; removed from the cache, and --offline forbids the network: "
+                    "fetch it where the network is reachable")));
+      return false;
+    }
+    return true;
   }
 
   // An object of another size than the manifest says that hashes to its name is right,
@@ -447,150 +526,17 @@ class Worker {
     return true;
   }
 
-  // Opens the object's temp file. A partial file left by a killed process is resumed:
-  // its bytes are hashed again (the new hasher must cover them) and the transfer asks
-  // for the rest. Only the lock holder gets here, so nobody else writes this file.
-  absl::Status OpenTemp(Job* job) {
+  // Opens the object's partial file; one a killed process left is resumed. False (and
+  // the job failed) when it cannot be opened.
+  bool OpenPartial(Job* job) {
     const Artifact& a = A(job);
-    std::string path = s_.store.TempPath(a.sha256);
-    // Non-blocking, so that a FIFO planted there cannot stall the open (or later writes).
-    UniqueFd fd(
-        ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644));
-    struct stat st;
-    bool replace = !fd.valid() && (errno == ELOOP || errno == EISDIR);
-    if (fd.valid() && ::fstat(fd.get(), &st) == 0 && !S_ISREG(st.st_mode)) replace = true;
-    if (replace) {
-      // A symlink, directory or FIFO where our partial file belongs: never use it,
-      // replace it. Only the lock holder writes here, so removing it races with nobody.
-      fd.Reset();
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-      fd.Reset(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
+    absl::Status s = job->partial.Open(s_.store.TempPath(a.sha256), a.size);
+    if (!s.ok()) {
+      Fail(job, Annotate(s, absl::StrCat("fetch ", a.path)));
+      return false;
     }
-    if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", path));
-    if (::fcntl(fd.get(), F_SETFL, 0) != 0 || ::fstat(fd.get(), &st) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("stat ", path));
-    }
-    uint64_t existing = static_cast<uint64_t>(st.st_size);
-    job->hasher.Finish();
-    job->offset = 0;
-    if (existing > 0 && (!a.size.has_value() || existing < *a.size)) {
-      std::vector<char> buf(1 << 20);
-      uint64_t done = 0;
-      while (done < existing) {
-        ssize_t n = ::pread(fd.get(), buf.data(), buf.size(), static_cast<off_t>(done));
-        if (n <= 0) break;
-        job->hasher.Update(buf.data(), static_cast<size_t>(n));
-        done += static_cast<uint64_t>(n);
-      }
-      if (done == existing) {
-        job->offset = existing;
-        job->resumed = true;
-      } else {
-        job->hasher.Finish();
-      }
-    }
-    if (job->offset == 0 && existing > 0 && ::ftruncate(fd.get(), 0) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("truncate ", path));
-    }
-    if (::lseek(fd.get(), static_cast<off_t>(job->offset), SEEK_SET) < 0) {
-      return ErrnoToStatus(errno, absl::StrCat("seek ", path));
-    }
-    job->fd = std::move(fd);
-    return absl::OkStatus();
-  }
-
-  void Restart(Job* job) {
-    job->hasher.Finish();
-    job->offset = 0;
-    job->resumed = false;
-    if (::ftruncate(job->fd.get(), 0) != 0 || ::lseek(job->fd.get(), 0, SEEK_SET) < 0) {
-      Fail(job, ErrnoToStatus(errno, absl::StrCat("fetch ", A(job).path, ": truncate")));
-    }
-  }
-
-  static size_t OnHeader(char* data, size_t size, size_t n, void* user) {
-    auto* t = static_cast<Transfer*>(user);
-    std::string_view line(data, size * n);
-    if (absl::StartsWith(Sv(line), "HTTP/")) {
-      t->content_range_start.reset();
-      t->retry_after.reset();
-    } else if (absl::StartsWithIgnoreCase(Sv(line), "content-range:")) {
-      // "Content-Range: bytes 100-199/200"
-      std::string_view v = line.substr(14);
-      size_t b = v.find("bytes");
-      if (b != std::string_view::npos) {
-        v = v.substr(b + 5);
-        absl::string_view start = absl::StripAsciiWhitespace(Sv(v.substr(0, v.find('-'))));
-        uint64_t x;
-        if (absl::SimpleAtoi(start, &x)) t->content_range_start = x;
-      }
-    } else if (absl::StartsWithIgnoreCase(Sv(line), "retry-after:")) {
-      int64_t secs;
-      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(Sv(line.substr(12))), &secs) &&
-          secs >= 0) {
-        t->retry_after = absl::Seconds(secs);
-      }
-    }
-    return size * n;
-  }
-
-  // Decides, at the first body byte (or at the end for an empty body), what the
-  // response is: an error page to discard, a range answer to check, or data.
-  static bool CheckStatus(Transfer* t) {
-    if (t->status_checked) return true;
-    t->status_checked = true;
-    long code = 0;
-    t->curl->easy_getinfo(t->easy.get(), CURLINFO_RESPONSE_CODE, &code);
-    bool is_file = absl::StartsWithIgnoreCase(Sv(t->url), "file://");
-    if (!is_file && (code < 200 || code >= 300)) {
-      t->discard = true;
-      return true;
-    }
-    Job* job = t->job;
-    if (job->offset > 0 && !is_file) {
-      if (code == 200) {
-        // The server ignored Range and sends the whole file: start over.
-        t->range_ignored = true;
-        job->hasher.Finish();
-        job->offset = 0;
-        t->start_offset = 0;
-        if (::ftruncate(job->fd.get(), 0) != 0 || ::lseek(job->fd.get(), 0, SEEK_SET) < 0) {
-          t->write_errno = errno;
-          return false;
-        }
-      } else if (code == 206 && t->content_range_start != job->offset) {
-        t->bad_range = true;  // answered a range we did not ask for
-        return false;
-      }
-    }
+    if (job->partial.size() > 0) job->resumed = true;
     return true;
-  }
-
-  static size_t OnWrite(char* data, size_t size, size_t n, void* user) {
-    auto* t = static_cast<Transfer*>(user);
-    size_t len = size * n;
-    if (!CheckStatus(t)) return 0;
-    if (t->discard) return len;
-    Job* job = t->job;
-    if (job->offset + t->received + len > t->limit) {
-      t->oversize = true;  // stop at the declared size + 1 byte: never store more
-      return 0;
-    }
-    size_t off = 0;
-    while (off < len) {
-      ssize_t w = ::write(job->fd.get(), data + off, len - off);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        t->write_errno = errno;
-        return 0;
-      }
-      off += static_cast<size_t>(w);
-    }
-    job->hasher.Update(data, len);
-    t->received += len;
-    if (t->progress != nullptr) t->progress->bytes_received.fetch_add(len);
-    return len;
   }
 
   void StartTransfer(Job* job) {
@@ -603,34 +549,15 @@ class Worker {
     auto t = std::make_unique<Transfer>();
     t->job = job;
     t->url = job->item->urls[job->source];
-    t->start_offset = job->offset;
+    t->start_offset = job->partial.size();
     t->progress = s_.progress;
     const Artifact& a = A(job);
     t->limit = a.size.has_value() ? *a.size : s_.options.max_unknown_size;
     t->curl = curl_;
     t->easy.reset(curl_->easy_init());
-    CURL* e = t->easy.get();
-    curl_->easy_setopt(e, CURLOPT_URL, t->url.c_str());
-    curl_->easy_setopt(e, CURLOPT_PRIVATE, t.get());
-    curl_->easy_setopt(e, CURLOPT_WRITEFUNCTION, &Worker::OnWrite);
-    curl_->easy_setopt(e, CURLOPT_WRITEDATA, t.get());
-    curl_->easy_setopt(e, CURLOPT_HEADERFUNCTION, &Worker::OnHeader);
-    curl_->easy_setopt(e, CURLOPT_HEADERDATA, t.get());
-    curl_->easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
-    ApplyCurlOptions(*curl_, e, curl_options_);
-    curl_->easy_setopt(e, CURLOPT_BUFFERSIZE, 256L * 1024L);
-    if (s_.options.authorization) {
-      std::string header = s_.options.authorization(t->url);
-      if (!header.empty()) {
-        t->headers.reset(curl_->slist_append(nullptr, header.c_str()));
-        curl_->easy_setopt(e, CURLOPT_HTTPHEADER, t->headers.get());
-      }
-    }
-    if (job->offset > 0) {
-      curl_->easy_setopt(e, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(job->offset));
-    }
+    ConfigureEasy(*t);
     job->result->attempts++;
-    if (curl_->multi_add_handle(multi_.get(), e) != CURLM_OK) {
+    if (curl_->multi_add_handle(multi_.get(), t->easy.get()) != CURLM_OK) {
       Fail(job, absl::InternalError(absl::StrCat("fetch ", a.path, ": curl_multi_add_handle")));
       return;
     }
@@ -638,90 +565,125 @@ class Worker {
     t.release();  // owned by the multi handle until CURLMSG_DONE
   }
 
-  // A transfer ended: classify it, verify a complete body, ask the policy, act.
+  // Sets the transfer's easy handle up: URL, callbacks, shared options, the
+  // authorization header, and the resume offset.
+  void ConfigureEasy(Transfer& t) const {
+    CURL* e = t.easy.get();
+    curl_->easy_setopt(e, CURLOPT_URL, t.url.c_str());
+    curl_->easy_setopt(e, CURLOPT_PRIVATE, &t);
+    curl_->easy_setopt(e, CURLOPT_WRITEFUNCTION, &OnWrite);
+    curl_->easy_setopt(e, CURLOPT_WRITEDATA, &t);
+    curl_->easy_setopt(e, CURLOPT_HEADERFUNCTION, &OnHeader);
+    curl_->easy_setopt(e, CURLOPT_HEADERDATA, &t);
+    curl_->easy_setopt(e, CURLOPT_ERRORBUFFER, t.errbuf);
+    ApplyCurlOptions(*curl_, e, curl_options_);
+    curl_->easy_setopt(e, CURLOPT_BUFFERSIZE, 256L * 1024L);
+    if (s_.options.authorization) {
+      std::string header = s_.options.authorization(t.url);
+      if (!header.empty()) {
+        t.request_headers.reset(curl_->slist_append(nullptr, header.c_str()));
+        curl_->easy_setopt(e, CURLOPT_HTTPHEADER, t.request_headers.get());
+      }
+    }
+    if (t.start_offset > 0) {
+      curl_->easy_setopt(e, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(t.start_offset));
+    }
+  }
+
+  // A transfer ended: classify it, verify a complete body, then commit it or ask the
+  // policy and act.
   void OnDone(Transfer& t, CURLcode rc) {
     Job* job = t.job;
-    const Artifact& a = A(job);
     job->result->bytes_received += t.received;
     if (rc == CURLE_OK || t.received > 0) CheckStatus(&t);
+    if (!t.write_error.ok()) {  // our disk, not the source: no other source helps
+      Fail(job, Annotate(t.write_error, absl::StrCat("fetch ", A(job).path)));
+      return;
+    }
+    if (!t.oversize && !t.bad_range && t.received > 0 && t.start_offset > 0) {
+      job->resumed = true;
+    }
+    std::string error;
+    const FetchEvent event = Verify(t, rc, &error);
+    if (event == FetchEvent::kVerified) {
+      Commit(job, t.url);
+      return;
+    }
+    AttemptState state{job->attempts_here, job->resumed, job->restarted};
+    const FetchDecision d =
+        Decide(event, state, policy_, t.headers.retry_after, jitter_(rng_));
+    if (!DropBytes(job, event, d.action)) return;  // the job failed on our disk
+    Apply(job, d, error);
+  }
+
+  // What the transfer came to (fetch_policy.h's event), a complete body's size and hash
+  // checked against the manifest; `error` gets the words for any other outcome.
+  FetchEvent Verify(const Transfer& t, CURLcode rc, std::string* error) {
+    const Artifact& a = A(t.job);
     TransferFacts facts;
     facts.result = TransportResultOf(rc);
-    facts.is_file = absl::StartsWithIgnoreCase(Sv(t.url), "file://");
+    facts.is_file = IsFileUrl(t.url);
     curl_->easy_getinfo(t.easy.get(), CURLINFO_RESPONSE_CODE, &facts.http_status);
     facts.oversize = t.oversize;
     facts.bad_range = t.bad_range;
     const std::string from = absl::StrCat("from ", t.url);
+    const FetchEvent event = ClassifyTransfer(facts);
+    if (event != FetchEvent::kBodyComplete) {
+      *error = TransferError(event, facts, from, t, rc);
+      return event;
+    }
+    const uint64_t total = t.job->partial.size();
+    if (a.size.has_value() && total != *a.size) {
+      *error = absl::StrCat(from, ": size mismatch: expected ", *a.size, " bytes, got ",
+                            total, "; the source serves a different file, try --mirror "
+                            "or report it");
+      return FetchEvent::kSizeMismatch;
+    }
+    const std::string got = t.job->partial.FinishSha256();
+    if (got != a.sha256) {
+      *error = absl::StrCat(from, ": sha256 mismatch: expected ", a.sha256, ", got ", got,
+                            " (", total, " bytes); the mirror serves a different file, "
+                            "try --mirror or report it");
+      return FetchEvent::kHashMismatch;
+    }
+    return FetchEvent::kVerified;
+  }
 
-    if (t.write_errno != 0) {  // our disk, not the source: no other source helps
-      Fail(job, ErrnoToStatus(t.write_errno,
-                              absl::StrCat("fetch ", a.path, ": write ",
-                                           s_.store.TempPath(a.sha256))));
-      return;
-    }
-    if (!t.oversize && !t.bad_range) {
-      job->offset += t.received;
-      if (t.received > 0 && t.start_offset > 0) job->resumed = true;
-    }
-    FetchEvent event = ClassifyTransfer(facts);
-    std::string error;
-    uint64_t total = job->offset;
-    std::string got;
+  // The words for a transfer that did not bring a complete body.
+  std::string TransferError(FetchEvent event, const TransferFacts& facts,
+                            const std::string& from, const Transfer& t, CURLcode rc) const {
     switch (event) {
-      case FetchEvent::kBodyComplete:
-        if (a.size.has_value() && total != *a.size) {
-          event = FetchEvent::kSizeMismatch;
-          error = absl::StrCat(from, ": size mismatch: expected ", *a.size, " bytes, got ",
-                               total, "; the source serves a different file, try --mirror "
-                               "or report it");
-          break;
-        }
-        got = ToHex(job->hasher.Finish());
-        if (got != a.sha256) {
-          event = FetchEvent::kHashMismatch;
-          error = absl::StrCat(from, ": sha256 mismatch: expected ", a.sha256, ", got ", got,
-                               " (", total, " bytes); the mirror serves a different file, "
-                               "try --mirror or report it");
-          break;
-        }
-        event = FetchEvent::kVerified;
-        break;
       case FetchEvent::kOversize:
-        error = absl::StrCat(from, ": the server sent more than the declared ", t.limit,
-                             " bytes; stopped there; the source serves a different file, "
-                             "try --mirror or report it");
-        break;
+        return absl::StrCat(from, ": the server sent more than the declared ", t.limit,
+                            " bytes; stopped there; the source serves a different file, "
+                            "try --mirror or report it");
       case FetchEvent::kRangeRefused:
-        error = t.bad_range
-                    ? absl::StrCat(from, ": answered a different byte range than requested")
-                    : HttpOrTransportError(facts, from, t, rc);
-        break;
+        return t.bad_range
+                   ? absl::StrCat(from, ": answered a different byte range than requested")
+                   : HttpOrTransportError(facts, from, t, rc);
       case FetchEvent::kUntrusted:
-        error = absl::StrCat(HttpOrTransportError(facts, from, t, rc), ": ", kUntrustedServerFix);
-        break;
+        return absl::StrCat(HttpOrTransportError(facts, from, t, rc), ": ",
+                            kUntrustedServerFix);
       default:
-        error = rc == CURLE_OPERATION_TIMEDOUT && Connected(t)
-                    ? TooSlowError(from, t)
-                    : HttpOrTransportError(facts, from, t, rc);
-        break;
+        return rc == CURLE_OPERATION_TIMEDOUT && Connected(t)
+                   ? TooSlowError(from, t)
+                   : HttpOrTransportError(facts, from, t, rc);
     }
-    if (event != FetchEvent::kVerified) {
-      AttemptState state{job->attempts_here, job->resumed, job->restarted};
-      const FetchDecision d = Decide(event, state, policy_, t.retry_after, jitter_(rng_));
-      if (!DropBytes(job, event, d.action)) return;  // the job failed on our disk
-      Apply(job, d, error);
-      return;
-    }
-    // Verified: hand over to the group committer, which publishes and unlocks. Start
-    // the write-back now (without waiting) so that the committer's flush finds most of
-    // the data already on its way to the disk.
+  }
+
+  // Verified: hand over to the group committer, which publishes and unlocks. Start the
+  // write-back now (without waiting) so that the committer's flush finds most of the
+  // data already on its way to the disk.
+  void Commit(Job* job, const std::string& url) {
+    const Artifact& a = A(job);
     if (s_.options.durable) {
-      ::sync_file_range(job->fd.get(), 0, 0, SYNC_FILE_RANGE_WRITE);
+      ::sync_file_range(job->partial.fd(), 0, 0, SYNC_FILE_RANGE_WRITE);
     }
-    job->result->url = t.url;
+    job->result->url = url;
     GroupCommitter::Pending p;
     p.sha256 = a.sha256;
-    p.temp_path = s_.store.TempPath(a.sha256);
-    p.fd = std::move(job->fd);
+    p.temp_path = job->partial.path();
+    p.fd = job->partial.ReleaseFd();
     p.lock = std::move(job->lock);
     ArtifactResult* result = job->result;
     FetchProgress* progress = s_.progress;
@@ -771,7 +733,7 @@ class Worker {
     return absl::StrCat(from, ": HTTP ", f.http_status, not_found ? " (not found)" : "");
   }
 
-  // Drops the temp file's bytes where the decision says so: truncated in place after a
+  // Drops the temp file's bytes where the decision says so: emptied in place after a
   // range problem (the file stays open for the retry), removed and reopened empty after
   // a mismatch or an oversized answer. False when that failed and the job with it.
   bool DropBytes(Job* job, FetchEvent event, FetchAction action) {
@@ -780,24 +742,16 @@ class Worker {
                          (action == FetchAction::kDropNextSource &&
                           event == FetchEvent::kRangeRefused);
     if (restart) {
-      Restart(job);
-      return job->lock.held();
+      job->resumed = false;
+      if (absl::Status reset = job->partial.Reset(); !reset.ok()) {
+        Fail(job, Annotate(reset, absl::StrCat("fetch ", A(job).path)));
+        return false;
+      }
+      return true;
     }
     if (action == FetchAction::kDropNextSource) {
       DropTemp(job);
-      job->fd = UniqueFd();
-      return ReopenAfterDrop(job);
-    }
-    return true;
-  }
-
-  // After a mismatch the temp file is gone; the next source starts a fresh one.
-  // False (and the job failed) when the file cannot be opened again.
-  bool ReopenAfterDrop(Job* job) {
-    absl::Status s = OpenTemp(job);
-    if (!s.ok()) {
-      Fail(job, Annotate(s, absl::StrCat("fetch ", A(job).path)));
-      return false;
+      return OpenPartial(job);  // the next source starts a fresh file
     }
     return true;
   }
@@ -814,18 +768,14 @@ class Worker {
   CurlOptions curl_options_;
 };
 
-}  // namespace
-
-FetchReport FetchArtifacts(const Store& store, const std::vector<FetchItem>& items,
-                           const FetchOptions& options, FetchProgress* progress) {
-  absl::Time start = absl::Now();
-  FetchReport report;
-  report.results.resize(items.size());
+// Pass one, on the caller's thread: what is already present needs no lock, no thread and
+// no network (a warm start of an engine takes only this path: one lstat per artifact;
+// Jobs, whose hashers cost an allocation each, exist only for the others). Returns the
+// indices of the items still to fetch.
+std::vector<size_t> TakeCached(const Store& store, const std::vector<FetchItem>& items,
+                               FetchReport& report) {
   std::vector<size_t> todo;
   const Store::BatchProbe probe(store);
-  // Pass one, on this thread: what is already present needs no lock, no thread and no
-  // network (a warm start of an engine takes only this path: one lstat per artifact;
-  // Jobs, whose hashers cost an allocation each, exist only for the others).
   for (size_t i = 0; i < items.size(); ++i) {
     const Artifact& a = items[i].artifact;
     ArtifactResult& r = report.results[i];
@@ -837,57 +787,51 @@ FetchReport FetchArtifacts(const Store& store, const std::vector<FetchItem>& ite
       todo.push_back(i);
     }
   }
-  if (progress != nullptr) {
-    uint64_t bytes = 0;
-    uint64_t unsized = 0;
-    for (size_t i : todo) {
-      bytes += items[i].artifact.size.value_or(0);
-      unsized += !items[i].artifact.size.has_value();
-    }
-    progress->bytes_total = bytes;
-    progress->files_unsized = unsized;
-    progress->files_total = todo.size();
+  return todo;
+}
+
+void CountTodo(const std::vector<FetchItem>& items, const std::vector<size_t>& todo,
+               FetchProgress& progress) {
+  uint64_t bytes = 0;
+  uint64_t unsized = 0;
+  for (size_t i : todo) {
+    bytes += items[i].artifact.size.value_or(0);
+    unsized += !items[i].artifact.size.has_value();
   }
-  // libcurl is loaded only now that something is to be transferred (curl_library.h),
-  // and not at all --offline, where a missing artifact fails without a transfer.
-  const CurlApi* curl = nullptr;
-  absl::Status no_curl;
-  if (!todo.empty() && !options.offline) {
-    absl::StatusOr<const CurlApi*> loaded = LoadCurl();
-    if (loaded.ok()) {
-      curl = *loaded;
-    } else {
-      no_curl = loaded.status();
-    }
+  progress.bytes_total = bytes;
+  progress.files_unsized = unsized;
+  progress.files_total = todo.size();
+}
+
+// Runs the workers over the items in `todo` and returns when every one is published or
+// failed.
+void FetchAll(const Store& store, const std::vector<FetchItem>& items,
+              const std::vector<size_t>& todo, const FetchOptions& options,
+              const CurlApi* curl, FetchProgress* progress, FetchReport& report) {
+  std::vector<Job> jobs(todo.size());
+  for (size_t k = 0; k < todo.size(); ++k) {
+    jobs[k].item = &items[todo[k]];
+    jobs[k].result = &report.results[todo[k]];
   }
-  if (!no_curl.ok()) {
-    for (size_t i : todo) {
-      ArtifactResult& r = report.results[i];
-      r.outcome = FetchOutcome::kFailed;
-      r.status = Annotate(no_curl, absl::StrCat("fetch ", items[i].artifact.path));
-      if (progress != nullptr) progress->files_failed.fetch_add(1);
-    }
-  } else if (!todo.empty()) {
-    std::vector<Job> jobs(todo.size());
-    for (size_t k = 0; k < todo.size(); ++k) {
-      jobs[k].item = &items[todo[k]];
-      jobs[k].result = &report.results[todo[k]];
-    }
-    GroupCommitter committer(store, options.durable);
-    int threads = options.threads > 0
-                      ? options.threads
-                      : static_cast<int>(std::min(4u, std::max(1u, std::thread::hardware_concurrency())));
-    int jobs_total = std::max(1, options.jobs);
-    threads = std::clamp(threads, 1, std::min<int>(jobs_total, static_cast<int>(todo.size())));
-    Shared shared{store, options, jobs, {}, committer, progress,
-                  (jobs_total + threads - 1) / threads, curl};
-    std::vector<std::thread> pool;
-    for (int i = 0; i < threads; ++i) {
-      pool.emplace_back([&shared] { Worker(shared).Run(); });
-    }
-    for (auto& t : pool) t.join();
-    // ~GroupCommitter publishes what is still queued before we read the results.
+  GroupCommitter committer(store, options.durable);
+  int threads = options.threads > 0
+                    ? options.threads
+                    : static_cast<int>(std::min(4u, std::max(1u, std::thread::hardware_concurrency())));
+  int jobs_total = std::max(1, options.jobs);
+  threads = std::clamp(threads, 1, std::min<int>(jobs_total, static_cast<int>(todo.size())));
+  Shared shared{store, options, jobs, {}, committer, progress,
+                (jobs_total + threads - 1) / threads, curl};
+  std::vector<std::thread> pool;
+  for (int i = 0; i < threads; ++i) {
+    pool.emplace_back([&shared] { Worker(shared).Run(); });
   }
+  for (auto& t : pool) t.join();
+  // ~GroupCommitter publishes what is still queued before the caller reads the results.
+}
+
+// Counts the outcomes and states the report's status: the most serious failure's code,
+// and the first failure's words.
+void Summarize(size_t total, FetchReport& report) {
   absl::Status first_failure;
   absl::StatusCode worst = absl::StatusCode::kOk;
   for (const ArtifactResult& r : report.results) {
@@ -909,9 +853,43 @@ FetchReport FetchArtifacts(const Store& store, const std::vector<FetchItem>& ite
     report.status = absl::Status(
         worst, report.failed == 1
                    ? std::string(first_failure.message())
-                   : absl::StrCat(report.failed, " of ", items.size(),
+                   : absl::StrCat(report.failed, " of ", total,
                                   " artifacts failed; first: ", first_failure.message()));
   }
+}
+
+}  // namespace
+
+FetchReport FetchArtifacts(const Store& store, const std::vector<FetchItem>& items,
+                           const FetchOptions& options, FetchProgress* progress) {
+  absl::Time start = absl::Now();
+  FetchReport report;
+  report.results.resize(items.size());
+  const std::vector<size_t> todo = TakeCached(store, items, report);
+  if (progress != nullptr) CountTodo(items, todo, *progress);
+  // libcurl is loaded only now that something is to be transferred (curl_library.h),
+  // and not at all --offline, where a missing artifact fails without a transfer.
+  const CurlApi* curl = nullptr;
+  absl::Status no_curl;
+  if (!todo.empty() && !options.offline) {
+    absl::StatusOr<const CurlApi*> loaded = LoadCurl();
+    if (loaded.ok()) {
+      curl = *loaded;
+    } else {
+      no_curl = loaded.status();
+    }
+  }
+  if (!no_curl.ok()) {
+    for (size_t i : todo) {
+      ArtifactResult& r = report.results[i];
+      r.outcome = FetchOutcome::kFailed;
+      r.status = Annotate(no_curl, absl::StrCat("fetch ", items[i].artifact.path));
+      if (progress != nullptr) progress->files_failed.fetch_add(1);
+    }
+  } else if (!todo.empty()) {
+    FetchAll(store, items, todo, options, curl, progress, report);
+  }
+  Summarize(items.size(), report);
   report.elapsed = absl::Now() - start;
   return report;
 }

@@ -10,8 +10,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "artifacts/curl_transport.h"
+#include "artifacts/http_headers.h"
 #include "artifacts/fetch_policy.h"
-#include "artifacts/oci_manifest_source.h"
 #include "artifacts/parsed_manifest_cache.h"
 #include "artifacts/sources.h"
 #include "artifacts/version_guard.h"
@@ -210,9 +210,8 @@ void OpenedManifest::UnpackArtifacts() {
   packed_artifacts.reset();
 }
 
-absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
-                                            const OpenManifestOptions& options) {
-  if (IsOciReference(location)) return OpenOciManifest(location, options);
+absl::StatusOr<OpenedManifest> OpenUrlOrPathManifest(std::string_view location,
+                                                     const OpenManifestOptions& options) {
   OpenedManifest out;
   std::optional<std::string> signature;
   bool want_signature = !options.trust.trusted_keys.empty();

@@ -64,8 +64,16 @@ struct OpenedManifest {
 // FlashInfer checksums.txt), checks and parses it. Errors: NotFound (404, no such
 // file), Unavailable (network, after retries), InvalidArgument (malformed, too large),
 // PermissionDenied (signature), FailedPrecondition (expired, rollback).
+// Defined in open_manifest.cc, above both sources: an oci:// reference goes to
+// OpenOciManifest, anything else to OpenUrlOrPathManifest.
 [[nodiscard]] absl::StatusOr<OpenedManifest> OpenManifest(std::string_view location,
                                                           const OpenManifestOptions& options);
+
+// OpenManifest of a location that is not an oci:// reference: an http(s):// or file://
+// URL or a local path. The OCI source hands the blobs it verified to it as files, so
+// that signature, schema, expiry and rollback are checked by this one function.
+[[nodiscard]] absl::StatusOr<OpenedManifest> OpenUrlOrPathManifest(
+    std::string_view location, const OpenManifestOptions& options);
 
 // Reads the bytes at a URL or path, at most `max_bytes` (InvalidArgument beyond).
 // NotFound for HTTP 404/410 and missing files; Unavailable for other failures after

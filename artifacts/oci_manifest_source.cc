@@ -156,7 +156,7 @@ absl::StatusOr<OpenedManifest> OpenOciManifest(std::string_view location,
           where, ": --offline, and the cache holds no copy of this artifact set; fetch it "
           "once with the network, or copy a cache that has it"));
     }
-    CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened, OpenManifest(copy, options));
+    CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened, OpenUrlOrPathManifest(copy, options));
     opened.manifest.source = where;
     opened.from_offline_copy = true;
     return opened;
@@ -196,8 +196,8 @@ absl::StatusOr<OpenedManifest> OpenOciManifest(std::string_view location,
                             ReadBlob(client, *slayer, "the manifest's signature", where, 64 << 10));
   }
 
-  // Hand the verified bytes to OpenManifest as files, so that every check is the one
-  // every manifest gets. In the cache, the files then become the offline copy.
+  // Hand the verified bytes to OpenUrlOrPathManifest as files, so that every check is
+  // the one every manifest gets. In the cache, the files then become the offline copy.
   ScratchDir scratch;
   std::string final_dir;
   if (options.store != nullptr) {
@@ -212,7 +212,7 @@ absl::StatusOr<OpenedManifest> OpenOciManifest(std::string_view location,
   if (signature.has_value()) {
     CUBIST_RETURN_IF_ERROR(WriteFileAtomically(staged + ".sig", *signature));
   }
-  CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened, OpenManifest(staged, options));
+  CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened, OpenUrlOrPathManifest(staged, options));
   opened.manifest.source = where;
 
   if (options.store != nullptr && options.record_version) {

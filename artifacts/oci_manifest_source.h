@@ -3,12 +3,12 @@
 //
 // Opening one reads the image manifest (checking its digest when pinned: a mismatch is
 // DataLoss and nothing is used), then the cubist manifest and signature blobs (each
-// checked against its descriptor's digest and size), and hands them to OpenManifest as
-// files: signature, schema, expiry and rollback are checked by exactly the code that
-// checks every other manifest. The verified copy stays in the cache
-// (manifests/by-oci/<sha256 of the reference>/), which is what --offline reads, with
-// the digest the tag named; a tag that names another digest than at the last fetch is
-// reported in OpenedManifest::notices.
+// checked against its descriptor's digest and size), and hands them as files to
+// OpenUrlOrPathManifest (manifest_source.h): signature, schema, expiry and rollback are
+// checked by exactly the code that checks every other manifest. The verified copy stays
+// in the cache (manifests/by-oci/<sha256 of the reference>/), which is what --offline
+// reads, with the digest the tag named; a tag that names another digest than at the
+// last fetch is reported in OpenedManifest::notices.
 //
 // The artifacts are blobs of the same repository, fetched by the ordinary fetcher from
 // "<registry>/v2/REPO/blobs/sha256:<hex>" (PlanFetch does this for a manifest whose
@@ -29,7 +29,7 @@
 
 namespace cubist {
 
-// OpenManifest for an oci:// location (OpenManifest calls this). Errors as
+// OpenManifest for an oci:// location (open_manifest.cc calls this). Errors as
 // OpenManifest's, plus DataLoss (pinned digest or blob mismatch), PermissionDenied
 // (registry login), InvalidArgument (not a cubist artifact set).
 [[nodiscard]] absl::StatusOr<OpenedManifest> OpenOciManifest(std::string_view location,

@@ -72,7 +72,6 @@ class Store {
   std::string TempPath(std::string_view sha256) const;
   std::string LockPath(std::string_view sha256) const;
   std::string ManifestsDir() const { return root_ + "/manifests"; }
-  std::string StateDir() const { return root_ + "/state"; }
 
   // One lstat(): never reads or hashes. `size` absent accepts any size; the publish
   // stamp checks the size recorded at publish either way.

@@ -36,9 +36,6 @@ class SharedLibrary {
   bool loaded() const { return handle_ != nullptr; }
   // The address of `symbol`, or nullptr when the library does not define it.
   void* Symbol(const char* symbol) const;
-  // Keeps the library loaded for the rest of the process (the handle is forgotten).
-  // For process-wide tables whose functions static destructors may still call.
-  void Leak() { handle_ = nullptr; }
 
  private:
   explicit SharedLibrary(void* handle) : handle_(handle) {}

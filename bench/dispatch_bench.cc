@@ -203,7 +203,8 @@ void BM_MoeGemmRunHost(benchmark::State& state) {
 
 void BM_RawLaunchKernelExHost(benchmark::State& state) {
   // What an engine would write by hand: the same function, grid, block, shared memory
-  // and parameter struct, set up once, then cuLaunchKernelEx in the loop.
+  // and parameter struct (MoeGemmLaunch::Config, as the op's), set up once, then
+  // cuLaunchKernelEx in the loop.
   // For a version-2 (TMA) kernel the tensor maps are encoded here, once, as an engine
   // that prepared its launch by hand would.
   const MoeGemmDecision& d = *g_gpu->decision;
@@ -223,16 +224,9 @@ void BM_RawLaunchKernelExHost(benchmark::State& state) {
            .ok()) {
     return state.SkipWithError("PrepareMoeGemmLaunch failed");
   }
-  const moe::MoeGemmGrid grid = prepared.grid;
-  CUlaunchConfig config = {};
-  config.gridDimX = grid.x;
-  config.gridDimY = grid.y;
-  config.gridDimZ = grid.z;
-  config.blockDimX = d.block;
-  config.blockDimY = 1;
-  config.blockDimZ = 1;
-  config.sharedMemBytes = d.shared_mem_bytes;
-  config.hStream = g_gpu->stream.get();
+  const CUlaunchConfig config =
+      prepared.Config(d.block, d.shared_mem_bytes, d.cluster,
+                      /*programmatic_dependent_launch=*/false, g_gpu->stream.get());
   void** params = prepared.kernel_params();
   DriverApi& driver = g_gpu->rt->driver();
   int n = 0;

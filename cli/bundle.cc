@@ -13,6 +13,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/exit_codes.h"
+#include "cli/trust_flags.h"
 #include "manifest/trust.h"
 
 namespace cubist::cli {
@@ -23,23 +24,23 @@ struct CreateFlags {
   std::string output;
   std::string cache;
   bool offline = false;
-  TrustFlags trust;
+  report::TrustSpec trust;
 };
 
 struct ImportFlags {
   std::string bundle;
   std::string cache;
   std::string manifests_dir;
-  TrustFlags trust;
+  report::TrustSpec trust;
 };
 
 int RunCreate(const CreateFlags& f) {
-  auto store = OpenStore(f.cache, /*create=*/false);
+  auto store = report::OpenStore(f.cache, /*create=*/false);
   if (!store.ok()) return PrintError(store.status());
   std::vector<BundleInput> inputs;
   for (const std::string& location : f.manifests) {
-    auto opened = OpenManifestForCommand(location, f.trust, &*store, f.offline,
-                                         /*record_version=*/false);
+    auto opened = report::OpenManifestForRequest(location, f.trust, &*store, f.offline,
+                                                 /*record_version=*/false);
     if (!opened.ok()) return PrintError(opened.status());
     BundleInput in{std::move(opened->manifest), std::move(opened->bytes), std::nullopt};
     // The signature travels with the manifest, so the node can check it.
@@ -60,7 +61,7 @@ int RunCreate(const CreateFlags& f) {
 }
 
 int RunImport(const ImportFlags& f) {
-  auto store = OpenStore(f.cache, /*create=*/true);
+  auto store = report::OpenStore(f.cache, /*create=*/true);
   if (!store.ok()) return PrintError(store.status());
   ImportBundleOptions options;
   auto policy = f.trust.Policy();

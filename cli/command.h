@@ -5,19 +5,16 @@
 #ifndef CUBIST_CLI_COMMAND_H_
 #define CUBIST_CLI_COMMAND_H_
 
-#include <string>
-
 #include <CLI/CLI.hpp>
 
 #include "absl/status/status.h"
 
 namespace cubist::cli {
 
-// Options shared by every subcommand, parsed before it.
+// What every subcommand's callback shares with main: its exit code, and the -q of the
+// subcommands that offer it (keygen, sign).
 struct Globals {
-  std::string cache_dir;  // --cache; empty: environment or default
-  bool json = false;      // --json (per subcommand, stored here for convenience)
-  bool quiet = false;     // -q
+  bool quiet = false;  // -q
   int exit_code = 0;
 };
 

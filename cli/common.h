@@ -1,6 +1,6 @@
-// Pieces shared by the subcommands that read a manifest and the cache: the store from
-// --cache, the manifest through artifacts/manifest_source.h with the trust flags, and
-// human-readable sizes. Header-only so that each subcommand stays one file.
+// Pieces shared by the subcommands that read a manifest and the cache: the runtime's
+// options from the flags and human-readable sizes (opening the cache and the manifest
+// is report/open_request.h's). Header-only so that each subcommand stays one file.
 #ifndef CUBIST_CLI_COMMON_H_
 #define CUBIST_CLI_COMMON_H_
 
@@ -9,38 +9,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
-#include "artifacts/cache_dir.h"
-#include "artifacts/manifest_source.h"
-#include "artifacts/store.h"
 #include "base/status_macros.h"
-#include "cli/trust_flags.h"
 #include "dispatch/runtime.h"
+#include "report/open_request.h"
+#include "report/trust_spec.h"
 
 namespace cubist::cli {
-
-// Opens the cache named by --cache (or the environment). `create` false for read-only
-// commands, which then report a missing cache as NotFound.
-inline absl::StatusOr<Store> OpenStore(const std::string& cache_flag, bool create) {
-  CUBIST_ASSIGN_OR_RETURN(std::string root, ResolveCacheDir(cache_flag));
-  return Store::Open(root, create);
-}
-
-// `pack_artifacts`: OpenManifestOptions::pack_artifacts (fetch, whose warm path may need
-// no Artifact built).
-inline absl::StatusOr<OpenedManifest> OpenManifestForCommand(const std::string& location,
-                                                             const TrustFlags& trust,
-                                                             const Store* store,
-                                                             bool offline,
-                                                             bool record_version,
-                                                             bool pack_artifacts = false) {
-  OpenManifestOptions options;
-  CUBIST_ASSIGN_OR_RETURN(options.trust, trust.Policy());
-  options.offline = offline;
-  options.store = store;
-  options.record_version = record_version;
-  options.pack_artifacts = pack_artifacts;
-  return OpenManifest(location, options);
-}
 
 // Runtime options shared by the commands that run kernels (run, tune): the manifest, the
 // cache, the device, offline, and the trust policy from the flags. Nothing is prefetched:
@@ -48,7 +22,7 @@ inline absl::StatusOr<OpenedManifest> OpenManifestForCommand(const std::string& 
 inline absl::StatusOr<RuntimeOptions> RuntimeOptionsForCommand(const std::string& manifest,
                                                                const std::string& cache,
                                                                int device, bool offline,
-                                                               const TrustFlags& trust) {
+                                                               const report::TrustSpec& trust) {
   RuntimeOptions ro;
   ro.manifest = manifest;
   ro.cache_dir = cache;

@@ -13,6 +13,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/exit_codes.h"
+#include "cli/trust_flags.h"
 #include "manifest/flashinfer_import.h"
 
 namespace cubist::cli {
@@ -29,7 +30,7 @@ struct ExportFlags {
   bool copy = false;
   bool replace = false;
   bool quiet = false;
-  TrustFlags trust;
+  report::TrustSpec trust;
 };
 
 // The pin directory: --pin, else what `manifest import flashinfer` recorded, else the
@@ -48,10 +49,10 @@ int RunExport(const ExportFlags& f) {
     return PrintError(absl::InvalidArgumentError(absl::StrCat(
         "export: unknown layout '", f.layout, "'; expected flashinfer or plain")));
   }
-  auto store = OpenStore(f.cache, /*create=*/false);
+  auto store = report::OpenStore(f.cache, /*create=*/false);
   if (!store.ok()) return PrintError(store.status());
-  auto opened = OpenManifestForCommand(f.manifest, f.trust, &*store, f.offline,
-                                       /*record_version=*/false);
+  auto opened = report::OpenManifestForRequest(f.manifest, f.trust, &*store, f.offline,
+                                               /*record_version=*/false);
   if (!opened.ok()) return PrintError(opened.status());
   ExportOptions options;
   options.deep = f.deep;

@@ -12,12 +12,13 @@
 #include "cli/common.h"
 #include "cli/exit_codes.h"
 #include "cli/progress_line.h"
-#include "cli/reports.h"
+#include "cli/trust_flags.h"
+#include "report/reports.h"
 
 namespace cubist::cli {
 namespace {
 
-struct FetchFlags : FetchRequest {
+struct FetchFlags : report::FetchRequest {
   bool json = false;
   bool quiet = false;
 };
@@ -67,7 +68,7 @@ int RunFetch(const FetchFlags& f) {
   auto start = [&](const Store&, const std::vector<FetchItem>&) {
     if (::isatty(STDERR_FILENO) && !f.quiet && !f.json) bar.emplace(progress);
   };
-  absl::StatusOr<CommandReport> r = RunFetchReport(f, &progress, start, &report);
+  absl::StatusOr<report::CommandReport> r = report::RunFetchReport(f, &progress, start, &report);
   bar.reset();
   if (!r.ok()) return PrintError(r.status());
   for (const std::string& note : r->notices) {

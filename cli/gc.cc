@@ -19,7 +19,7 @@ struct GcFlags {
 };
 
 int RunGc(const GcFlags& f) {
-  auto store = OpenStore(f.cache, /*create=*/false);
+  auto store = report::OpenStore(f.cache, /*create=*/false);
   if (!store.ok()) return PrintError(store.status());
   GcOptions options;
   options.dry_run = f.dry_run;

@@ -4,9 +4,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "artifacts/cache_dir.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/exit_codes.h"
+#include "cli/trust_flags.h"
 
 namespace cubist::cli {
 namespace {
@@ -16,7 +18,7 @@ struct ListFlags {
   std::string cache;
   bool json = false;
   bool offline = false;
-  TrustFlags trust;
+  report::TrustSpec trust;
 };
 
 const char* StateName(ObjectState s) {
@@ -36,7 +38,7 @@ int RunList(const ListFlags& f) {
   // A missing cache is fine here: everything is simply "missing".
   auto store = Store::Open(*root, /*create=*/false);
   const Store* sp = store.ok() ? &*store : nullptr;
-  auto opened = OpenManifestForCommand(f.manifest, f.trust, sp, f.offline, false);
+  auto opened = report::OpenManifestForRequest(f.manifest, f.trust, sp, f.offline, false);
   if (!opened.ok()) return PrintError(opened.status());
   const Manifest& m = opened->manifest;
   auto state = [&](const Artifact& a) {

@@ -5,6 +5,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/exit_codes.h"
+#include "cli/trust_flags.h"
 
 namespace cubist::cli {
 namespace {
@@ -14,13 +15,13 @@ struct PathFlags {
   std::string cache;
   std::string artifact;
   bool offline = false;
-  TrustFlags trust;
+  report::TrustSpec trust;
 };
 
 int RunPath(const PathFlags& f) {
-  auto store = OpenStore(f.cache, /*create=*/false);
+  auto store = report::OpenStore(f.cache, /*create=*/false);
   if (!store.ok()) return PrintError(store.status());
-  auto opened = OpenManifestForCommand(f.manifest, f.trust, &*store, f.offline, false);
+  auto opened = report::OpenManifestForRequest(f.manifest, f.trust, &*store, f.offline, false);
   if (!opened.ok()) return PrintError(opened.status());
   const Manifest& m = opened->manifest;
   const Artifact* a = m.FindArtifact(f.artifact);

@@ -31,7 +31,7 @@ struct PushFlags {
   std::string target;
   int jobs = 8;
   bool quiet = false;
-  TrustFlags trust;
+  report::TrustSpec trust;
 };
 
 int RunPush(const PushFlags& f) {
@@ -41,15 +41,15 @@ int RunPush(const PushFlags& f) {
   // The cache: where a remote set's artifacts must be, and where a local manifest's
   // come from when they are not beside it.
   std::optional<Store> store;
-  if (auto s = OpenStore(f.cache, /*create=*/false); s.ok()) {
+  if (auto s = report::OpenStore(f.cache, /*create=*/false); s.ok()) {
     store.emplace(*std::move(s));
   } else if (remote) {
     return PrintError(Annotate(s.status(), absl::StrCat("push ", f.manifest)));
   }
   // The same checks as any consumer (schema, paths, and the signature when keys are
   // trusted), so that a set the fetchers would refuse is not published.
-  auto opened = OpenManifestForCommand(f.manifest, f.trust, remote ? &*store : nullptr,
-                                       /*offline=*/false, /*record_version=*/false);
+  auto opened = report::OpenManifestForRequest(f.manifest, f.trust, remote ? &*store : nullptr,
+                                               /*offline=*/false, /*record_version=*/false);
   if (!opened.ok()) return PrintError(opened.status());
   PushSource source;
   source.manifest_bytes = opened->bytes;

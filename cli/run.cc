@@ -1,11 +1,10 @@
 // cubist run: runs one MoE GEMM problem on the GPU through the engine API (Runtime +
 // MoeGemm) on random operands, checks a sample of output rows against the CPU reference
-// (dispatch/reference.h decoders, double accumulation) and prints the median
-// time and TFLOP/s.
+// (dispatch/operand_reference.h over dispatch/reference.h) and prints the median time
+// and TFLOP/s.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
-#include <map>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -17,8 +16,10 @@
 #include "cli/exit_codes.h"
 #include "cli/moe_problem_flags.h"
 #include "cli/run_moe_layer.h"
+#include "cli/trust_flags.h"
 #include "dispatch/moe_gemm.h"
 #include "dispatch/operand_fill.h"
+#include "dispatch/operand_reference.h"
 #include "dispatch/reference.h"
 #include "dispatch/runtime.h"
 #include "loader/device_memory.h"
@@ -29,7 +30,7 @@ namespace {
 struct RunFlags {
   std::string manifest;
   std::string cache;
-  ProblemFlags problem;
+  report::ProblemSpec problem;
   std::string pin;
   int device = 0;
   int iterations = 20;
@@ -39,59 +40,8 @@ struct RunFlags {
   bool json = false;
   bool offline = false;
   bool allow_inexact = false;
-  TrustFlags trust;
+  report::TrustSpec trust;
   MoeLayerRunFlags layer;  // --op moe
-};
-
-// One operand as the kernel sees it, readable element by element on the host.
-struct HostView {
-  DataFormat format;
-  OperandPattern elements, scales, global;
-  HostView(DataFormat f, uint64_t seed)
-      : format(f),
-        elements(f, OperandKind::kElements, seed),
-        scales(f, OperandKind::kBlockScales, seed + 1),
-        global(f, OperandKind::kGlobalScale, seed + 2) {}
-
-  float F32(const OperandPattern& p, size_t index) const {
-    uint8_t b[4] = {p.Byte(index * 4), p.Byte(index * 4 + 1), p.Byte(index * 4 + 2),
-                    p.Byte(index * 4 + 3)};
-    float f;
-    std::memcpy(&f, b, 4);
-    return f;
-  }
-
-  // Element (row, col) of a [rows, k] matrix stored from row `row_base` on, with the
-  // block-scale row `scale_row` (fp8-block B: 128x128 blocks) and global scale index.
-  double Value(int64_t row, int64_t col, int64_t k, int64_t scale_row, int64_t global_index,
-               int64_t block_rows_k) const {
-    using namespace ::cubist::reference;
-    const int64_t idx = row * k + col;
-    switch (format) {
-      case DataFormat::kBf16:
-        return Bf16ToFloat(static_cast<uint16_t>(elements.Byte(idx * 2) |
-                                                 (elements.Byte(idx * 2 + 1) << 8)));
-      case DataFormat::kFp8:
-        return E4m3ToFloat(elements.Byte(idx)) * F32(global, global_index);
-      case DataFormat::kFp8Block:
-        return E4m3ToFloat(elements.Byte(idx)) *
-               F32(scales, scale_row * block_rows_k + col / 128);
-      case DataFormat::kMxfp8:
-        return E4m3ToFloat(elements.Byte(idx)) *
-               Ue8m0ToFloat(scales.Byte(row * (k / 32) + col / 32));
-      case DataFormat::kMxfp4: {
-        const uint8_t byte = elements.Byte(idx / 2);
-        return E2m1ToFloat(idx % 2 == 0 ? byte & 0xF : byte >> 4) *
-               Ue8m0ToFloat(scales.Byte(row * (k / 32) + col / 32));
-      }
-      case DataFormat::kNvfp4: {
-        const uint8_t byte = elements.Byte(idx / 2);
-        return E2m1ToFloat(idx % 2 == 0 ? byte & 0xF : byte >> 4) *
-               E4m3ToFloat(scales.Byte(row * (k / 16) + col / 16)) * F32(global, global_index);
-      }
-    }
-    return 0;
-  }
 };
 
 struct CheckResult {
@@ -100,111 +50,111 @@ struct CheckResult {
   std::string summary;
 };
 
-absl::StatusOr<CheckResult> RunAndCheck(const RunFlags& f, Runtime& rt, MoeGemm& gemm,
-                                        const MoeProblem& p) {
-  DriverApi& d = rt.driver();
-  const HostView av(p.activation_format, f.seed * 4 + 100);
-  const HostView bv(p.weight_format, f.seed * 4 + 200);
-  const int64_t nb = (p.n + 127) / 128, kb = (p.k + 127) / 128;
+// The problem on the device: operands filled from their patterns, experts owning equal
+// shares of the tokens, the output poisoned with NaN so that an unwritten row shows.
+struct DeviceProblem {
+  std::vector<int32_t> offsets;  // a copy on the host, for sampling
+  DeviceBuffer a, b, a_scale, b_scale, a_global, b_global, offsets_buffer, out;
+
+  MoeGemmArgs Args(const MoeProblem& p) const {
+    MoeGemmArgs args = MoeGemmArgsFor(p);
+    args.a = a.get();
+    args.b = b.get();
+    args.a_scale = a_scale.get();
+    args.b_scale = b_scale.get();
+    args.a_global_scale = a_global.get();
+    args.b_global_scale = b_global.get();
+    args.offsets = offsets_buffer.get();
+    args.out = out.get();
+    return args;
+  }
+};
+
+absl::StatusOr<DeviceBuffer> AllocateFilled(DriverApi& d, int64_t size,
+                                            const OperandPattern& pattern) {
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(d, static_cast<size_t>(size)));
+  CUBIST_RETURN_IF_ERROR(pattern.Fill(d, b));
+  return b;
+}
+
+absl::StatusOr<DeviceProblem> Upload(DriverApi& d, const MoeProblem& p,
+                                     const PatternOperand& av, const PatternOperand& bv) {
   const moe::MoeGemmBytes bytes = moe::MoeGemmBytesFor(
       p.weight_format, p.activation_format, p.activation, p.experts, p.tokens, p.n, p.k);
-  auto alloc_fill = [&](int64_t size, const OperandPattern& pat) -> absl::StatusOr<DeviceBuffer> {
-    CUBIST_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(d, static_cast<size_t>(size)));
-    CUBIST_RETURN_IF_ERROR(pat.Fill(d, b));
-    return b;
-  };
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer a, alloc_fill(bytes.a, av.elements));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer b, alloc_fill(bytes.b, bv.elements));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer as, alloc_fill(bytes.a_scale, av.scales));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer bs, alloc_fill(bytes.b_scale, bv.scales));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer ag, alloc_fill(bytes.a_global_scale, av.global));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer bg, alloc_fill(bytes.b_global_scale, bv.global));
-  std::vector<int32_t> offsets(p.experts + 1);
-  for (int64_t e = 0; e <= p.experts; ++e) offsets[e] = static_cast<int32_t>(e * p.tokens / p.experts);
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer off, DeviceBuffer::Allocate(d, offsets.size() * 4));
-  CUBIST_RETURN_IF_ERROR(off.CopyFromHost(offsets.data(), offsets.size() * 4));
-  const int64_t cols = p.output_n();
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer out,
-                          DeviceBuffer::Allocate(d, static_cast<size_t>(bytes.out)));
-  CUBIST_RETURN_IF_ERROR(out.Fill(0xFF));  // poison: NaN bf16 everywhere unwritten
-
-  MoeGemmArgs args = MoeGemmArgsFor(p);
-  args.a = a.get();
-  args.b = b.get();
-  args.a_scale = as.get();
-  args.b_scale = bs.get();
-  args.a_global_scale = ag.get();
-  args.b_global_scale = bg.get();
-  args.offsets = off.get();
-  args.out = out.get();
-  CUBIST_RETURN_IF_ERROR(gemm.CanImplement(args));
-  CUBIST_ASSIGN_OR_RETURN(Stream stream, Stream::Create(d));
-  CUBIST_RETURN_IF_ERROR(gemm.Run(args, stream.get()));
-  CUBIST_RETURN_IF_ERROR(stream.Synchronize());
-
-  // Sample rows: spread over at most 8 experts so that decoding their weights stays
-  // cheap, first and last rows of each included (tile edges).
-  CheckResult result;
-  if (p.tokens == 0) {
-    result.ok = true;
-    result.summary = "no tokens: nothing to check";
-    return result;
+  DeviceProblem dp;
+  CUBIST_ASSIGN_OR_RETURN(dp.a, AllocateFilled(d, bytes.a, av.elements));
+  CUBIST_ASSIGN_OR_RETURN(dp.b, AllocateFilled(d, bytes.b, bv.elements));
+  CUBIST_ASSIGN_OR_RETURN(dp.a_scale, AllocateFilled(d, bytes.a_scale, av.scales));
+  CUBIST_ASSIGN_OR_RETURN(dp.b_scale, AllocateFilled(d, bytes.b_scale, bv.scales));
+  CUBIST_ASSIGN_OR_RETURN(dp.a_global, AllocateFilled(d, bytes.a_global_scale, av.global));
+  CUBIST_ASSIGN_OR_RETURN(dp.b_global, AllocateFilled(d, bytes.b_global_scale, bv.global));
+  dp.offsets.resize(p.experts + 1);
+  for (int64_t e = 0; e <= p.experts; ++e) {
+    dp.offsets[e] = static_cast<int32_t>(e * p.tokens / p.experts);
   }
-  std::mt19937_64 rng(f.seed);
+  CUBIST_ASSIGN_OR_RETURN(dp.offsets_buffer, DeviceBuffer::Allocate(d, dp.offsets.size() * 4));
+  CUBIST_RETURN_IF_ERROR(dp.offsets_buffer.CopyFromHost(dp.offsets.data(), dp.offsets.size() * 4));
+  CUBIST_ASSIGN_OR_RETURN(dp.out, DeviceBuffer::Allocate(d, static_cast<size_t>(bytes.out)));
+  CUBIST_RETURN_IF_ERROR(dp.out.Fill(0xFF));  // poison: NaN bf16 everywhere unwritten
+  return dp;
+}
+
+// Rows to check: spread over at most 8 experts so that decoding their weights stays
+// cheap, first and last rows of each included (tile edges); grouped by expert.
+std::vector<SampledRow> SampleRows(const std::vector<int32_t>& offsets, int check_rows,
+                                   uint64_t seed) {
+  std::mt19937_64 rng(seed);
   std::vector<int64_t> experts;
-  for (int64_t e = 0; e < p.experts; ++e) {
-    if (offsets[e + 1] > offsets[e]) experts.push_back(e);
+  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+    if (offsets[e + 1] > offsets[e]) experts.push_back(static_cast<int64_t>(e));
   }
   std::shuffle(experts.begin(), experts.end(), rng);
   // About four sampled rows per decoded expert: decoding an expert's weights (N x K)
   // is what the check costs.
-  experts.resize(std::min<size_t>(experts.size(), std::clamp(f.check_rows / 4, 1, 8)));
-  std::vector<std::pair<int64_t, int64_t>> rows;  // (row, expert)
-  const int per_expert = std::max<int>(1, f.check_rows / static_cast<int>(experts.size()));
+  experts.resize(std::min<size_t>(experts.size(), std::clamp(check_rows / 4, 1, 8)));
+  std::vector<SampledRow> rows;
+  const int per_expert = std::max<int>(1, check_rows / static_cast<int>(experts.size()));
   for (int64_t e : experts) {
     const int64_t lo = offsets[e], hi = offsets[e + 1];
     std::vector<int64_t> picks = {lo, hi - 1};
     for (int i = 2; i < per_expert; ++i) picks.push_back(lo + static_cast<int64_t>(rng() % (hi - lo)));
     std::sort(picks.begin(), picks.end());
     picks.erase(std::unique(picks.begin(), picks.end()), picks.end());
-    for (int64_t t : picks) rows.emplace_back(t, e);
+    for (int64_t t : picks) rows.push_back({t, e});
   }
-  std::vector<uint16_t> got;
-  std::vector<double> ref;
-  std::vector<double> arow(p.k);
-  std::map<int64_t, std::vector<float>> bcache;
-  for (auto [t, e] : rows) {
-    std::vector<float>& be = bcache[e];
-    if (be.empty()) {
-      be.resize(static_cast<size_t>(p.n * p.k));
-      for (int64_t n = 0; n < p.n; ++n) {
-        for (int64_t kk = 0; kk < p.k; ++kk) {
-          be[n * p.k + kk] = static_cast<float>(
-              bv.Value(e * p.n + n, kk, p.k, e * nb + n / 128, e, kb));
-        }
-      }
-    }
-    for (int64_t kk = 0; kk < p.k; ++kk) arow[kk] = av.Value(t, kk, p.k, t, 0, kb);
-    std::vector<double> c(p.n);
-    for (int64_t n = 0; n < p.n; ++n) {
-      double s = 0;
-      const float* bp = &be[n * p.k];
-      for (int64_t kk = 0; kk < p.k; ++kk) s += arow[kk] * bp[kk];
-      c[n] = s;
-    }
-    const double beta = p.activation == Activation::kSitu ? 1.0 : 0.0;
-    for (int64_t j = 0; j < cols; ++j) {
-      const double x0 = c[j];
-      const double x1 = IsGated(p.activation) ? c[cols + j] : 0.0;
-      ref.push_back(::cubist::reference::ActivationValue(
-          p.activation, x0, x1, 1.0, beta, std::numeric_limits<double>::infinity()));
-    }
-    std::vector<uint16_t> row(cols);
-    CUBIST_RETURN_IF_ERROR(out.CopyToHost(row.data(), cols * 2, static_cast<size_t>(t * cols * 2)));
-    got.insert(got.end(), row.begin(), row.end());
+  return rows;
+}
+
+// Runs the kernel once on pattern operands and checks sampled rows of its output
+// against the CPU reference (dispatch/operand_reference.h).
+absl::StatusOr<CheckResult> RunAndCheck(const RunFlags& f, Runtime& rt, MoeGemm& gemm,
+                                        const MoeProblem& p) {
+  DriverApi& d = rt.driver();
+  const PatternOperand av(p.activation_format, f.seed * 4 + 100);
+  const PatternOperand bv(p.weight_format, f.seed * 4 + 200);
+  CUBIST_ASSIGN_OR_RETURN(DeviceProblem dp, Upload(d, p, av, bv));
+  const MoeGemmArgs args = dp.Args(p);
+  CUBIST_RETURN_IF_ERROR(gemm.CanImplement(args));
+  CUBIST_ASSIGN_OR_RETURN(Stream stream, Stream::Create(d));
+  CUBIST_RETURN_IF_ERROR(gemm.Run(args, stream.get()));
+  CUBIST_RETURN_IF_ERROR(stream.Synchronize());
+
+  CheckResult result;
+  if (p.tokens == 0) {
+    result.ok = true;
+    result.summary = "no tokens: nothing to check";
+    return result;
   }
-  ::cubist::reference::Comparison cmp = ::cubist::reference::CompareBf16(
-      got, ref, ::cubist::reference::ToleranceFor(p.weight_format, p.activation_format));
+  const std::vector<SampledRow> rows = SampleRows(dp.offsets, f.check_rows, f.seed);
+  const int64_t cols = p.output_n();
+  std::vector<uint16_t> got(rows.size() * cols);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    CUBIST_RETURN_IF_ERROR(dp.out.CopyToHost(&got[i * cols], cols * 2,
+                                             static_cast<size_t>(rows[i].row * cols * 2)));
+  }
+  const reference::Comparison cmp = reference::CompareBf16(
+      got, ReferenceRows(p, av, bv, rows),
+      reference::ToleranceFor(p.weight_format, p.activation_format));
   result.ok = cmp.ok;
   result.rows = static_cast<int>(rows.size());
   result.summary = cmp.summary;

@@ -8,15 +8,16 @@
 #include "cli/common.h"
 #include "cli/exit_codes.h"
 #include "cli/moe_problem_flags.h"
-#include "cli/reports.h"
+#include "cli/trust_flags.h"
+#include "report/reports.h"
 #include "dispatch/registry.h"
 #include "dispatch/selector.h"
 
 namespace cubist::cli {
 namespace {
 
-struct SelectFlags : SelectRequest {
-  ProblemFlags problem_flags;
+struct SelectFlags : report::SelectRequest {
+  report::ProblemSpec problem_flags;
   bool json = false;
 };
 
@@ -26,13 +27,13 @@ int RunSelect(const SelectFlags& f) {
     PrintError(problem.status());
     return kExitUsage;
   }
-  SelectRequest request = f;
+  report::SelectRequest request = f;
   request.problem = *problem;
-  absl::StatusOr<std::unique_ptr<Selection>> selected = Select(request);
+  absl::StatusOr<std::unique_ptr<report::Selection>> selected = report::Select(request);
   if (!selected.ok()) return PrintError(selected.status());
-  const Selection& sel = **selected;
+  const report::Selection& sel = **selected;
   if (f.json) {
-    CommandReport r = SelectReport(sel, f.explain);
+    report::CommandReport r = report::SelectReport(sel, f.explain);
     std::cout << r.json.dump(2) << "\n";
     return r.status.ok() ? kExitOk : ExitCodeFor(r.status);
   }

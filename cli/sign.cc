@@ -33,7 +33,7 @@ struct SignOptions {
   std::string out;
   bool append = false;
   bool check = false;
-  TrustFlags trust;
+  report::TrustSpec trust;
 };
 
 absl::Status Check(const SignOptions& o, const std::string& sig_path, const Globals& g) {

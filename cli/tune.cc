@@ -11,6 +11,7 @@
 #include "cli/common.h"
 #include "cli/exit_codes.h"
 #include "cli/moe_problem_flags.h"
+#include "cli/trust_flags.h"
 #include "dispatch/moe_gemm.h"
 #include "dispatch/runtime.h"
 
@@ -21,7 +22,7 @@ struct TuneFlags {
   std::string manifest;
   std::string cache;
   std::string tuning_file;
-  ProblemFlags problem;
+  report::ProblemSpec problem;
   int device = 0;
   int top = 4;
   int iterations = 20;
@@ -30,7 +31,7 @@ struct TuneFlags {
   bool json = false;
   bool offline = false;
   bool allow_inexact = false;
-  TrustFlags trust;
+  report::TrustSpec trust;
 };
 
 int RunTune(const TuneFlags& f) {

@@ -8,18 +8,19 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/exit_codes.h"
-#include "cli/reports.h"
+#include "cli/trust_flags.h"
+#include "report/reports.h"
 
 namespace cubist::cli {
 namespace {
 
-struct VerifyFlags : VerifyRequest {
+struct VerifyFlags : report::VerifyRequest {
   bool json = false;
 };
 
 int RunVerify(const VerifyFlags& f) {
   VerifyReport report;
-  absl::StatusOr<CommandReport> r = RunVerifyReport(f, &report);
+  absl::StatusOr<report::CommandReport> r = report::RunVerifyReport(f, &report);
   if (!r.ok()) return PrintError(r.status());
   if (f.json) {
     std::cout << r->json.dump(2) << "\n";

@@ -148,26 +148,16 @@ absl::StatusOr<std::unique_ptr<MoeGemm>> MoeGemm::Create(Runtime& runtime,
 
 MoeGemmArgs MoeGemmArgsFor(const MoeProblem& p) {
   MoeGemmArgs a;
-  a.weight_format = p.weight_format;
-  a.activation_format = p.activation_format;
-  a.activation = p.activation;
-  a.experts = p.experts;
+  CopyGemmShape(p, &a);
   a.tokens = p.tokens;
-  a.n = p.n;
-  a.k = p.k;
   return a;
 }
 
 MoeProblem MoeGemm::ProblemOf(const MoeGemmArgs& a) const {
   MoeProblem p;
   p.op = Op::kMoeGemm;
-  p.weight_format = a.weight_format;
-  p.activation_format = a.activation_format;
-  p.activation = a.activation;
-  p.experts = a.experts;
+  CopyGemmShape(a, &p);
   p.tokens = a.tokens;
-  p.n = a.n;
-  p.k = a.k;
   p.sm = runtime_->sm();
   p.sm_count = runtime_->device_info().sm_count;
   p.bias = a.bias != 0;
@@ -267,34 +257,8 @@ absl::Status MoeGemm::Launch(const MoeGemmDecision& d, const MoeGemmArgs& args,
   MoeGemmLaunch launch;  // the launch reads its parameters through a void*
   CUBIST_RETURN_IF_ERROR(PrepareMoeGemmLaunch(runtime_->driver(), d.info, ParamsOf(args),
                                               runtime_->device_info().sm_count, &launch));
-  const moe::MoeGemmGrid grid = launch.grid;
-
-  CUlaunchConfig config = {};
-  config.gridDimX = grid.x;
-  config.gridDimY = grid.y;
-  config.gridDimZ = grid.z;
-  config.blockDimX = d.block;
-  config.blockDimY = 1;
-  config.blockDimZ = 1;
-  config.sharedMemBytes = d.shared_mem_bytes;
-  config.hStream = stream;
-  CUlaunchAttribute attrs[2];
-  unsigned num_attrs = 0;
-  if (d.cluster[0] * d.cluster[1] * d.cluster[2] > 1) {
-    // PrepareMoeGemmLaunch made the grid a whole number of clusters.
-    attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attrs[num_attrs].value.clusterDim.x = d.cluster[0];
-    attrs[num_attrs].value.clusterDim.y = d.cluster[1];
-    attrs[num_attrs].value.clusterDim.z = d.cluster[2];
-    ++num_attrs;
-  }
-  if (options_.programmatic_dependent_launch) {
-    attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attrs[num_attrs].value.programmaticStreamSerializationAllowed = 1;
-    ++num_attrs;
-  }
-  config.attrs = num_attrs > 0 ? attrs : nullptr;
-  config.numAttrs = num_attrs;
+  const CUlaunchConfig config = launch.Config(d.block, d.shared_mem_bytes, d.cluster,
+                                              options_.programmatic_dependent_launch, stream);
   DriverApi& driver = runtime_->driver();
   const CUresult r = driver.LaunchKernelEx(&config, d.function, launch.kernel_params(), nullptr);
   if (r != CUDA_SUCCESS) {

@@ -5,7 +5,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "dispatch/moe_gemm.h"
 #include "dispatch/moe_types.h"
 #include "loader/device_memory.h"
 
@@ -173,6 +172,36 @@ absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
   out->grid = whole_clusters(moe::MoeGemmPersistentGridFor(p, k.activation, k.tile_m,
                                                             k.tile_n, sm_count, k.ctas_per_sm));
   return absl::OkStatus();
+}
+
+CUlaunchConfig MoeGemmLaunch::Config(unsigned block, unsigned shared_mem_bytes,
+                                     const unsigned (&cluster)[3],
+                                     bool programmatic_dependent_launch, CUstream stream) {
+  CUlaunchConfig config = {};
+  config.gridDimX = grid.x;
+  config.gridDimY = grid.y;
+  config.gridDimZ = grid.z;
+  config.blockDimX = block;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = shared_mem_bytes;
+  config.hStream = stream;
+  unsigned num_attrs = 0;
+  if (cluster[0] * cluster[1] * cluster[2] > 1) {
+    attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[num_attrs].value.clusterDim.x = cluster[0];
+    attrs[num_attrs].value.clusterDim.y = cluster[1];
+    attrs[num_attrs].value.clusterDim.z = cluster[2];
+    ++num_attrs;
+  }
+  if (programmatic_dependent_launch) {
+    attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[num_attrs].value.programmaticStreamSerializationAllowed = 1;
+    ++num_attrs;
+  }
+  config.attrs = num_attrs > 0 ? attrs : nullptr;
+  config.numAttrs = num_attrs;
+  return config;
 }
 
 }  // namespace cubist

@@ -52,10 +52,18 @@ struct MoeGemmLaunch {
   moe::MoeGemmParamsV2 params = moe::MoeGemmParamsV2Init();  // version 1 reads params.g
   moe::MoeGemmGrid grid;
   void* arg = nullptr;
+  CUlaunchAttribute attrs[2] = {};  // what Config's attributes point at
   void** kernel_params() {
     arg = &params;
     return &arg;
   }
+  // cuLaunchKernelEx's configuration of this launch: its grid, `block` threads and
+  // `shared_mem_bytes` of dynamic shared memory on `stream`; a cluster dimension
+  // attribute when `cluster` has more than one CTA (PrepareMoeGemmLaunch made the grid a
+  // whole number of clusters), and programmatic stream serialization when
+  // `programmatic_dependent_launch`. It points into this object.
+  CUlaunchConfig Config(unsigned block, unsigned shared_mem_bytes, const unsigned (&cluster)[3],
+                        bool programmatic_dependent_launch, CUstream stream);
 };
 
 // Fills `out` for launching kernel `k` on `p` (a version-1 struct from MoeGemmParamsInit;

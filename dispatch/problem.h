@@ -66,6 +66,20 @@ struct MoeProblem {
   }
 };
 
+// Copies the fields that say which grouped GEMM a problem is - formats, activation,
+// experts, n and k - between the structs that carry them (MoeProblem, MoeGemmArgs,
+// ShapeBucket), so that the list is written once. Tokens are not copied: a bucket holds
+// tokens per expert instead.
+template <typename To, typename From>
+void CopyGemmShape(const From& from, To* to) {
+  to->weight_format = from.weight_format;
+  to->activation_format = from.activation_format;
+  to->activation = from.activation;
+  to->experts = from.experts;
+  to->n = from.n;
+  to->k = from.k;
+}
+
 // Checks what every kernel needs regardless of its tiles: experts >= 1, tokens >= 0,
 // n >= 1, k >= 1, gated activations with an even n. InvalidArgument naming the field.
 [[nodiscard]] absl::Status ValidateProblem(const MoeProblem& problem);

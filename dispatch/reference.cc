@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -19,8 +18,6 @@ using moe::kFp8Block;
 using moe::kMxfp4;
 using moe::kMxfp8;
 using moe::kNvfp4;
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 uint32_t FloatBits(float x) {
   uint32_t b;
@@ -190,161 +187,119 @@ float Ue8m0ToFloat(uint8_t bits) {
 
 // ---------------------------------------------------------------------------------
 
+namespace {
+
+// max |x| over rows [r0, r1) and columns [c0, c1) of a [rows, k] matrix.
+float AbsMax(const std::vector<float>& x, int k, int r0, int r1, int c0, int c1) {
+  float m = 0;
+  for (int r = r0; r < r1; ++r)
+    for (int c = c0; c < c1; ++c) m = std::max(m, std::fabs(x[int64_t{r} * k + c]));
+  return m;
+}
+
+void QuantizeBf16(const std::vector<float>& x, int64_t count, std::vector<uint8_t>* data) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t b = FloatToBf16(x[i]);
+    data->push_back(static_cast<uint8_t>(b));
+    data->push_back(static_cast<uint8_t>(b >> 8));
+  }
+}
+
+void QuantizeFp8(const std::vector<float>& x, int rows, int k, std::vector<uint8_t>* data,
+                 float* global) {
+  const float amax = AbsMax(x, k, 0, rows, 0, k);
+  *global = amax > 0 ? amax / 448.0f : 1.0f;
+  for (int64_t i = 0; i < int64_t{rows} * k; ++i) data->push_back(FloatToE4m3(x[i] / *global));
+}
+
+void QuantizeFp8Block(const std::vector<float>& x, int rows, int k, bool square_blocks,
+                      std::vector<uint8_t>* data, std::vector<uint8_t>* scale) {
+  const int rb = square_blocks ? 128 : 1;
+  const int kb = (k + 127) / 128;
+  const int nrb = (rows + rb - 1) / rb;
+  std::vector<float> s(static_cast<size_t>(nrb) * kb);
+  for (int i = 0; i < nrb; ++i) {
+    for (int j = 0; j < kb; ++j) {
+      const float amax = AbsMax(x, k, i * rb, std::min(rows, (i + 1) * rb), j * 128,
+                                std::min(k, (j + 1) * 128));
+      s[i * kb + j] = amax > 0 ? amax / 448.0f : 1.0f;
+      PutFloat(scale, s[i * kb + j]);
+    }
+  }
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < k; ++c)
+      data->push_back(FloatToE4m3(x[int64_t{r} * k + c] / s[(r / rb) * kb + c / 128]));
+}
+
+// Two e2m1 codes a byte, element 2i in the low nibble.
+void PackE2m1(const std::vector<float>& q, std::vector<uint8_t>* data) {
+  for (size_t i = 0; i < q.size(); i += 2)
+    data->push_back(static_cast<uint8_t>(FloatToE2m1(q[i]) | (FloatToE2m1(q[i + 1]) << 4)));
+}
+
+// OCP MX: shared exponent floor(log2(amax)) - emax(element), elements saturate.
+void QuantizeMx(MoeFormat format, const std::vector<float>& x, int rows, int k,
+                std::vector<uint8_t>* data, std::vector<uint8_t>* scale) {
+  const int emax = format == kMxfp8 ? 8 : 2;
+  std::vector<float> q(static_cast<size_t>(rows) * k);
+  for (int r = 0; r < rows; ++r) {
+    for (int c0 = 0; c0 < k; c0 += 32) {
+      const float amax = AbsMax(x, k, r, r + 1, c0, c0 + 32);
+      int se = 0;
+      if (amax > 0) {
+        int ex;
+        std::frexp(amax, &ex);
+        se = std::clamp(ex - 1 - emax, -127, 127);
+      }
+      scale->push_back(static_cast<uint8_t>(se + 127));
+      for (int c = c0; c < c0 + 32; ++c)
+        q[int64_t{r} * k + c] = std::ldexp(x[int64_t{r} * k + c], -se);
+    }
+  }
+  if (format == kMxfp8) {
+    for (float v : q) data->push_back(FloatToE4m3(v));
+  } else {
+    PackE2m1(q, data);
+  }
+}
+
+void QuantizeNvfp4(const std::vector<float>& x, int rows, int k, std::vector<uint8_t>* data,
+                   std::vector<uint8_t>* scale, float* global) {
+  const float amax = AbsMax(x, k, 0, rows, 0, k);
+  *global = amax > 0 ? amax / (448.0f * 6.0f) : 1.0f;
+  std::vector<float> q(static_cast<size_t>(rows) * k);
+  for (int r = 0; r < rows; ++r) {
+    for (int c0 = 0; c0 < k; c0 += 16) {
+      const float bmax = AbsMax(x, k, r, r + 1, c0, c0 + 16);
+      const uint8_t sc = FloatToE4m3(bmax / 6.0f / *global);
+      scale->push_back(sc);
+      const float s = E4m3ToFloat(sc) * *global;
+      for (int c = c0; c < c0 + 16; ++c)
+        q[int64_t{r} * k + c] = s > 0 ? x[int64_t{r} * k + c] / s : 0.0f;
+    }
+  }
+  PackE2m1(q, data);
+}
+
+}  // namespace
+
 void Quantize(MoeFormat format, const std::vector<float>& x, int rows, int k,
               bool square_blocks, std::vector<uint8_t>* data, std::vector<uint8_t>* scale,
               float* global) {
   data->clear();
   scale->clear();
   *global = 1.0f;
-  const int64_t count = static_cast<int64_t>(rows) * k;
-  auto amax_of = [&](int r0, int r1, int c0, int c1) {
-    float m = 0;
-    for (int r = r0; r < r1; ++r)
-      for (int c = c0; c < c1; ++c) m = std::max(m, std::fabs(x[int64_t{r} * k + c]));
-    return m;
-  };
   switch (format) {
-    case kBf16:
-      for (int64_t i = 0; i < count; ++i) {
-        const uint16_t b = FloatToBf16(x[i]);
-        data->push_back(static_cast<uint8_t>(b));
-        data->push_back(static_cast<uint8_t>(b >> 8));
-      }
-      return;
-    case kFp8: {
-      const float amax = amax_of(0, rows, 0, k);
-      *global = amax > 0 ? amax / 448.0f : 1.0f;
-      for (int64_t i = 0; i < count; ++i) data->push_back(FloatToE4m3(x[i] / *global));
-      return;
-    }
-    case kFp8Block: {
-      const int rb = square_blocks ? 128 : 1;
-      const int kb = (k + 127) / 128;
-      const int nrb = (rows + rb - 1) / rb;
-      std::vector<float> s(static_cast<size_t>(nrb) * kb);
-      for (int i = 0; i < nrb; ++i) {
-        for (int j = 0; j < kb; ++j) {
-          const float amax = amax_of(i * rb, std::min(rows, (i + 1) * rb), j * 128,
-                                     std::min(k, (j + 1) * 128));
-          s[i * kb + j] = amax > 0 ? amax / 448.0f : 1.0f;
-          PutFloat(scale, s[i * kb + j]);
-        }
-      }
-      for (int r = 0; r < rows; ++r)
-        for (int c = 0; c < k; ++c)
-          data->push_back(FloatToE4m3(x[int64_t{r} * k + c] / s[(r / rb) * kb + c / 128]));
-      return;
-    }
+    case kBf16: return QuantizeBf16(x, int64_t{rows} * k, data);
+    case kFp8: return QuantizeFp8(x, rows, k, data, global);
+    case kFp8Block: return QuantizeFp8Block(x, rows, k, square_blocks, data, scale);
     case kMxfp8:
-    case kMxfp4: {
-      // OCP MX: shared exponent floor(log2(amax)) - emax(element), elements saturate.
-      const int emax = format == kMxfp8 ? 8 : 2;
-      std::vector<float> q(count);
-      for (int r = 0; r < rows; ++r) {
-        for (int c0 = 0; c0 < k; c0 += 32) {
-          const float amax = amax_of(r, r + 1, c0, c0 + 32);
-          int se = 0;
-          if (amax > 0) {
-            int ex;
-            std::frexp(amax, &ex);
-            se = std::clamp(ex - 1 - emax, -127, 127);
-          }
-          scale->push_back(static_cast<uint8_t>(se + 127));
-          for (int c = c0; c < c0 + 32; ++c)
-            q[int64_t{r} * k + c] = std::ldexp(x[int64_t{r} * k + c], -se);
-        }
-      }
-      if (format == kMxfp8) {
-        for (int64_t i = 0; i < count; ++i) data->push_back(FloatToE4m3(q[i]));
-      } else {
-        for (int64_t i = 0; i < count; i += 2)
-          data->push_back(static_cast<uint8_t>(FloatToE2m1(q[i]) | (FloatToE2m1(q[i + 1]) << 4)));
-      }
-      return;
-    }
-    case kNvfp4: {
-      const float amax = amax_of(0, rows, 0, k);
-      *global = amax > 0 ? amax / (448.0f * 6.0f) : 1.0f;
-      std::vector<float> q(count);
-      for (int r = 0; r < rows; ++r) {
-        for (int c0 = 0; c0 < k; c0 += 16) {
-          const float bmax = amax_of(r, r + 1, c0, c0 + 16);
-          const uint8_t sc = FloatToE4m3(bmax / 6.0f / *global);
-          scale->push_back(sc);
-          const float s = E4m3ToFloat(sc) * *global;
-          for (int c = c0; c < c0 + 16; ++c)
-            q[int64_t{r} * k + c] = s > 0 ? x[int64_t{r} * k + c] / s : 0.0f;
-        }
-      }
-      for (int64_t i = 0; i < count; i += 2)
-        data->push_back(static_cast<uint8_t>(FloatToE2m1(q[i]) | (FloatToE2m1(q[i + 1]) << 4)));
-      return;
-    }
+    case kMxfp4: return QuantizeMx(format, x, rows, k, data, scale);
+    case kNvfp4: return QuantizeNvfp4(x, rows, k, data, scale, global);
     case moe::kFp16:
     case moe::kMxint4:
       return;  // names only: no moe_gemm kernel takes them, so nothing to quantize for
   }
-}
-
-std::vector<int> RaggedCounts(int num_experts, uint64_t seed) {
-  static constexpr int kPattern[] = {0, 1, 65, 0, 128, 7, 200, 63, 129, 64, 3, 127};
-  constexpr int kLen = sizeof(kPattern) / sizeof(kPattern[0]);
-  std::vector<int> c(num_experts);
-  for (int e = 0; e < num_experts; ++e) c[e] = kPattern[(e + seed) % kLen];
-  return c;
-}
-
-MoeProblemData MakeRandomProblem(const MoeProblemShape& shape, uint64_t seed) {
-  MoeProblemData p;
-  p.weight_format = shape.weight_format;
-  p.activation_format = shape.activation_format;
-  p.num_experts = static_cast<int>(shape.tokens_per_expert.size());
-  p.n = shape.n;
-  p.k = shape.k;
-  p.offsets.push_back(0);
-  for (int c : shape.tokens_per_expert) p.offsets.push_back(p.offsets.back() + c);
-  p.num_tokens = p.offsets.back();
-
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> uni(0.5f, 2.0f);
-  // Magnitudes vary by row and by 32-column band so that block scales differ.
-  auto make = [&](int64_t rows, int k, float base) {
-    std::vector<float> band(k / 32 + 1), x(static_cast<size_t>(rows) * k);
-    for (float& b : band) b = std::ldexp(uni(rng), static_cast<int>(rng() % 5) - 2);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float rm = base * std::ldexp(uni(rng), static_cast<int>(rng() % 3) - 1);
-      for (int c = 0; c < k; ++c) x[r * k + c] = normal(rng) * rm * band[c / 32];
-    }
-    return x;
-  };
-  float g = 1;
-  Quantize(p.activation_format, make(p.num_tokens, p.k, 1.0f), p.num_tokens, p.k, false,
-           &p.a, &p.a_scale, &g);
-  if (p.activation_format == kFp8 || p.activation_format == kNvfp4) p.a_global_scale = {g};
-  const float wbase = 1.0f / std::sqrt(static_cast<float>(p.k)) / 4.0f;
-  const bool per_expert = p.weight_format == kFp8 || p.weight_format == kNvfp4 ||
-                          p.weight_format == kFp8Block;
-  if (per_expert) {
-    for (int e = 0; e < p.num_experts; ++e) {
-      std::vector<uint8_t> d, s;
-      Quantize(p.weight_format, make(p.n, p.k, wbase), p.n, p.k, true, &d, &s, &g);
-      p.b.insert(p.b.end(), d.begin(), d.end());
-      p.b_scale.insert(p.b_scale.end(), s.begin(), s.end());
-      if (p.weight_format != kFp8Block) p.b_global_scale.push_back(g);
-    }
-  } else {
-    const int64_t rows = static_cast<int64_t>(p.num_experts) * p.n;
-    Quantize(p.weight_format, make(rows, p.k, wbase), static_cast<int>(rows), p.k, false,
-             &p.b, &p.b_scale, &g);
-  }
-  std::uniform_real_distribution<float> ab(0.5f, 2.0f), lim(0.5f, 3.0f);
-  for (int e = 0; e < p.num_experts; ++e) {
-    if (shape.with_alpha) p.alpha.push_back(ab(rng));
-    if (shape.with_beta) p.beta.push_back(ab(rng));
-    if (shape.with_limit) p.limit.push_back(lim(rng));
-  }
-  return p;
 }
 
 std::vector<float> DequantizeA(const MoeProblemData& p) {
@@ -422,9 +377,10 @@ std::vector<double> ApplyActivation(const MoeProblemData& p, const std::vector<d
   const int cols = gated ? p.n / 2 : p.n;
   std::vector<double> out(static_cast<size_t>(p.num_tokens) * cols);
   for (int e = 0; e < p.num_experts; ++e) {
-    const double alpha = p.alpha.empty() ? 1.0 : p.alpha[e];
-    const double beta = p.beta.empty() ? (act == moe::kSitu ? 1.0 : 0.0) : p.beta[e];
-    const double limit = p.limit.empty() ? kInf : p.limit[e];
+    const moe::MoeActParams defaults = moe::MoeActDefaults(act);
+    const double alpha = p.alpha.empty() ? defaults.alpha : p.alpha[e];
+    const double beta = p.beta.empty() ? defaults.beta : p.beta[e];
+    const double limit = p.limit.empty() ? defaults.limit : p.limit[e];
     const float* bias = p.bias.empty() ? nullptr : &p.bias[static_cast<size_t>(e) * p.n];
     auto biased = [&](const double* row, int j) { return row[j] + (bias ? bias[j] : 0.0); };
     for (int t = p.offsets[e]; t < p.offsets[e + 1]; ++t) {

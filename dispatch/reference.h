@@ -1,12 +1,13 @@
 // CPU reference for the moe_gemm kernel family (kernels/moe_gemm_abi.h, docs/kernels.md):
 // exact decoders and round-to-nearest-even encoders for every element and scale format,
-// quantizers that turn random real matrices into each format's bytes, random ragged MoE
-// problems, the reference GEMM (double accumulation) with every activation, and a
-// comparison of a kernel's bf16 output against it with per-format tolerances.
+// quantizers that turn real matrices into each format's bytes, the reference GEMM
+// (double accumulation) with every activation, and a comparison of a kernel's bf16
+// output against it with per-format tolerances. `cubist run` checks every result with
+// it; random problems for tests are tests/testlib/random_problem.h.
 //
-// Everything is a pure function of its arguments (random inputs come from an explicit
-// seed) and thread-safe. Byte layouts are exactly the kernels': row-major, K contiguous,
-// fp4 two per byte low nibble first, scales [rows, K/block].
+// Everything is a pure function of its arguments and thread-safe. Byte layouts are
+// exactly the kernels': row-major, K contiguous, fp4 two per byte low nibble first,
+// scales [rows, K/block].
 #ifndef CUBIST_DISPATCH_REFERENCE_H_
 #define CUBIST_DISPATCH_REFERENCE_H_
 
@@ -48,24 +49,9 @@ struct MoeProblemData {
   std::vector<uint8_t> b_scale;
   std::vector<float> a_global_scale;  // [1] for fp8 / nvfp4, else empty
   std::vector<float> b_global_scale;  // [E] for fp8 / nvfp4, else empty
-  std::vector<float> alpha, beta, limit;  // [E] or empty (kernel default)
+  std::vector<float> alpha, beta, limit;  // [E] or empty (moe::MoeActDefaults)
   std::vector<float> bias;  // [E, N] or empty: added to C before the activation
 };
-
-struct MoeProblemShape {
-  MoeFormat weight_format = moe::kBf16;
-  MoeFormat activation_format = moe::kBf16;
-  int n = 0;
-  int k = 0;
-  std::vector<int> tokens_per_expert;  // E entries; zeros allowed
-  bool with_alpha = false, with_beta = false, with_limit = false;
-};
-
-// Draws A and B from N(0, 1) (B scaled by 1/sqrt(K) so C stays O(1)), with a different
-// magnitude per row and per 32-column band so that block scales differ, and quantizes
-// them. alpha/beta/limit, when asked for, are drawn per expert in ranges where every
-// activation stays finite (alpha, beta in [0.5, 2], limit in [0.5, 3]).
-MoeProblemData MakeRandomProblem(const MoeProblemShape& shape, uint64_t seed);
 
 // Quantizes `x` ([rows, k], row-major) into `format`: elements into *data, block scales
 // into *scale (empty for bf16/fp8), and the per-tensor scale into *global (1 for
@@ -115,11 +101,6 @@ Comparison CompareBf16(const std::vector<uint16_t>& out, const std::vector<doubl
                        const Tolerance& tol, double atol_scale = 0);
 // max |x| over the finite elements.
 double MaxAbs(const std::vector<double>& x);
-
-// Deterministic tokens-per-expert list for E experts, cycling (from an offset chosen by
-// `seed`) through 0, 1, 65, 0, 128, 7, 200, 63, 129, 64, 3, 127: empty experts, counts
-// just under, at and over multiples of 64 and 128.
-std::vector<int> RaggedCounts(int num_experts, uint64_t seed);
 
 }  // namespace cubist::reference
 

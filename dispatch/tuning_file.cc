@@ -85,12 +85,7 @@ std::ostream& operator<<(std::ostream& os, const ShapeBucket& bucket) {
 ShapeBucket BucketOf(const MoeProblem& p) {
   ShapeBucket b;
   b.op = p.op;
-  b.weight_format = p.weight_format;
-  b.activation_format = p.activation_format;
-  b.activation = p.activation;
-  b.experts = p.experts;
-  b.n = p.n;
-  b.k = p.k;
+  CopyGemmShape(p, &b);
   const int64_t tpe = p.tokens_per_expert();
   b.tokens_per_expert = tpe <= 0 ? 0 : static_cast<int64_t>(std::bit_ceil(uint64_t(tpe)));
   return b;
@@ -99,13 +94,8 @@ ShapeBucket BucketOf(const MoeProblem& p) {
 MoeProblem RepresentativeProblem(const ShapeBucket& b, DeviceSm sm, int sm_count) {
   MoeProblem p;
   p.op = b.op;
-  p.weight_format = b.weight_format;
-  p.activation_format = b.activation_format;
-  p.activation = b.activation;
-  p.experts = b.experts;
+  CopyGemmShape(b, &p);
   p.tokens = b.experts * b.tokens_per_expert;
-  p.n = b.n;
-  p.k = b.k;
   p.sm = sm;
   p.sm_count = sm_count;
   return p;

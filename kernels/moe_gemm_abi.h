@@ -128,6 +128,20 @@ CUBIST_HD constexpr bool IsGated(MoeActivation a) {
   return a == kSwiglu || a == kGeglu || a == kSitu;
 }
 
+// A gated activation's per-expert parameters (MoeGemmParams::alpha, beta, limit).
+struct MoeActParams {
+  float alpha;
+  float beta;
+  float limit;  // +inf: no clamp
+};
+
+// The parameters an activation uses where MoeGemmParams' pointer is null: alpha 1; beta
+// 1 for situ (it divides by beta) and 0 otherwise; no limit. The kernels' epilogues and
+// the CPU reference (dispatch/reference.h) both start from these.
+CUBIST_HD constexpr MoeActParams MoeActDefaults(MoeActivation a) {
+  return MoeActParams{1.0f, a == kSitu ? 1.0f : 0.0f, __builtin_huge_valf()};
+}
+
 // Columns of `out`.
 CUBIST_HD constexpr int32_t MoeGemmOutCols(int32_t n, MoeActivation act) {
   return IsGated(act) ? n / 2 : n;

@@ -206,9 +206,7 @@ __device__ __forceinline__ uint2 DecodeE2m1ToE4m3x8(uint32_t w, E4m3Table t) {
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-struct ActParams {
-  float alpha, beta, limit;
-};
+using ActParams = MoeActParams;
 
 template <MoeActivation A>
 __device__ __forceinline__ float Act(float x0, float x1, const ActParams& q) {
@@ -242,7 +240,7 @@ __device__ __forceinline__ float Act(float x0, float x1, const ActParams& q) {
 template <MoeFormat WF, MoeActivation ACT>
 struct TileEpilogue {
   float scale = 1.0f;
-  ActParams q{1.0f, ACT == kSitu ? 1.0f : 0.0f, __int_as_float(0x7f800000)};
+  ActParams q = MoeActDefaults(ACT);
   const float* bias = nullptr;  // the expert's [N] bias row, or null
   int32_t gate = 0;             // gated: the gate half's first bias column (N/2)
   int32_t n_out = 0;            // output columns: bias is read below this only

@@ -916,7 +916,7 @@ struct MoeGemmFp4 {
   // Tokens first_tok .. first_tok + kEpTokens - 1 of the tile, staged in ep.
   __device__ static void StoreFromShared(const MoeGemmParams& p, const MoeTile& t,
                                          const float* ep, int first_tok) {
-    ActParams q{1.0f, ACT == kSitu ? 1.0f : 0.0f, __int_as_float(0x7f800000)};
+    ActParams q = MoeActDefaults(ACT);
     if constexpr (kGated) {
       if (p.alpha != nullptr) q.alpha = __ldg(p.alpha + t.e);
       if (p.beta != nullptr) q.beta = __ldg(p.beta + t.e);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/autotuner.h"
+#include "dispatch/moe_gemm.h"
 #include "dispatch/tuning_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -55,6 +56,35 @@ TEST(ShapeBucketTest, TokensPerExpertRoundUpToPowersOfTwo) {
   EXPECT_EQ(rep.tokens, 128 * 8);
   EXPECT_EQ(rep.sm_count, 132);
   EXPECT_EQ(BucketOf(rep), Bucket(5));
+}
+
+TEST(ShapeBucketTest, ProblemBucketAndArgsCarryEveryFieldOfTheGemmShape) {
+  MoeProblem p;
+  p.weight_format = DataFormat::kMxfp4;
+  p.activation_format = DataFormat::kMxfp8;
+  p.activation = Activation::kSitu;
+  p.experts = 32;
+  p.tokens = 32 * 12;
+  p.n = 1536;
+  p.k = 4096;
+  const ShapeBucket b = BucketOf(p);
+  EXPECT_EQ(b.ToString(), "mxfp4/mxfp8/situ/e32/n1536/k4096/m16");
+  const MoeProblem rep = RepresentativeProblem(b, {9, 0}, 132);
+  EXPECT_EQ(rep.weight_format, p.weight_format);
+  EXPECT_EQ(rep.activation_format, p.activation_format);
+  EXPECT_EQ(rep.activation, p.activation);
+  EXPECT_EQ(rep.experts, p.experts);
+  EXPECT_EQ(rep.n, p.n);
+  EXPECT_EQ(rep.k, p.k);
+  EXPECT_EQ(rep.tokens, 32 * 16);
+  const MoeGemmArgs args = MoeGemmArgsFor(p);
+  EXPECT_EQ(args.weight_format, p.weight_format);
+  EXPECT_EQ(args.activation_format, p.activation_format);
+  EXPECT_EQ(args.activation, p.activation);
+  EXPECT_EQ(args.experts, p.experts);
+  EXPECT_EQ(args.tokens, p.tokens);
+  EXPECT_EQ(args.n, p.n);
+  EXPECT_EQ(args.k, p.k);
 }
 
 TEST(TuningFileTest, MissingFileIsEmpty) {

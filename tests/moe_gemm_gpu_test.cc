@@ -40,6 +40,7 @@
 #include "loader/module_cache.h"
 #include "manifest/manifest_parser.h"
 #include "tests/test_util.h"
+#include "tests/testlib/random_problem.h"
 
 namespace cubist::testing {
 namespace {

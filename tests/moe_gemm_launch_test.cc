@@ -89,6 +89,33 @@ TEST(MoeGemmLaunchTest, VersionOnePassesTheStructAndOneCtaPerTile) {
   EXPECT_EQ(l.grid.x, 382u * 45u);
 }
 
+TEST(MoeGemmLaunchTest, ConfigCarriesTheGridAndOnlyTheAttributesAsked) {
+  MoeGemmLaunch l;
+  l.grid = moe::MoeGemmGrid{264, 1, 1};
+  const unsigned one[3] = {1, 1, 1};
+  const CUstream stream = reinterpret_cast<CUstream>(0x5);
+  CUlaunchConfig plain = l.Config(384, 200000, one, false, stream);
+  EXPECT_EQ(plain.gridDimX, 264u);
+  EXPECT_EQ(plain.gridDimY, 1u);
+  EXPECT_EQ(plain.blockDimX, 384u);
+  EXPECT_EQ(plain.blockDimY, 1u);
+  EXPECT_EQ(plain.sharedMemBytes, 200000u);
+  EXPECT_EQ(plain.hStream, stream);
+  EXPECT_EQ(plain.numAttrs, 0u);
+  EXPECT_EQ(plain.attrs, nullptr);
+
+  const unsigned pair[3] = {2, 1, 1};
+  CUlaunchConfig both = l.Config(384, 0, pair, true, stream);
+  ASSERT_EQ(both.numAttrs, 2u);
+  EXPECT_EQ(both.attrs, l.attrs);
+  EXPECT_EQ(both.attrs[0].id, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
+  EXPECT_EQ(both.attrs[0].value.clusterDim.x, 2u);
+  EXPECT_EQ(both.attrs[0].value.clusterDim.y, 1u);
+  EXPECT_EQ(both.attrs[0].value.clusterDim.z, 1u);
+  EXPECT_EQ(both.attrs[1].id, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+  EXPECT_EQ(both.attrs[1].value.programmaticStreamSerializationAllowed, 1);
+}
+
 TEST(MoeGemmLaunchTest, VersionTwoEncodesBothMapsAndAPersistentGrid) {
   MapRecordingDriver d;
   MoeGemmLaunch l;

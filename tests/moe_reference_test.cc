@@ -10,10 +10,14 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testlib/random_problem.h"
 
 namespace cubist::reference {
 namespace {
 
+using ::cubist::testing::MakeRandomProblem;
+using ::cubist::testing::MoeProblemShape;
+using ::cubist::testing::RaggedCounts;
 using ::testing::HasSubstr;
 
 TEST(MoeCodecTest, E4m3DecodesKnownCodes) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "artifacts/curl_transport.h"
+#include "artifacts/http_headers.h"
 #include "artifacts/gc.h"
 #include "artifacts/manifest_source.h"
 #include "artifacts/parsed_manifest_cache.h"

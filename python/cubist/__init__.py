@@ -6,7 +6,7 @@
     gemm.run(a, b, offsets, out, activation="swiglu")   # on torch's current stream
 
 The native layer (cubist._cubist) is the C++ library itself (dispatch/runtime.h,
-dispatch/moe_gemm.h, cli/reports.h); this file turns tensors into pointers and sizes
+dispatch/moe_gemm.h, report/reports.h); this file turns tensors into pointers and sizes
 and checks them, naming the argument in every error. torch is never imported here:
 tensors come as torch tensors, `__cuda_array_interface__` or `__dlpack__` objects.
 `cubist.ops` (imported on demand) registers the torch custom op `cubist::moe_gemm` for

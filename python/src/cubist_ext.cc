@@ -1,6 +1,6 @@
 // cubist._cubist: the Python package's native half, a thin nanobind layer over the same
-// C++ API an engine links (dispatch/runtime.h, dispatch/moe_gemm.h) and the CLI's report
-// functions (cli/reports.h). The Python half (python/cubist/_tensors.py) turns tensors
+// C++ API an engine links (dispatch/runtime.h, dispatch/moe_gemm.h) and the report
+// functions the CLI uses too (report/reports.h). The Python half (python/cubist/_tensors.py) turns tensors
 // into device pointers and sizes and raises every argument error; `run` here is integer
 // conversion plus MoeGemm::Run. One exception, for speed: MoeGemm.run is a C method
 // (RunMethod below) that reads plain torch tensors itself (ReadFastArgs: through torch's
@@ -25,12 +25,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cli/moe_problem_flags.h"
-#include "cli/reports.h"
 #include "dispatch/moe_gemm.h"
 #include "dispatch/moe_layer.h"
 #include "dispatch/moe_types.h"
 #include "dispatch/runtime.h"
+#include "report/problem_spec.h"
+#include "report/reports.h"
+#include "report/trust_spec.h"
 
 namespace nb = nanobind;
 
@@ -75,9 +76,9 @@ T Check(absl::StatusOr<T> v) {
   return *std::move(v);
 }
 
-cli::TrustFlags TrustOf(std::vector<std::string> keys, std::vector<std::string> key_files,
-                        bool allow_expired, bool allow_rollback) {
-  cli::TrustFlags t;
+report::TrustSpec TrustOf(std::vector<std::string> keys, std::vector<std::string> key_files,
+                          bool allow_expired, bool allow_rollback) {
+  report::TrustSpec t;
   t.keys = std::move(keys);
   t.key_files = std::move(key_files);
   t.allow_expired = allow_expired;
@@ -97,7 +98,7 @@ auto WithoutGil(Fn fn) {
 // whether a failed report raises (cubist/__init__.py, `check`).
 using ReportTuple = std::tuple<std::string, int, std::string>;
 
-ReportTuple ToTuple(const cli::CommandReport& r) {
+ReportTuple ToTuple(const report::CommandReport& r) {
   return {r.json.dump(2), static_cast<int>(r.status.code()), std::string(r.status.message())};
 }
 
@@ -1028,7 +1029,7 @@ NB_MODULE(_cubist, m) {
            std::vector<std::string> mirrors, std::vector<std::string> filters, int retries,
            bool no_fsync, std::vector<std::string> keys, std::vector<std::string> key_files,
            bool allow_expired, bool allow_rollback) {
-          cli::FetchRequest r;
+          report::FetchRequest r;
           r.manifest = std::move(manifest);
           r.cache = std::move(cache);
           r.jobs = jobs;
@@ -1039,14 +1040,14 @@ NB_MODULE(_cubist, m) {
           r.no_fsync = no_fsync;
           r.trust = TrustOf(std::move(keys), std::move(key_files), allow_expired,
                             allow_rollback);
-          return ToTuple(Check(WithoutGil([&] { return cli::RunFetchReport(r); })));
+          return ToTuple(Check(WithoutGil([&] { return report::RunFetchReport(r); })));
         });
 
   m.def("verify",
         [](std::string manifest, std::string cache, bool deep, bool offline, int threads,
            std::vector<std::string> keys, std::vector<std::string> key_files,
            bool allow_expired, bool allow_rollback) {
-          cli::VerifyRequest r;
+          report::VerifyRequest r;
           r.manifest = std::move(manifest);
           r.cache = std::move(cache);
           r.deep = deep;
@@ -1054,7 +1055,7 @@ NB_MODULE(_cubist, m) {
           r.threads = threads;
           r.trust = TrustOf(std::move(keys), std::move(key_files), allow_expired,
                             allow_rollback);
-          return ToTuple(Check(WithoutGil([&] { return cli::RunVerifyReport(r); })));
+          return ToTuple(Check(WithoutGil([&] { return report::RunVerifyReport(r); })));
         });
 
   m.def("select",
@@ -1063,7 +1064,7 @@ NB_MODULE(_cubist, m) {
            int64_t tokens_per_expert, int64_t n, int64_t k, std::string sm, int sm_count,
            std::string output_format, std::string kernel, bool explain, bool allow_inexact,
            bool offline, std::vector<std::string> keys, std::vector<std::string> key_files) {
-          cli::ProblemFlags p;
+          report::ProblemSpec p;
           p.op = std::move(op);
           p.weights = std::move(weights);
           p.activations = std::move(activations);
@@ -1076,7 +1077,7 @@ NB_MODULE(_cubist, m) {
           p.sm = std::move(sm);
           p.sm_count = sm_count;
           p.output_format = std::move(output_format);
-          cli::SelectRequest r;
+          report::SelectRequest r;
           r.manifest = std::move(manifest);
           r.cache = std::move(cache);
           r.problem = Check(p.ToProblem());
@@ -1085,7 +1086,8 @@ NB_MODULE(_cubist, m) {
           r.allow_inexact = allow_inexact;
           r.offline = offline;
           r.trust = TrustOf(std::move(keys), std::move(key_files), false, false);
-          std::unique_ptr<cli::Selection> s = Check(WithoutGil([&] { return cli::Select(r); }));
-          return ToTuple(cli::SelectReport(*s, explain));
+          std::unique_ptr<report::Selection> s =
+              Check(WithoutGil([&] { return report::Select(r); }));
+          return ToTuple(report::SelectReport(*s, explain));
         });
 }

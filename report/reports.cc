@@ -1,4 +1,4 @@
-#include "cli/reports.h"
+#include "report/reports.h"
 
 #include <algorithm>
 
@@ -6,9 +6,10 @@
 #include "artifacts/keep.h"
 #include "artifacts/oci_manifest_source.h"
 #include "base/status_macros.h"
-#include "cli/common.h"
+#include "artifacts/cache_dir.h"
+#include "report/open_request.h"
 
-namespace cubist::cli {
+namespace cubist::report {
 namespace {
 
 nlohmann::json ProblemJson(const MoeProblem& p) {
@@ -54,85 +55,57 @@ absl::Status NoMatchError(const FetchRequest& f) {
                                           "; see 'cubist list'"));
 }
 
-}  // namespace
-
-absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgress* progress,
-                                             const FetchStartHook& on_start,
-                                             FetchReport* report_out) {
-  CUBIST_ASSIGN_OR_RETURN(Store store, OpenStore(f.cache, /*create=*/true));
-  // The warm path (issue 12): when every selected artifact is present with its size
-  // (the same check FetchArtifacts makes first), nothing per artifact is built beyond
-  // the report entries asked for, not even the manifest's Artifacts when its parse comes
-  // from the cache (they are looked at where they lie). Else the full plan, which
-  // probes again.
-  CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened,
-                          OpenManifestForCommand(f.manifest, f.trust, &store, f.offline,
-                                                 /*record_version=*/true,
-                                                 /*pack_artifacts=*/!f.artifact_entries));
-  const Manifest& m = opened.manifest;
-  CommandReport out;
-  out.notices = opened.notices;
-  // Until the manifest is kept, a root in use (keep.h) holds its objects against a gc
-  // running meanwhile; taken before the first object lands. A kept one needs none.
-  std::optional<RootLease> lease;
-  if (!store.IsKept(m, opened.bytes)) {
-    CUBIST_ASSIGN_OR_RETURN(lease, RootLease::Take(store, m, opened.bytes));
-  }
+// The warm path's report: every selected artifact cached, an entry each when asked.
+FetchReport CachedReport(const Manifest& m, const FetchRequest& f, size_t selected) {
   FetchReport report;
-  const absl::Time start = absl::Now();
-  const CacheCheck warm = opened.packed_artifacts.has_value()
-                              ? CheckAllCached(store, *opened.packed_artifacts, f.filters)
-                              : CheckAllCached(store, m, f.filters);
-  if (warm.all_present) {
-    if (warm.selected == 0 && !f.filters.empty()) return NoMatchError(f);
-    report.cached = static_cast<int>(warm.selected);
-    if (f.artifact_entries) {
-      report.results.reserve(warm.selected);
-      for (const Artifact& a : m.artifacts) {
-        if (!SelectedByFilters(a.path, f.filters)) continue;
-        ArtifactResult& r = report.results.emplace_back();
-        r.path = a.path;
-        r.sha256 = a.sha256;
-        r.outcome = FetchOutcome::kCached;
-      }
-    }
-    if (on_start) on_start(store, {});
-    report.elapsed = absl::Now() - start;
-  } else {
-    opened.UnpackArtifacts();  // the plan needs them built
-    std::vector<FetchItem> items = PlanFetch(m, f.mirrors, f.filters);
-    if (items.empty() && !f.filters.empty()) return NoMatchError(f);
-    FetchOptions options;
-    options.manifest = f.manifest;
-    options.jobs = f.jobs;
-    options.offline = f.offline;
-    options.attempts_per_source = f.retries;
-    options.low_speed_time = absl::Seconds(f.stall_seconds);
-    options.durable = !f.no_fsync;
-    if (IsOciReference(m.source)) {
-      CUBIST_ASSIGN_OR_RETURN(OciReference ref, ParseOciReference(m.source));
-      options.authorization = MakeOciAuthorizer(ref);
-    }
-    if (on_start) on_start(store, items);
-    FetchProgress local_progress;
-    report = FetchArtifacts(store, items, options,
-                            progress != nullptr ? progress : &local_progress);
+  report.cached = static_cast<int>(selected);
+  if (!f.artifact_entries) return report;
+  report.results.reserve(selected);
+  for (const Artifact& a : m.artifacts) {
+    if (!SelectedByFilters(a.path, f.filters)) continue;
+    ArtifactResult& r = report.results.emplace_back();
+    r.path = a.path;
+    r.sha256 = a.sha256;
+    r.outcome = FetchOutcome::kCached;
   }
-  if (report.failed == 0) {
-    // Kept for gc only once everything it names is present; the root lets go after.
-    // A manifest that cannot be kept is a failed fetch (exit 9 on a full disk): the
-    // next gc would delete what this one reports fetched.
-    CUBIST_RETURN_IF_ERROR(store.KeepManifest(m, opened.bytes));
-    // Never success for objects gone at exit (a gc of an older cubist, which knows no
-    // roots, or an operator's rm): one more stat each, only after downloads.
-    if (!warm.all_present && !CheckAllCached(store, m, f.filters).all_present) {
-      return absl::UnavailableError(absl::StrCat(
-          "fetch ", f.manifest, ": objects were removed from cache ", store.root(),
-          " while this fetch ran (a 'cubist gc' of a version without pending roots?); "
-          "fetch again"));
-    }
+  return report;
+}
+
+absl::StatusOr<FetchOptions> FetchOptionsFor(const FetchRequest& f, const Manifest& m) {
+  FetchOptions options;
+  options.manifest = f.manifest;
+  options.jobs = f.jobs;
+  options.offline = f.offline;
+  options.attempts_per_source = f.retries;
+  options.low_speed_time = absl::Seconds(f.stall_seconds);
+  options.durable = !f.no_fsync;
+  if (IsOciReference(m.source)) {
+    CUBIST_ASSIGN_OR_RETURN(OciReference ref, ParseOciReference(m.source));
+    options.authorization = MakeOciAuthorizer(ref);
   }
-  nlohmann::json& j = out.json;
+  return options;
+}
+
+// After a fetch in which nothing failed: the manifest is kept for gc only once
+// everything it names is present (the root lets go after). A manifest that cannot be
+// kept is a failed fetch (exit 9 on a full disk): the next gc would delete what this one
+// reports fetched. Never success for objects gone at exit (a gc of an older cubist,
+// which knows no roots, or an operator's rm): one more stat each, only after downloads.
+absl::Status KeepFetched(Store& store, const OpenedManifest& opened, const FetchRequest& f,
+                         bool was_warm) {
+  CUBIST_RETURN_IF_ERROR(store.KeepManifest(opened.manifest, opened.bytes));
+  if (!was_warm && !CheckAllCached(store, opened.manifest, f.filters).all_present) {
+    return absl::UnavailableError(absl::StrCat(
+        "fetch ", f.manifest, ": objects were removed from cache ", store.root(),
+        " while this fetch ran (a 'cubist gc' of a version without pending roots?); "
+        "fetch again"));
+  }
+  return absl::OkStatus();
+}
+
+nlohmann::json FetchJson(const FetchRequest& f, const Manifest& m, const Store& store,
+                         const FetchReport& report) {
+  nlohmann::json j;
   j["manifest"] = f.manifest;
   j["name"] = m.name;
   j["version"] = m.version;
@@ -158,6 +131,57 @@ absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgres
     j["artifacts"] = std::move(arts);
   }
   j["ok"] = report.failed == 0;
+  return j;
+}
+
+}  // namespace
+
+absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgress* progress,
+                                             const FetchStartHook& on_start,
+                                             FetchReport* report_out) {
+  CUBIST_ASSIGN_OR_RETURN(Store store, OpenStore(f.cache, /*create=*/true));
+  // The warm path (issue 12): when every selected artifact is present with its size
+  // (the same check FetchArtifacts makes first), nothing per artifact is built beyond
+  // the report entries asked for, not even the manifest's Artifacts when its parse comes
+  // from the cache (they are looked at where they lie). Else the full plan, which
+  // probes again.
+  CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened,
+                          OpenManifestForRequest(f.manifest, f.trust, &store, f.offline,
+                                                 /*record_version=*/true,
+                                                 /*pack_artifacts=*/!f.artifact_entries));
+  const Manifest& m = opened.manifest;
+  CommandReport out;
+  out.notices = opened.notices;
+  // Until the manifest is kept, a root in use (keep.h) holds its objects against a gc
+  // running meanwhile; taken before the first object lands. A kept one needs none.
+  std::optional<RootLease> lease;
+  if (!store.IsKept(m, opened.bytes)) {
+    CUBIST_ASSIGN_OR_RETURN(lease, RootLease::Take(store, m, opened.bytes));
+  }
+  FetchReport report;
+  const absl::Time start = absl::Now();
+  const CacheCheck warm = opened.packed_artifacts.has_value()
+                              ? CheckAllCached(store, *opened.packed_artifacts, f.filters)
+                              : CheckAllCached(store, m, f.filters);
+  if (warm.all_present) {
+    if (warm.selected == 0 && !f.filters.empty()) return NoMatchError(f);
+    report = CachedReport(m, f, warm.selected);
+    if (on_start) on_start(store, {});
+    report.elapsed = absl::Now() - start;
+  } else {
+    opened.UnpackArtifacts();  // the plan needs them built
+    std::vector<FetchItem> items = PlanFetch(m, f.mirrors, f.filters);
+    if (items.empty() && !f.filters.empty()) return NoMatchError(f);
+    CUBIST_ASSIGN_OR_RETURN(FetchOptions options, FetchOptionsFor(f, m));
+    if (on_start) on_start(store, items);
+    FetchProgress local_progress;
+    report = FetchArtifacts(store, items, options,
+                            progress != nullptr ? progress : &local_progress);
+  }
+  if (report.failed == 0) {
+    CUBIST_RETURN_IF_ERROR(KeepFetched(store, opened, f, warm.all_present));
+  }
+  out.json = FetchJson(f, m, store, report);
   out.status = report.status;
   if (report_out != nullptr) *report_out = std::move(report);
   return out;
@@ -166,7 +190,7 @@ absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgres
 absl::StatusOr<CommandReport> RunVerifyReport(const VerifyRequest& f, VerifyReport* report_out) {
   CUBIST_ASSIGN_OR_RETURN(Store store, OpenStore(f.cache, /*create=*/false));
   CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened,
-                          OpenManifestForCommand(f.manifest, f.trust, &store, f.offline,
+                          OpenManifestForRequest(f.manifest, f.trust, &store, f.offline,
                                                  /*record_version=*/false));
   VerifyOptions options;
   options.manifest = f.manifest;
@@ -208,7 +232,7 @@ absl::StatusOr<std::unique_ptr<Selection>> Select(const SelectRequest& f) {
     if (auto s = Store::Open(*root, /*create=*/false); s.ok()) store.emplace(std::move(*s));
   }
   CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened,
-                          OpenManifestForCommand(f.manifest, f.trust,
+                          OpenManifestForRequest(f.manifest, f.trust,
                                                  store ? &*store : nullptr, f.offline,
                                                  /*record_version=*/false));
   CUBIST_ASSIGN_OR_RETURN(Registry registry, Registry::Create(opened.manifest));
@@ -253,4 +277,4 @@ CommandReport SelectReport(const Selection& s, bool explain) {
   return out;
 }
 
-}  // namespace cubist::cli
+}  // namespace cubist::report

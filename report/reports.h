@@ -5,8 +5,8 @@
 // report as JSON plus the status the command turns into its exit code. Errors that stop
 // the work before a report exists (no cache, an unreadable or untrusted manifest, a
 // --filter matching nothing, a bad problem) are returned as the StatusOr's error.
-#ifndef CUBIST_CLI_REPORTS_H_
-#define CUBIST_CLI_REPORTS_H_
+#ifndef CUBIST_REPORT_REPORTS_H_
+#define CUBIST_REPORT_REPORTS_H_
 
 #include <functional>
 #include <memory>
@@ -20,12 +20,12 @@
 #include "artifacts/fetcher.h"
 #include "artifacts/store.h"
 #include "artifacts/verify.h"
-#include "cli/trust_flags.h"
 #include "dispatch/problem.h"
 #include "dispatch/registry.h"
 #include "dispatch/selector.h"
+#include "report/trust_spec.h"
 
-namespace cubist::cli {
+namespace cubist::report {
 
 struct CommandReport {
   nlohmann::json json;
@@ -45,7 +45,7 @@ struct FetchRequest {
   // source).
   int stall_seconds = 20;
   bool no_fsync = false;
-  TrustFlags trust;
+  TrustSpec trust;
   // The report's "artifacts" array, one entry per artifact. The command's text output
   // does not use it, and for a set of 13,000 files building and freeing it is a
   // quarter of a warm fetch, so `cubist fetch` without --json leaves it out.
@@ -71,7 +71,7 @@ struct VerifyRequest {
   bool deep = false;
   bool offline = false;
   int threads = 0;
-  TrustFlags trust;
+  TrustSpec trust;
 };
 
 [[nodiscard]] absl::StatusOr<CommandReport> RunVerifyReport(const VerifyRequest& request,
@@ -85,7 +85,7 @@ struct SelectRequest {
   bool explain = false;
   bool offline = false;
   bool allow_inexact = false;
-  TrustFlags trust;
+  TrustSpec trust;
 };
 
 // A selection made: the registry its candidates point into, the ranking (or why there
@@ -104,6 +104,6 @@ struct Selection {
 // report's status is then the ranking's error.
 CommandReport SelectReport(const Selection& selection, bool explain);
 
-}  // namespace cubist::cli
+}  // namespace cubist::report
 
-#endif  // CUBIST_CLI_REPORTS_H_
+#endif  // CUBIST_REPORT_REPORTS_H_
