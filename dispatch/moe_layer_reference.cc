@@ -133,8 +133,10 @@ MoeProblemData LayerGemm(const MoeLayerData& layer, const std::vector<int32_t>& 
   const std::vector<float>& global = second ? layer.w2_global : layer.w1_global;
   const std::vector<float>& bias = second ? layer.w2_bias : layer.w1_bias;
   for (int e : used) {
-    if (!bias.empty()) g.bias.insert(g.bias.end(), bias.begin() + size_t{e} * n,
-                                     bias.begin() + size_t{e + 1} * n);
+    if (!bias.empty()) {
+      const auto row = bias.begin() + static_cast<ptrdiff_t>(e) * n;
+      g.bias.insert(g.bias.end(), row, row + n);
+    }
     AppendSlice(w, ExpertElementBytes(wf, n, k), e, &g.b);
     if (!scale.empty()) AppendSlice(scale.data(), ExpertScaleBytes(wf, n, k), e, &g.b_scale);
     if (!global.empty()) g.b_global_scale.push_back(global[e]);
