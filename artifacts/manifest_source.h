@@ -39,9 +39,11 @@ struct OpenManifestOptions {
   // Record the version as the highest verified (fetch does; read-only commands don't,
   // they only compare).
   bool record_version = false;
-  // When the parse comes from the cache, leave the artifacts packed in the cached entry
-  // (OpenedManifest::packed_artifacts) instead of building manifest.artifacts: for a
-  // warm fetch, which needs no more than a look at each (manifest_binary.h).
+  // Leave the artifacts packed (OpenedManifest::packed_artifacts) instead of building
+  // manifest.artifacts: in the cached entry when the parse comes from the cache, else
+  // packed as they are parsed. For fetch, whose warm path needs no more than a look at
+  // each (manifest_binary.h), and whose first read of a large manifest then never holds
+  // them all built.
   bool pack_artifacts = false;
 };
 
@@ -51,8 +53,9 @@ struct OpenedManifest {
   bool from_offline_copy = false;
   // Things the user should hear about that are not errors (an OCI tag that moved).
   std::vector<std::string> notices;
-  // Set only with OpenManifestOptions::pack_artifacts and a parse from the cache: the
-  // artifacts, read in place, and manifest.artifacts empty until UnpackArtifacts().
+  // Set only with OpenManifestOptions::pack_artifacts: the artifacts, packed (read in
+  // place from the cache's parse, or packed as they were parsed), and
+  // manifest.artifacts empty until UnpackArtifacts().
   std::optional<PackedArtifacts> packed_artifacts;
 
   // Moves packed artifacts, if any, into manifest.artifacts.

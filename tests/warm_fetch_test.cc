@@ -215,15 +215,26 @@ TEST_F(ParsedManifestCacheTest, SecondOpenReadsTheParseKeptByDigest) {
   EXPECT_EQ(second->manifest.digest, Sha256Hex(bytes));
 }
 
-TEST_F(ParsedManifestCacheTest, PackedArtifactsComeOnlyFromTheCacheAndUnpackToTheParse) {
+TEST_F(ParsedManifestCacheTest, PackedArtifactsUnpackToTheParseWhetherParsedOrCached) {
   OpenManifestOptions o;
   o.store = &*store_;
+  // Without the option the artifacts are built: the reference.
+  auto whole = OpenManifest(path_, o);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_FALSE(whole->packed_artifacts.has_value());
+  EXPECT_EQ(whole->manifest.artifacts, manifest_.artifacts);
+  ASSERT_EQ(::unlink(EntryPathFor(testing::ReadFileOrDie(path_)).c_str()), 0);
   o.pack_artifacts = true;
-  // The first open parses: its artifacts are built, nothing is packed.
+  // The first open parses straight into the packed form (never building the list), and
+  // keeps that parse for the next.
   auto first = OpenManifest(path_, o);
   ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_FALSE(first->packed_artifacts.has_value());
-  EXPECT_EQ(first->manifest.artifacts, manifest_.artifacts);
+  ASSERT_TRUE(first->packed_artifacts.has_value());
+  EXPECT_EQ(first->packed_artifacts->size(), manifest_.artifacts.size());
+  EXPECT_TRUE(first->manifest.artifacts.empty());
+  EXPECT_TRUE(testing::FileExists(EntryPathFor(testing::ReadFileOrDie(path_))));
+  first->UnpackArtifacts();
+  EXPECT_EQ(first->manifest, whole->manifest);
   // The second reads the parse from the cache and leaves the artifacts in it.
   auto second = OpenManifest(path_, o);
   ASSERT_TRUE(second.ok()) << second.status();
@@ -233,13 +244,13 @@ TEST_F(ParsedManifestCacheTest, PackedArtifactsComeOnlyFromTheCacheAndUnpackToTh
   EXPECT_EQ(second->manifest.name, "warm");
   second->UnpackArtifacts();
   EXPECT_FALSE(second->packed_artifacts.has_value());
-  EXPECT_EQ(second->manifest, first->manifest);
+  EXPECT_EQ(second->manifest, whole->manifest);
   // Without the option, a parse from the cache is whole.
   o.pack_artifacts = false;
   auto third = OpenManifest(path_, o);
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_FALSE(third->packed_artifacts.has_value());
-  EXPECT_EQ(third->manifest, first->manifest);
+  EXPECT_EQ(third->manifest, whole->manifest);
 }
 
 TEST_F(ParsedManifestCacheTest, ADamagedEntryIsIgnoredAndRewritten) {
