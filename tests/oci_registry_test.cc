@@ -3,8 +3,8 @@
 // a pinned digest that does not match, a corrupt blob in the registry's storage,
 // htpasswd (basic) logins (also through a credential helper), chunked uploads (also
 // after a proxy's 413), the redirect storage middleware, the registry stopped mid-fetch
-// and restarted, 8 processes into one cache, and 16 nodes behind an nginx site cache
-// (every blob leaves the registry once).
+// and restarted, 8 processes into one cache, 16 nodes behind an nginx site cache
+// (every blob leaves the registry once), and a TLS front with a private CA.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -527,6 +527,83 @@ TEST_F(OciRegistryTest, BearerTokenFlowThroughATokenGate) {
                    "HOME=" + tmp_.path()), 7) << out;
   EXPECT_THAT(out, HasSubstr("requires a login for team/tokens (token endpoint answered HTTP 401)"));
   EXPECT_THAT(out, Not(HasSubstr("gate-pw")));
+}
+
+// A registry behind a TLS front: nginx with a certificate for "localhost" from a private
+// CA that openssl makes here, proxying to the loopback registry, listed in
+// CUBIST_REGISTRY_HTTPS. With the CA trusted through SSL_CERT_FILE, push and fetch go
+// over HTTPS; with the CA unknown, or the right CA and another host name (the address
+// instead of "localhost"), the first request is refused at once, exit 7 naming the
+// variables that add a CA, and nothing is cached.
+TEST_F(OciRegistryTest, TlsFrontTrustedOnlyThroughItsCaAndHostName) {
+  if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
+  StartRegistry();
+  MakeRepo(4, 1000, 60000);
+  absl::StatusOr<testing::TestTls> tls = testing::MakeTestTls(tmp_.Join("tls"));
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  NginxServer::Options o;
+  o.root = tmp_.path();
+  o.workdir = tmp_.Join("nginx");
+  o.tls_cert = tls->cert;
+  o.tls_key = tls->key;
+  // The registry builds upload URLs from Host and X-Forwarded-Proto.
+  o.server_extra = absl::StrCat(
+      "    client_max_body_size 0;\n"
+      "    location /v2/ {\n"
+      "      proxy_pass http://", registry_->HostPort(), ";\n"
+      "      proxy_set_header Host $http_host; proxy_set_header X-Forwarded-Proto https;\n"
+      "      proxy_http_version 1.1; proxy_set_header Connection \"\";\n"
+      "      proxy_request_buffering off;\n"
+      "    }\n");
+  auto front = NginxServer::Start(o);
+  ASSERT_TRUE(front.ok()) << front.status();
+  const int port = (*front)->port();
+  const std::string ref = absl::StrCat("oci://localhost:", port, "/cubist/tls:v1");
+  // Only the CA variables given: none from the environment the test runs in.
+  const std::string https = absl::StrCat(
+      "env -u SSL_CERT_FILE -u SSL_CERT_DIR -u CURL_CA_BUNDLE CUBIST_REGISTRY_HTTPS=localhost:",
+      port, ",127.0.0.1:", port);
+  const std::string trusted = absl::StrCat(https, " SSL_CERT_FILE=", tls->ca);
+  const std::string fix = "add the CA that issued it with SSL_CERT_FILE, SSL_CERT_DIR or "
+                          "CURL_CA_BUNDLE";
+
+  const std::string digest = Push(ref, trusted);
+  ASSERT_TRUE(absl::StartsWith(digest, "sha256:")) << digest;
+  std::string out;
+  const std::string cache = tmp_.Join("cache");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", ref, " --cache ", cache), &out, trusted), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("4 downloaded"));
+  ExpectAllCached(cache);
+  // Every blob came through the TLS front.
+  std::map<std::string, int> served = (*front)->SuccessfulRequests();
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_EQ(served[absl::StrCat("/v2/cubist/tls/blobs/sha256:", a.sha256)], 1) << a.path;
+  }
+
+  const std::string other = tmp_.Join("other");
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", ref, " --cache ", other), &out, https), 7)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("https://localhost:", port, "/v2/cubist/tls/")));
+  EXPECT_THAT(out, HasSubstr(fix));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "a trust failure is not retried";
+  EXPECT_EQ(Cubist(absl::StrCat("push -q --manifest ", repo_, "/manifest.json ", ref), &out,
+                   https),
+            7)
+      << out;
+  EXPECT_THAT(out, HasSubstr(fix));
+
+  const std::string by_address = absl::StrCat("oci://127.0.0.1:", port, "/cubist/tls:v1");
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", by_address, " --cache ", other), &out,
+                   trusted),
+            7)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("https://127.0.0.1:", port, "/v2/cubist/tls/")));
+  EXPECT_THAT(out, HasSubstr(fix));
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_FALSE(testing::FileExists(ObjectPath(other, a.sha256))) << a.path;
+  }
 }
 
 TEST_F(OciRegistryTest, RegistryStoppedMidFetchAndRestartedResumes) {
