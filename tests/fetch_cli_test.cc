@@ -603,5 +603,44 @@ TEST_F(FetchCliTest, ObjectsChangedAfterPublishAreCaughtWithoutADeepVerify) {
   EXPECT_THAT(out, HasSubstr("(0 B hashed"));
 }
 
+// An object whose publish stamp no longer matches (touched, or written since it was
+// verified) is not missing: export hashes it and exports it when its bytes are still
+// the right ones (stamping it again), and refuses it, exit 3 naming it, when they are not.
+TEST_F(FetchCliTest, ExportHashesUnconfirmedObjectsAndUsesThoseThatMatch) {
+  Serve(3, 1000, 5000);
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", url_, " --cache ", cache_), &out), 0)
+      << out;
+  ASSERT_EQ(::utimensat(AT_FDCWD, ObjectPath(0).c_str(), nullptr, 0), 0);  // now: unstamped
+  const std::string dir = tmp_.Join("exported");
+  ASSERT_EQ(Cubist(absl::StrCat("export --layout plain --manifest ", url_, " --cache ", cache_,
+                                " ", dir),
+                   &out),
+            0)
+      << out;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(testing::ReadFileOrDie(dir + "/" + files_[i].path), files_[i].data) << i;
+  }
+  struct stat st;
+  ASSERT_EQ(::stat(ObjectPath(0).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mtim.tv_sec, StampFor(files_[0].data.size())) << "confirmed and stamped";
+
+  ASSERT_EQ(::chmod(ObjectPath(1).c_str(), 0644), 0);
+  std::string changed = files_[1].data;
+  changed[0] ^= 0x01;
+  testing::WriteFileOrDie(ObjectPath(1), changed);
+  EXPECT_EQ(Cubist(absl::StrCat("export --layout plain --manifest ", url_, " --cache ", cache_,
+                                " ", tmp_.Join("second")),
+                   &out),
+            3)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("export ", files_[1].path, ": ")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("changed after it was verified (its publish stamp no "
+                                          "longer matches): sha256 ",
+                                          Sha256Hex(changed))));
+  EXPECT_THAT(out, HasSubstr("run `cubist fetch` with the same manifest to repair it"));
+  EXPECT_FALSE(testing::FileExists(tmp_.Join("second")));
+}
+
 }  // namespace
 }  // namespace cubist

@@ -5,6 +5,7 @@
 // after a proxy's 413), the redirect storage middleware, the registry stopped mid-fetch
 // and restarted, 8 processes into one cache, 16 nodes behind an nginx site cache
 // (every blob leaves the registry once), and a TLS front with a private CA.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -175,6 +176,52 @@ TEST_F(OciRegistryTest, PushTakesArtifactsFromTheCache) {
                    &out),
             0)
       << out;
+}
+
+// Push from the cache hashes an object whose publish stamp no longer matches instead of
+// calling it missing: pushed when its bytes are the right ones, refused (exit 3 naming
+// it) when they are not.
+TEST_F(OciRegistryTest, PushFromTheCacheHashesUnconfirmedObjects) {
+  StartRegistry();
+  MakeRepo(3, 1000, 9000);
+  std::string out;
+  const std::string cache = tmp_.Join("c1");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", repo_, "/manifest.json --cache ", cache),
+                   &out),
+            0)
+      << out;
+  const std::string alone = tmp_.Join("alone/manifest.json");
+  testing::WriteFileOrDie(alone, testing::ReadFileOrDie(repo_ + "/manifest.json"));
+  for (const Artifact& a : manifest_.artifacts) {  // now: unstamped, bytes intact
+    ASSERT_EQ(::utimensat(AT_FDCWD, ObjectPath(cache, a.sha256).c_str(), nullptr, 0), 0);
+  }
+  ASSERT_EQ(Cubist(absl::StrCat("push --cache ", cache, " --manifest ", alone, " ",
+                                Ref("mirror/touched:v1")),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("3 artifacts, 5 blobs uploaded"));
+  const std::string c2 = tmp_.Join("c2");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", Ref("mirror/touched:v1"), " --cache ", c2),
+                   &out),
+            0)
+      << out;
+  ExpectAllCached(c2);
+
+  const std::string victim = ObjectPath(cache, manifest_.artifacts[2].sha256);
+  ASSERT_EQ(::chmod(victim.c_str(), 0644), 0);
+  std::string changed = files_[2].data;
+  changed[0] ^= 0x01;
+  testing::WriteFileOrDie(victim, changed);
+  EXPECT_EQ(Cubist(absl::StrCat("push -q --cache ", cache, " --manifest ", alone, " ",
+                                Ref("mirror/changed:v1")),
+                   &out),
+            3)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("push ", files_[2].path, ": ")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("changed after it was verified (its publish stamp no "
+                                          "longer matches): sha256 ",
+                                          Sha256Hex(changed))));
 }
 
 TEST_F(OciRegistryTest, PushAgainSkipsEveryBlobAndGivesTheSameDigest) {
