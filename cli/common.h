@@ -26,14 +26,12 @@ inline absl::StatusOr<Store> OpenStore(const std::string& cache_flag, bool creat
 }
 
 // `pack_artifacts`: OpenManifestOptions::pack_artifacts (fetch, whose warm path may need
-// no Artifact built).
-inline absl::StatusOr<OpenedManifest> OpenManifestForCommand(const std::string& location,
-                                                             const TrustFlags& trust,
-                                                             const Store* store,
-                                                             bool offline,
-                                                             bool record_version,
-                                                             bool pack_artifacts = false) {
+// no Artifact built); `stall`: OpenManifestOptions::stall (fetch --stall-seconds).
+inline absl::StatusOr<OpenedManifest> OpenManifestForCommand(
+    const std::string& location, const TrustFlags& trust, const Store* store, bool offline,
+    bool record_version, bool pack_artifacts = false, absl::Duration stall = kDefaultStall) {
   OpenManifestOptions options;
+  options.stall = stall;
   CUBIST_ASSIGN_OR_RETURN(options.trust, trust.Policy());
   options.offline = offline;
   options.store = store;
