@@ -256,6 +256,22 @@ TEST_F(FetchCliTest, ATrickleFailsAsTooSlowAfterTheStallWindow) {
                              "is stalled"));
 }
 
+// The manifest itself from a source that trickles: its read ends after --stall-seconds
+// too (each of its attempts), exit 4, instead of waiting out the whole transfer.
+TEST_F(FetchCliTest, ATricklingManifestFailsAfterTheStallWindow) {
+  Serve(1, 1000, 1000, "1");
+  std::string out;
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Cubist(absl::StrCat("fetch -q --stall-seconds 1 --manifest ", url_, " --cache ",
+                                cache_),
+                   &out),
+            4)
+      << out;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat(url_, ": Operation too slow")));
+  EXPECT_THAT(out, HasSubstr("(4 attempts)"));
+}
+
 // A directory or a FIFO planted where an object's partial download goes (tmp/<hash>.part)
 // is replaced, and the fetch succeeds.
 TEST_F(FetchCliTest, ADirectoryOrAFifoAtAPartPathIsReplaced) {
