@@ -81,6 +81,20 @@ class OciRegistryTest : public ::testing::Test {
     return std::string(absl::StripSuffix(out, "\n"));
   }
 
+  // Fetches the sample repo into `cache` and copies its manifest where no artifact lies
+  // beside it (a push must then take them from a cache); returns the copy's path.
+  std::string FetchIntoAndCopyTheManifestAlone(const std::string& cache) {
+    std::string out;
+    EXPECT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", repo_, "/manifest.json --cache ",
+                                  cache),
+                     &out),
+              0)
+        << out;
+    const std::string alone = tmp_.Join("alone/manifest.json");
+    testing::WriteFileOrDie(alone, testing::ReadFileOrDie(repo_ + "/manifest.json"));
+    return alone;
+  }
+
   std::string ObjectPath(const std::string& cache, const std::string& sha) const {
     return absl::StrCat(cache, "/objects/sha256/", sha.substr(0, 2), "/", sha);
   }
@@ -143,12 +157,7 @@ TEST_F(OciRegistryTest, PushTakesArtifactsFromTheCache) {
   MakeRepo(6, 1000, 9000);
   std::string out;
   const std::string c1 = tmp_.Join("c1");
-  ASSERT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", repo_, "/manifest.json --cache ", c1),
-                   &out),
-            0)
-      << out;
-  const std::string alone = tmp_.Join("alone/manifest.json");
-  testing::WriteFileOrDie(alone, testing::ReadFileOrDie(repo_ + "/manifest.json"));
+  const std::string alone = FetchIntoAndCopyTheManifestAlone(c1);
   EXPECT_EQ(Cubist(absl::StrCat("push -q --cache ", tmp_.Join("empty"), " --manifest ", alone,
                                 " ", Ref("mirror/sample:v1")),
                    &out),
@@ -186,12 +195,7 @@ TEST_F(OciRegistryTest, PushFromTheCacheHashesUnconfirmedObjects) {
   MakeRepo(3, 1000, 9000);
   std::string out;
   const std::string cache = tmp_.Join("c1");
-  ASSERT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", repo_, "/manifest.json --cache ", cache),
-                   &out),
-            0)
-      << out;
-  const std::string alone = tmp_.Join("alone/manifest.json");
-  testing::WriteFileOrDie(alone, testing::ReadFileOrDie(repo_ + "/manifest.json"));
+  const std::string alone = FetchIntoAndCopyTheManifestAlone(cache);
   for (const Artifact& a : manifest_.artifacts) {  // now: unstamped, bytes intact
     ASSERT_EQ(::utimensat(AT_FDCWD, ObjectPath(cache, a.sha256).c_str(), nullptr, 0), 0);
   }
