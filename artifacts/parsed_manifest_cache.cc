@@ -72,9 +72,9 @@ absl::Status ParsedManifestCache::Write(const Manifest& manifest,
   std::string name;
   const std::string path = EntryPath(bytes, manifest.digest, source, &name);
   CUBIST_RETURN_IF_ERROR(MakeDirs(dir_));
-  return WriteFileAtomically(path, artifacts != nullptr
-                                       ? EncodeManifestBinary(manifest, *artifacts)
-                                       : EncodeManifestBinary(manifest));
+  if (artifacts == nullptr) return WriteFileAtomically(path, EncodeManifestBinary(manifest));
+  const EncodedPieces entry = EncodeManifestBinaryPieces(manifest, *artifacts);
+  return WriteFileAtomically(path, {entry.head, entry.artifacts, entry.tail});
 }
 
 }  // namespace cubist

@@ -230,13 +230,8 @@ bool ReadFields(Reader& r, Manifest* m, ArtifactsSection* packed) {
 
 namespace {
 
-// The entry of `m`; its artifacts from `packed` when given, else from m.artifacts.
-std::string Encode(const Manifest& m, const PackedArtifacts* packed,
-                   std::string_view packed_section) {
-  std::string out;
-  Writer w(&out);
-  w.out().reserve(256 + m.artifacts.size() * 160 + packed_section.size() +
-                  m.kernels.size() * 400);
+// The fields of `m` before its artifacts, into `w`.
+void WriteHead(Writer& w, const Manifest& m) {
   w.out().append(kMagic);
   w.Str(m.digest);
   w.Str(m.schema);
@@ -251,31 +246,51 @@ std::string Encode(const Manifest& m, const PackedArtifacts* packed,
   }
   w.U32(static_cast<uint32_t>(m.base_urls.size()));
   for (const std::string& url : m.base_urls) w.Str(url);
-  if (packed != nullptr) {
-    w.U32(static_cast<uint32_t>(packed->size()));
-    w.out().append(packed_section);
-  } else {
-    w.U32(static_cast<uint32_t>(m.artifacts.size()));
-    for (const Artifact& a : m.artifacts) WriteArtifact(w, a);
-  }
+}
+
+// The fields of `m` after its artifacts, into `w`.
+void WriteTail(Writer& w, const Manifest& m) {
   w.U32(static_cast<uint32_t>(m.kernels.size()));
   for (const KernelSpec& k : m.kernels) WriteKernel(w, k);
   w.Extras(m.extras);
-  Sha256 hasher;
-  hasher.Update(w.out());
-  const Sha256Digest sum = hasher.Finish();
-  w.out().append(reinterpret_cast<const char*>(sum.data()), sum.size());
-  return out;
+}
+
+void AppendChecksum(std::string* out, const Sha256Digest& sum) {
+  out->append(reinterpret_cast<const char*>(sum.data()), sum.size());
 }
 
 }  // namespace
 
-std::string EncodeManifestBinary(const Manifest& m) { return Encode(m, nullptr, {}); }
+std::string EncodeManifestBinary(const Manifest& m) {
+  std::string out;
+  Writer w(&out);
+  w.out().reserve(256 + m.artifacts.size() * 160 + m.kernels.size() * 400);
+  WriteHead(w, m);
+  w.U32(static_cast<uint32_t>(m.artifacts.size()));
+  for (const Artifact& a : m.artifacts) WriteArtifact(w, a);
+  WriteTail(w, m);
+  Sha256 hasher;
+  hasher.Update(out);
+  AppendChecksum(&out, hasher.Finish());
+  return out;
+}
 
-std::string EncodeManifestBinary(const Manifest& m, const PackedArtifacts& artifacts) {
+EncodedPieces EncodeManifestBinaryPieces(const Manifest& m, const PackedArtifacts& artifacts) {
   // Both at once would be two lists: a caller's mistake, never an entry.
   if (!m.artifacts.empty()) std::abort();
-  return Encode(m, &artifacts, artifacts.section_);
+  EncodedPieces pieces;
+  Writer head(&pieces.head);
+  WriteHead(head, m);
+  head.U32(static_cast<uint32_t>(artifacts.size()));
+  pieces.artifacts = artifacts.section_;
+  Writer tail(&pieces.tail);
+  WriteTail(tail, m);
+  Sha256 hasher;
+  hasher.Update(pieces.head);
+  hasher.Update(pieces.artifacts);
+  hasher.Update(pieces.tail);
+  AppendChecksum(&pieces.tail, hasher.Finish());
+  return pieces;
 }
 
 namespace {

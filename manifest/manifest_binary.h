@@ -36,12 +36,22 @@
 namespace cubist {
 
 class PackedArtifacts;
+struct EncodedPieces;
 
 // The bytes of `manifest` in the layout above (source is left out, digest kept).
 std::string EncodeManifestBinary(const Manifest& manifest);
-// The same for a manifest whose artifacts are packed: `artifacts` stand in for
-// manifest.artifacts, which must be empty.
-std::string EncodeManifestBinary(const Manifest& manifest, const PackedArtifacts& artifacts);
+// The same for a manifest whose artifacts are packed (`artifacts` stand in for
+// manifest.artifacts, which must be empty), in three pieces whose concatenation is the
+// entry: the middle one is the packed artifacts' own bytes, not a copy, so that a large
+// manifest's entry is written without a second copy of them in memory. The views live as
+// long as `artifacts`.
+struct EncodedPieces {
+  std::string head;
+  std::string_view artifacts;
+  std::string tail;  // ends with the checksum of all three
+};
+EncodedPieces EncodeManifestBinaryPieces(const Manifest& manifest,
+                                         const PackedArtifacts& artifacts);
 
 // The manifest back from EncodeManifestBinary's bytes, Manifest::source left empty.
 // DataLoss when the bytes are not a whole, intact entry of this format version.
@@ -73,7 +83,7 @@ class PackedArtifacts {
  private:
   friend absl::StatusOr<Manifest> DecodeManifestBinaryPacked(std::string, PackedArtifacts*);
   friend class PackedArtifactsBuilder;
-  friend std::string EncodeManifestBinary(const Manifest&, const PackedArtifacts&);
+  friend EncodedPieces EncodeManifestBinaryPieces(const Manifest&, const PackedArtifacts&);
 
   std::shared_ptr<const std::string> entry_;
   std::string_view section_;  // the artifacts, inside *entry_

@@ -94,6 +94,24 @@ TEST(ManifestBinaryTest, EveryFlippedByteAndEveryTruncationIsDataLoss) {
   }
 }
 
+// Artifacts packed one at a time (as a parse packs them) and written around them in
+// pieces make the very entry the whole manifest encodes to.
+TEST(ManifestBinaryTest, PiecesAroundBuiltPackedArtifactsAreTheWholeEntry) {
+  const Manifest m = FullManifest();
+  PackedArtifactsBuilder builder;
+  for (const Artifact& a : m.artifacts) {
+    const size_t offset = builder.Add(a);
+    EXPECT_EQ(builder.PathAt(offset), a.path);
+  }
+  const PackedArtifacts packed = std::move(builder).Finish();
+  ASSERT_EQ(packed.size(), m.artifacts.size());
+  EXPECT_EQ(packed.Unpack(), m.artifacts);
+  Manifest without = m;
+  without.artifacts.clear();
+  const EncodedPieces pieces = EncodeManifestBinaryPieces(without, packed);
+  EXPECT_EQ(pieces.head + std::string(pieces.artifacts) + pieces.tail, EncodeManifestBinary(m));
+}
+
 TEST(ManifestBinaryTest, PackedArtifactsReadAsTheFullDecodeDoes) {
   const Manifest m = FullManifest();
   PackedArtifacts packed;
