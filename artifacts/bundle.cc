@@ -109,15 +109,11 @@ absl::StatusOr<BundleReport> CreateBundle(const Store& store,
     }
     for (const Artifact& a : in.manifest.artifacts) {
       uint64_t size = 0;
-      ObjectState state = store.Probe(a.sha256, a.size, &size);
-      if (state == ObjectState::kUnconfirmed) {
-        // Changed since it was published (store.h): only bytes that still hash to their
-        // name go into a bundle.
-        CUBIST_RETURN_IF_ERROR(Annotate(store.Confirm(a.sha256, &size),
-                                        absl::StrCat("bundle: ", a.path)));
-        state = ObjectState::kPresent;
-      }
-      if (state != ObjectState::kPresent) {
+      // Changed since it was published (store.h): only bytes that still hash to their
+      // name go into a bundle.
+      absl::StatusOr<ObjectState> state = store.ProbeConfirmed(a.sha256, a.size, &size);
+      if (!state.ok()) return Annotate(state.status(), absl::StrCat("bundle: ", a.path));
+      if (*state != ObjectState::kPresent) {
         return absl::NotFoundError(absl::StrCat(
             "bundle: ", a.path, " of ", in.manifest.source, " (sha256 ", a.sha256,
             ") is not in the cache at ", store.root(),

@@ -74,6 +74,8 @@ TransportResponse CurlTransport::Get(const TransportRequest& request) {
   CURL* e = easy.get();
   CurlOptions options;
   options.total_timeout = request.timeout;
+  options.low_speed_bytes = request.low_speed_bytes;
+  options.low_speed_time = request.low_speed_time;
   options.ca = CaSettings::FromEnvironment();
   ApplyCurlOptions(curl_, e, options);
   Sink sink{&response, request.max_bytes};

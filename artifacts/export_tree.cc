@@ -313,7 +313,16 @@ absl::StatusOr<ExportReport> ExportTree(const Store& store, const Manifest& mani
   size_t missing = 0;
   const Artifact* first_missing = nullptr;
   for (const Artifact& a : manifest.artifacts) {
-    if (store.Probe(a.sha256, a.size) != ObjectState::kPresent) {
+    // One written since it was published is hashed: exported when its bytes are still
+    // the right ones, refused (not called missing) when they are not.
+    absl::StatusOr<ObjectState> state = store.ProbeConfirmed(a.sha256, a.size);
+    if (!state.ok()) {
+      return absl::Status(state.status().code(),
+                          absl::StrCat("export ", a.path, ": ", state.status().message(),
+                                       "; run `cubist fetch` with the same manifest to "
+                                       "repair it"));
+    }
+    if (*state != ObjectState::kPresent) {
       if (++missing == 1) first_missing = &a;
     }
   }

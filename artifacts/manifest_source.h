@@ -23,6 +23,12 @@
 
 namespace cubist {
 
+// Reads of manifests and signatures slower than this many bytes per second for the
+// stall window (OpenManifestOptions::stall, ReadLocationIfChanged) are stalled: the
+// fetcher's floor for artifacts (FetchOptions::low_speed_bytes).
+inline constexpr int64_t kStallBytesPerSecond = 1024;
+inline constexpr absl::Duration kDefaultStall = absl::Seconds(20);
+
 struct OpenManifestOptions {
   // No network: a URL manifest is read from the copy the cache kept at the last online
   // read (NotFound naming the URL when there is none).
@@ -30,6 +36,10 @@ struct OpenManifestOptions {
   TrustPolicy trust;
   uint64_t max_bytes = uint64_t{64} << 20;
   absl::Duration timeout = absl::Seconds(60);
+  // A read of the manifest or its signature slower than kStallBytesPerSecond for this
+  // long is abandoned as stalled and retried like a timeout: `fetch --stall-seconds`,
+  // which bounds the artifacts' transfers the same way.
+  absl::Duration stall = kDefaultStall;
   int attempts = 4;  // for 5xx, timeouts and resets
   // Optional: where URL manifests are remembered (for offline use, and with their ETag
   // for a conditional GET next time), where parsed manifests are kept
@@ -39,9 +49,11 @@ struct OpenManifestOptions {
   // Record the version as the highest verified (fetch does; read-only commands don't,
   // they only compare).
   bool record_version = false;
-  // When the parse comes from the cache, leave the artifacts packed in the cached entry
-  // (OpenedManifest::packed_artifacts) instead of building manifest.artifacts: for a
-  // warm fetch, which needs no more than a look at each (manifest_binary.h).
+  // Leave the artifacts packed (OpenedManifest::packed_artifacts) instead of building
+  // manifest.artifacts: in the cached entry when the parse comes from the cache, else
+  // packed as they are parsed. For fetch, whose warm path needs no more than a look at
+  // each (manifest_binary.h), and whose first read of a large manifest then never holds
+  // them all built.
   bool pack_artifacts = false;
 };
 
@@ -51,8 +63,9 @@ struct OpenedManifest {
   bool from_offline_copy = false;
   // Things the user should hear about that are not errors (an OCI tag that moved).
   std::vector<std::string> notices;
-  // Set only with OpenManifestOptions::pack_artifacts and a parse from the cache: the
-  // artifacts, read in place, and manifest.artifacts empty until UnpackArtifacts().
+  // Set only with OpenManifestOptions::pack_artifacts: the artifacts, packed (read in
+  // place from the cache's parse, or packed as they were parsed), and
+  // manifest.artifacts empty until UnpackArtifacts().
   std::optional<PackedArtifacts> packed_artifacts;
 
   // Moves packed artifacts, if any, into manifest.artifacts.
@@ -107,10 +120,13 @@ struct ReadSeams {
 // ReadLocation, conditional: with `etag` non-empty and an http(s) URL, the request
 // carries If-None-Match: `etag`, and a 304 comes back as not_modified (no bytes). A 304
 // to a request without it is an error like any other unexpected status. Paths and
-// file:// URLs are read as ReadLocation reads them.
+// file:// URLs are read as ReadLocation reads them. A transfer slower than
+// kStallBytesPerSecond for `stall` is a stall, retried like a timeout (ReadLocation
+// reads with kDefaultStall).
 [[nodiscard]] absl::StatusOr<LocationRead> ReadLocationIfChanged(
     std::string_view location, std::string_view etag, uint64_t max_bytes,
-    absl::Duration timeout, int attempts, const ReadSeams& seams = {});
+    absl::Duration timeout, int attempts, const ReadSeams& seams = {},
+    absl::Duration stall = kDefaultStall);
 
 }  // namespace cubist
 

@@ -205,10 +205,16 @@ absl::StatusOr<PushReport> PushArtifactSet(const OciReference& ref, const PushSo
         source.artifact_dir.empty() ? "" : absl::StrCat(source.artifact_dir, "/", a.path);
     struct stat st;
     const bool beside = !path.empty() && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-    if (!beside && source.cache != nullptr &&
-        source.cache->Probe(a.sha256, a.size) == ObjectState::kPresent &&
-        ::stat(source.cache->ObjectPath(a.sha256).c_str(), &st) == 0) {
-      path = source.cache->ObjectPath(a.sha256);  // verified when it was published
+    bool cached = false;
+    if (!beside && source.cache != nullptr) {
+      // Verified when it was published; one written since is hashed again first.
+      absl::StatusOr<ObjectState> state = source.cache->ProbeConfirmed(a.sha256, a.size);
+      if (!state.ok()) return Annotate(state.status(), absl::StrCat("push ", a.path));
+      cached = *state == ObjectState::kPresent &&
+               ::stat(source.cache->ObjectPath(a.sha256).c_str(), &st) == 0;
+    }
+    if (cached) {
+      path = source.cache->ObjectPath(a.sha256);
     } else if (!beside) {
       return absl::NotFoundError(absl::StrCat(
           "push ", a.path, ": ", path.empty() ? "" : absl::StrCat("no file at ", path, ", and "),

@@ -23,8 +23,9 @@ bool IsLoopbackHost(std::string_view host_port) {
   return host == "localhost" || absl::StartsWith(Sv(host), "127.");
 }
 
-bool ListedPlainHttp(std::string_view host_port) {
-  const char* env = std::getenv("CUBIST_REGISTRY_PLAIN_HTTP");
+// True when `host_port` is in the comma-separated list of HOST[:PORT] in `variable`.
+bool ListedIn(const char* variable, std::string_view host_port) {
+  const char* env = std::getenv(variable);
   if (env == nullptr) return false;
   for (absl::string_view h : absl::StrSplit(env, ',', absl::SkipWhitespace())) {
     if (absl::StripAsciiWhitespace(h) == Sv(host_port)) return true;
@@ -114,7 +115,8 @@ absl::StatusOr<OciReference> ParseOciReference(std::string_view location) {
                             "' (lowercase letters, digits, '.', '_', '-' between slashes)"));
   }
   ref.repository = std::string(name);
-  ref.plain_http = IsLoopbackHost(ref.host) || ListedPlainHttp(ref.host);
+  ref.plain_http = (IsLoopbackHost(ref.host) && !ListedIn("CUBIST_REGISTRY_HTTPS", ref.host)) ||
+                   ListedIn("CUBIST_REGISTRY_PLAIN_HTTP", ref.host);
   return ref;
 }
 

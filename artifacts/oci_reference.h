@@ -5,8 +5,9 @@
 // REPO is one or more lowercase path components as the distribution spec allows.
 //
 // Registries on loopback (localhost, 127.0.0.0/8, [::1]) are spoken to over plain
-// HTTP, as docker and ORAS do; every other host over HTTPS, unless it is listed in
-// CUBIST_REGISTRY_PLAIN_HTTP (comma-separated HOST[:PORT]) for a site registry
+// HTTP, as docker and ORAS do, unless listed in CUBIST_REGISTRY_HTTPS (comma-separated
+// HOST[:PORT]) for a TLS front on the node itself; every other host over HTTPS, unless
+// it is listed in CUBIST_REGISTRY_PLAIN_HTTP (the same form) for a site registry
 // without TLS.
 #ifndef CUBIST_ARTIFACTS_OCI_REFERENCE_H_
 #define CUBIST_ARTIFACTS_OCI_REFERENCE_H_

@@ -53,13 +53,28 @@ std::optional<Manifest> ParsedManifestCache::Find(std::string_view bytes,
 
 absl::Status ParsedManifestCache::Put(const Manifest& manifest, std::string_view bytes,
                                       std::string_view source) const {
+  return Write(manifest, nullptr, bytes, source);
+}
+
+absl::Status ParsedManifestCache::Put(const Manifest& manifest,
+                                      const PackedArtifacts& artifacts, std::string_view bytes,
+                                      std::string_view source) const {
+  return Write(manifest, &artifacts, bytes, source);
+}
+
+absl::Status ParsedManifestCache::Write(const Manifest& manifest,
+                                        const PackedArtifacts* artifacts,
+                                        std::string_view bytes,
+                                        std::string_view source) const {
   if (!IsSha256Hex(manifest.digest)) {
     return absl::InvalidArgumentError("parsed manifest cache: the manifest has no digest");
   }
   std::string name;
   const std::string path = EntryPath(bytes, manifest.digest, source, &name);
   CUBIST_RETURN_IF_ERROR(MakeDirs(dir_));
-  return WriteFileAtomically(path, EncodeManifestBinary(manifest));
+  if (artifacts == nullptr) return WriteFileAtomically(path, EncodeManifestBinary(manifest));
+  const EncodedPieces entry = EncodeManifestBinaryPieces(manifest, *artifacts);
+  return WriteFileAtomically(path, {entry.head, entry.artifacts, entry.tail});
 }
 
 }  // namespace cubist

@@ -47,6 +47,9 @@ class ParsedManifestCache {
   // their SHA-256). Atomic; a failure leaves no partial entry.
   [[nodiscard]] absl::Status Put(const Manifest& manifest, std::string_view bytes,
                                  std::string_view source) const;
+  // The same for a manifest whose artifacts are packed (`artifacts`; it has none).
+  [[nodiscard]] absl::Status Put(const Manifest& manifest, const PackedArtifacts& artifacts,
+                                 std::string_view bytes, std::string_view source) const;
 
   // The directory of the entries (for gc).
   const std::string& dir() const { return dir_; }
@@ -55,6 +58,8 @@ class ParsedManifestCache {
   // The entry's path, and the name the manifest must have ("" for JSON).
   std::string EntryPath(std::string_view bytes, std::string_view digest,
                         std::string_view source, std::string* name) const;
+  absl::Status Write(const Manifest& manifest, const PackedArtifacts* artifacts,
+                     std::string_view bytes, std::string_view source) const;
 
   std::string dir_;
 };

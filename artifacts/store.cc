@@ -100,6 +100,17 @@ ObjectState Store::Probe(std::string_view sha256, std::optional<uint64_t> size,
   return StateOf(rc, st, size, actual_size);
 }
 
+absl::StatusOr<ObjectState> Store::ProbeConfirmed(std::string_view sha256,
+                                                  std::optional<uint64_t> size,
+                                                  uint64_t* actual_size) const {
+  const ObjectState state = Probe(sha256, size, actual_size);
+  if (state != ObjectState::kUnconfirmed) return state;
+  absl::Status confirmed = Confirm(sha256, actual_size);
+  if (absl::IsNotFound(confirmed)) return ObjectState::kMissing;
+  if (!confirmed.ok()) return confirmed;
+  return ObjectState::kPresent;
+}
+
 Store::BatchProbe::BatchProbe(const Store& store)
     : store_(store),
       dir_(::open((store.root() + "/objects/sha256").c_str(),

@@ -121,6 +121,14 @@ class Store {
   [[nodiscard]] absl::Status Confirm(std::string_view sha256,
                                      uint64_t* actual_size = nullptr) const;
 
+  // Probe, with an object it calls kUnconfirmed hashed (Confirm) first: kPresent when
+  // it still hashes to its name. For commands that hand out or copy an object's bytes
+  // (path, export, push, bundle). A Confirm that finds other bytes is its DataLoss; one
+  // that finds the object gone is kMissing.
+  [[nodiscard]] absl::StatusOr<ObjectState> ProbeConfirmed(
+      std::string_view sha256, std::optional<uint64_t> size,
+      uint64_t* actual_size = nullptr) const;
+
   // Removes an object (corrupt, or garbage). Missing is OK.
   [[nodiscard]] absl::Status Remove(std::string_view sha256) const;
 

@@ -22,6 +22,10 @@ struct TransportRequest {
   // Sent as If-None-Match when not empty: a server whose copy still has this ETag
   // answers 304 with no body (TransportResponse::facts.http_status).
   std::string if_none_match;
+  // A transfer slower than low_speed_bytes per second for low_speed_time is a stall: it
+  // ends as a timeout (kTransient), as the fetcher's do (0 bytes: no such check).
+  int64_t low_speed_bytes = 0;
+  absl::Duration low_speed_time = absl::Seconds(20);
 };
 
 struct TransportResponse {

@@ -111,8 +111,14 @@ absl::StatusOr<VersionRecord> ParseState(std::string_view text, const std::strin
 }  // namespace
 
 std::string VersionStateFileName(std::string_view name) {
-  if (name.size() > 200) return "sha256-" + Sha256Hex(name);
-  return EscapeName(name);
+  // The encoded form, not the name, is what must fit: each escaped byte takes three.
+  // Names over 200 bytes were hashed before the encoded ones were; both give the same
+  // file for them.
+  constexpr size_t kMaxFileName = 200;
+  if (name.size() > kMaxFileName) return "sha256-" + Sha256Hex(name);
+  std::string escaped = EscapeName(name);
+  if (escaped.size() > kMaxFileName) return "sha256-" + Sha256Hex(name);
+  return escaped;
 }
 
 std::string VersionGuard::StatePath(std::string_view name) const {

@@ -8,7 +8,9 @@
 //                                "version <n>", "digest <hex>" lines; written atomically
 //   locks/version-<name>.lock    taken around check-and-record (FileLock)
 // <name> is the manifest name with every byte outside [A-Za-z0-9._-] (and a leading
-// '.') percent-encoded; names longer than 200 bytes use "sha256-<hex of the name>".
+// '.') percent-encoded; a name whose encoded form would pass 200 bytes (a long name, or
+// one of 67 or more bytes that each take three) uses "sha256-<hex of the name>", so that
+// "version-<name>.lock" stays within NAME_MAX (255) whatever the name.
 //
 // Call CheckAndRecord only after the manifest's bytes verified and parsed: the record
 // must never hold a version nobody trusted. A version equal to the recorded one is

@@ -85,6 +85,11 @@ absl::Status MakeDirs(const std::string& path, mode_t mode) {
 
 absl::Status WriteFileAtomically(const std::string& path, std::string_view data,
                                  mode_t mode) {
+  return WriteFileAtomically(path, std::initializer_list<std::string_view>{data}, mode);
+}
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 std::initializer_list<std::string_view> parts, mode_t mode) {
   std::string dir = DirName(path);
   std::random_device rd;
   std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", rd());
@@ -94,14 +99,16 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view data,
     ::unlink(tmp.c_str());
     return ErrnoToStatus(err, absl::StrCat(what, " ", path));
   };
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return fail(errno, "write");
+  for (std::string_view data : parts) {
+    size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return fail(errno, "write");
+      }
+      off += static_cast<size_t>(n);
     }
-    off += static_cast<size_t>(n);
   }
   if (::fchmod(fd.get(), mode) != 0) return fail(errno, "chmod");
   if (::fsync(fd.get()) != 0) return fail(errno, "fsync");

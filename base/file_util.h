@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -26,6 +27,11 @@ namespace cubist {
 // temporary file is removed and `path` is untouched.
 [[nodiscard]] absl::Status WriteFileAtomically(const std::string& path,
                                                std::string_view data, mode_t mode = 0644);
+// The same for a file made of `parts`, written one after another: for a large file
+// whose pieces lie in different places, without joining them in memory first.
+[[nodiscard]] absl::Status WriteFileAtomically(const std::string& path,
+                                               std::initializer_list<std::string_view> parts,
+                                               mode_t mode = 0644);
 
 // As WriteFileAtomically, but a file at `path` that already holds exactly `data` is left
 // alone: no write, no fsync. Warm fetches keep the same manifest again and again, and

@@ -33,18 +33,14 @@ int RunPath(const PathFlags& f) {
         "path: ", f.artifact, " is neither an artifact path nor a kernel name in ",
         f.manifest, "; see 'cubist list'")));
   }
-  ObjectState state = store->Probe(a->sha256, a->size);
-  if (state == ObjectState::kUnconfirmed) {
-    // Changed since it was published: never hand out a path before its bytes are
-    // hashed again (store.h, "the publish record").
-    absl::Status confirmed = store->Confirm(a->sha256);
-    if (!confirmed.ok()) {
-      return PrintError(absl::Status(confirmed.code(), absl::StrCat(
-          "path: ", a->path, ": ", confirmed.message(), "; run 'cubist fetch' to repair")));
-    }
-    state = ObjectState::kPresent;
+  // Changed since it was published: never hand out a path before its bytes are hashed
+  // again (store.h, "the publish record").
+  absl::StatusOr<ObjectState> state = store->ProbeConfirmed(a->sha256, a->size);
+  if (!state.ok()) {
+    return PrintError(absl::Status(state.status().code(), absl::StrCat(
+        "path: ", a->path, ": ", state.status().message(), "; run 'cubist fetch' to repair")));
   }
-  if (state != ObjectState::kPresent) {
+  if (*state != ObjectState::kPresent) {
     return PrintError(absl::NotFoundError(absl::StrCat(
         "path: ", a->path, " is not in the cache ", store->root(), "; run 'cubist fetch'")));
   }

@@ -8,6 +8,7 @@
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "base/strings.h"
+#include "manifest/manifest_binary.h"
 #include "manifest/message_text.h"
 #include "manifest/path_rules.h"
 
@@ -144,6 +145,19 @@ absl::StatusOr<Manifest> ParseManifestOrChecksums(std::string_view bytes,
                                                   const ManifestParseOptions& options) {
   if (LooksLikeJsonManifest(bytes)) return ParseManifest(bytes, source, options);
   return ParseChecksums(bytes, source, options);
+}
+
+absl::StatusOr<Manifest> ParseManifestOrChecksumsPacked(std::string_view bytes,
+                                                        std::string_view source,
+                                                        const ManifestParseOptions& options,
+                                                        PackedArtifacts* artifacts) {
+  if (LooksLikeJsonManifest(bytes)) return ParseManifestPacked(bytes, source, options, artifacts);
+  CUBIST_ASSIGN_OR_RETURN(Manifest m, ParseChecksums(bytes, source, options));
+  PackedArtifactsBuilder builder;
+  for (const Artifact& a : m.artifacts) builder.Add(a);
+  m.artifacts = {};
+  *artifacts = std::move(builder).Finish();
+  return m;
 }
 
 }  // namespace cubist

@@ -42,6 +42,13 @@ bool LooksLikeJsonManifest(std::string_view bytes);
 [[nodiscard]] absl::StatusOr<Manifest> ParseManifestOrChecksums(
     std::string_view bytes, std::string_view source, const ManifestParseOptions& options = {});
 
+// ParseManifestOrChecksums with the artifacts packed into `*artifacts` (as
+// ParseManifestPacked packs them); the returned manifest has none. A checksums.txt is
+// parsed whole first: it holds no more than a path and a hash per line.
+[[nodiscard]] absl::StatusOr<Manifest> ParseManifestOrChecksumsPacked(
+    std::string_view bytes, std::string_view source, const ManifestParseOptions& options,
+    PackedArtifacts* artifacts);
+
 // The manifest name for a checksums.txt read from `source` when the caller gives none:
 // the file's stem, or its directory's name when the file is called checksums.*
 // ("https://h/cubins/abc123/checksums.txt" -> "abc123"), with characters outside

@@ -96,20 +96,22 @@ absl::Status PreScan(std::string_view bytes, std::string_view source, int max_de
 // moment it is read. nlohmann's own callback parser (parse with a callback) would do
 // the same job, but it rescans the enclosing container at the end of every object,
 // which is quadratic: 100k artifacts took 12 s instead of 0.2 s, and a hostile
-// "[{},{},...]" far longer.
+// "[{},{},...]" far longer. With a StreamedArray, that member's elements leave the
+// document as each one closes.
 class StrictDomBuilder : public nlohmann::json_sax<Json> {
  public:
-  explicit StrictDomBuilder(Json* root) : root_(root) {}
+  StrictDomBuilder(Json* root, const StreamedArray* streamed)
+      : root_(root), streamed_(streamed) {}
 
-  bool null() override { return Add(Json(nullptr)) != nullptr; }
-  bool boolean(bool v) override { return Add(Json(v)) != nullptr; }
-  bool number_integer(number_integer_t v) override { return Add(Json(v)) != nullptr; }
-  bool number_unsigned(number_unsigned_t v) override { return Add(Json(v)) != nullptr; }
+  bool null() override { return Add(Json(nullptr)); }
+  bool boolean(bool v) override { return Add(Json(v)); }
+  bool number_integer(number_integer_t v) override { return Add(Json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return Add(Json(v)); }
   bool number_float(number_float_t v, const string_t& /*text*/) override {
-    return Add(Json(v)) != nullptr;
+    return Add(Json(v));
   }
-  bool string(string_t& v) override { return Add(Json(std::move(v))) != nullptr; }
-  bool binary(binary_t& v) override { return Add(Json::binary(std::move(v))) != nullptr; }
+  bool string(string_t& v) override { return Add(Json(std::move(v))); }
+  bool binary(binary_t& v) override { return Add(Json::binary(std::move(v))); }
 
   bool start_object(std::size_t /*len*/) override { return Open(Json::object()); }
   bool start_array(std::size_t /*len*/) override { return Open(Json::array()); }
@@ -151,42 +153,65 @@ class StrictDomBuilder : public nlohmann::json_sax<Json> {
     std::string key;
     size_t index = 0;
     bool in_array = false;
+    // Elements added so far (a streamed array's leave it, so its size() does not count).
+    size_t count = 0;
+    bool streamed = false;  // the StreamedArray's member
   };
 
-  // Places `v` in the innermost open container (or as the root) and returns it. The
+  // Places `v` in the innermost open container (or as the root), or hands it over when
+  // that container is streamed and `v` is not a container of its own (a container is
+  // handed over when it closes). Returns where it lies, null when handed over; the
   // pointer stays valid while `v` is open: its parent gains no element until it closes.
-  Json* Add(Json&& v) {
+  // `index` receives its position in a parent array.
+  Json* Place(Json&& v, size_t* index) {
     if (stack_.empty()) {
       *root_ = std::move(v);
       return root_;
     }
-    Json* parent = stack_.back().value;
-    if (parent->is_array()) {
-      parent->push_back(std::move(v));
-      return &parent->back();
+    Frame& parent = stack_.back();
+    *index = parent.count++;
+    if (parent.value->is_array()) {
+      if (parent.streamed && !v.is_structured()) {
+        streamed_->on_element(*index, std::move(v));
+        return nullptr;
+      }
+      parent.value->push_back(std::move(v));
+      return &parent.value->back();
     }
-    auto [it, inserted] = parent->get_ref<Json::object_t&>().emplace(std::move(pending_key_), std::move(v));
+    auto [it, inserted] =
+        parent.value->get_ref<Json::object_t&>().emplace(std::move(pending_key_), std::move(v));
     return &it->second;
+  }
+
+  bool Add(Json&& v) {
+    size_t index = 0;
+    Place(std::move(v), &index);
+    return true;
   }
 
   bool Open(Json&& v) {
     Frame f;
     if (!stack_.empty()) {
-      const Json* parent = stack_.back().value;
-      f.in_array = parent->is_array();
-      if (f.in_array) {
-        f.index = parent->size();
-      } else {
-        f.key = pending_key_;
-      }
+      f.in_array = stack_.back().value->is_array();
+      if (!f.in_array) f.key = pending_key_;
+      f.streamed = streamed_ != nullptr && stack_.size() == 1 && !f.in_array &&
+                   v.is_array() && f.key == streamed_->key;
     }
-    f.value = Add(std::move(v));
+    f.value = Place(std::move(v), &f.index);
     stack_.push_back(std::move(f));
     return true;
   }
 
   bool Close() {
+    const size_t index = stack_.back().index;
     stack_.pop_back();
+    if (!stack_.empty() && stack_.back().streamed) {
+      // The element that just closed is the array's last: hand it over, whole.
+      Json::array_t& array = stack_.back().value->get_ref<Json::array_t&>();
+      Json element = std::move(array.back());
+      array.pop_back();
+      streamed_->on_element(index, std::move(element));
+    }
     return true;
   }
 
@@ -201,6 +226,7 @@ class StrictDomBuilder : public nlohmann::json_sax<Json> {
   }
 
   Json* root_;
+  const StreamedArray* streamed_;
   std::vector<Frame> stack_;
   std::string pending_key_;
   std::optional<std::string> duplicate_key_;
@@ -231,7 +257,7 @@ std::string ParseErrorDetail(const std::string& what) {
 }  // namespace
 
 absl::StatusOr<Json> ParseStrictJson(std::string_view bytes, std::string_view source,
-                                     const JsonLimits& limits) {
+                                     const JsonLimits& limits, const StreamedArray* streamed) {
   if (bytes.size() > limits.max_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         Sv(source), ": ", bytes.size(), " bytes is over the limit of ", limits.max_bytes,
@@ -240,7 +266,7 @@ absl::StatusOr<Json> ParseStrictJson(std::string_view bytes, std::string_view so
   if (absl::Status s = PreScan(bytes, source, limits.max_depth); !s.ok()) return s;
   try {
     Json doc;
-    StrictDomBuilder builder(&doc);
+    StrictDomBuilder builder(&doc, streamed);
     const bool ok = Json::sax_parse(bytes.data(), bytes.data() + bytes.size(), &builder,
                                     Json::input_format_t::json, /*strict=*/true,
                                     /*ignore_comments=*/false);

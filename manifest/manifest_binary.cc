@@ -29,8 +29,10 @@ static_assert(sizeof(Manifest) == 280, "Manifest changed: update manifest_binary
 // A quarter nanosecond, absl::Time's resolution: expiry times round-trip exactly.
 const absl::Duration kTick = absl::Nanoseconds(1) / 4;
 
+// Appends to a string it does not own: an entry, or a section of packed artifacts.
 class Writer {
  public:
+  explicit Writer(std::string* out) : out_(*out) {}
   void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
   void U32(uint32_t v) { Raw(&v, sizeof(v)); }
   void I64(int64_t v) { Raw(&v, sizeof(v)); }
@@ -45,13 +47,12 @@ class Writer {
       Str(value);
     }
   }
-  std::string Take() && { return std::move(out_); }
   std::string& out() { return out_; }
 
  private:
   // Little-endian hosts only (x86-64, aarch64): the bytes never leave the machine.
   void Raw(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
-  std::string out_;
+  std::string& out_;
 };
 
 class Reader {
@@ -150,6 +151,14 @@ bool ReadKernel(Reader& r, KernelSpec* k) {
   return r.Extras(&k->extras);
 }
 
+void WriteArtifact(Writer& w, const Artifact& a) {
+  w.Str(a.path);
+  w.Str(a.sha256);
+  w.U8(a.size.has_value() ? 1 : 0);
+  if (a.size.has_value()) w.I64(static_cast<int64_t>(*a.size));
+  w.Extras(a.extras);
+}
+
 // One artifact's fields, as views; its extras into `extras`, or stepped over when null.
 bool ReadArtifact(Reader& r, ArtifactRef* a, ExtraFields* extras) {
   uint8_t flag;
@@ -219,9 +228,10 @@ bool ReadFields(Reader& r, Manifest* m, ArtifactsSection* packed) {
 
 }  // namespace
 
-std::string EncodeManifestBinary(const Manifest& m) {
-  Writer w;
-  w.out().reserve(256 + m.artifacts.size() * 160 + m.kernels.size() * 400);
+namespace {
+
+// The fields of `m` before its artifacts, into `w`.
+void WriteHead(Writer& w, const Manifest& m) {
   w.out().append(kMagic);
   w.Str(m.digest);
   w.Str(m.schema);
@@ -236,22 +246,51 @@ std::string EncodeManifestBinary(const Manifest& m) {
   }
   w.U32(static_cast<uint32_t>(m.base_urls.size()));
   for (const std::string& url : m.base_urls) w.Str(url);
-  w.U32(static_cast<uint32_t>(m.artifacts.size()));
-  for (const Artifact& a : m.artifacts) {
-    w.Str(a.path);
-    w.Str(a.sha256);
-    w.U8(a.size.has_value() ? 1 : 0);
-    if (a.size.has_value()) w.I64(static_cast<int64_t>(*a.size));
-    w.Extras(a.extras);
-  }
+}
+
+// The fields of `m` after its artifacts, into `w`.
+void WriteTail(Writer& w, const Manifest& m) {
   w.U32(static_cast<uint32_t>(m.kernels.size()));
   for (const KernelSpec& k : m.kernels) WriteKernel(w, k);
   w.Extras(m.extras);
+}
+
+void AppendChecksum(std::string* out, const Sha256Digest& sum) {
+  out->append(reinterpret_cast<const char*>(sum.data()), sum.size());
+}
+
+}  // namespace
+
+std::string EncodeManifestBinary(const Manifest& m) {
+  std::string out;
+  Writer w(&out);
+  w.out().reserve(256 + m.artifacts.size() * 160 + m.kernels.size() * 400);
+  WriteHead(w, m);
+  w.U32(static_cast<uint32_t>(m.artifacts.size()));
+  for (const Artifact& a : m.artifacts) WriteArtifact(w, a);
+  WriteTail(w, m);
   Sha256 hasher;
-  hasher.Update(w.out());
-  const Sha256Digest sum = hasher.Finish();
-  w.out().append(reinterpret_cast<const char*>(sum.data()), sum.size());
-  return std::move(w).Take();
+  hasher.Update(out);
+  AppendChecksum(&out, hasher.Finish());
+  return out;
+}
+
+EncodedPieces EncodeManifestBinaryPieces(const Manifest& m, const PackedArtifacts& artifacts) {
+  // Both at once would be two lists: a caller's mistake, never an entry.
+  if (!m.artifacts.empty()) std::abort();
+  EncodedPieces pieces;
+  Writer head(&pieces.head);
+  WriteHead(head, m);
+  head.U32(static_cast<uint32_t>(artifacts.size()));
+  pieces.artifacts = artifacts.section_;
+  Writer tail(&pieces.tail);
+  WriteTail(tail, m);
+  Sha256 hasher;
+  hasher.Update(pieces.head);
+  hasher.Update(pieces.artifacts);
+  hasher.Update(pieces.tail);
+  AppendChecksum(&pieces.tail, hasher.Finish());
+  return pieces;
 }
 
 namespace {
@@ -295,6 +334,32 @@ absl::StatusOr<Manifest> DecodeManifestBinaryPacked(std::string entry,
   artifacts->count_ = section.count;
   artifacts->entry_ = std::move(shared);
   return m;
+}
+
+size_t PackedArtifactsBuilder::Add(const Artifact& a) {
+  const size_t offset = section_.size();
+  Writer w(&section_);
+  WriteArtifact(w, a);
+  ++count_;
+  return offset;
+}
+
+std::string_view PackedArtifactsBuilder::PathAt(size_t offset) const {
+  Reader r(std::string_view(section_).substr(offset));
+  std::string_view path;
+  if (!r.View(&path)) std::abort();  // not an offset Add returned
+  return path;
+}
+
+PackedArtifacts PackedArtifactsBuilder::Finish() && {
+  PackedArtifacts out;
+  auto shared = std::make_shared<const std::string>(std::move(section_));
+  out.section_ = *shared;
+  out.count_ = count_;
+  out.entry_ = std::move(shared);
+  section_.clear();
+  count_ = 0;
+  return out;
 }
 
 bool PackedArtifacts::ForEach(absl::FunctionRef<bool(const ArtifactRef&)> fn) const {

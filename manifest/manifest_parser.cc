@@ -6,12 +6,15 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "base/strings.h"
 #include "manifest/json_reader.h"
+#include "manifest/manifest_binary.h"
 #include "manifest/message_text.h"
 #include "manifest/path_rules.h"
 
@@ -26,8 +29,78 @@ using json_internal::ReadPositiveInt;
 using json_internal::ReadString;
 using json_internal::ReadToken;
 
-// Paths of the artifacts seen so far -> their index, for duplicate and kernel checks.
-using PathIndex = absl::flat_hash_map<std::string, size_t>;
+// Where artifacts go as they are parsed, one at a time: built into a list, or packed.
+class ArtifactSink {
+ public:
+  virtual ~ArtifactSink() = default;
+  virtual void Add(Artifact&& a) = 0;
+  virtual size_t size() const = 0;
+  // The path of the artifact added `index`-th.
+  virtual std::string_view PathOf(size_t index) const = 0;
+};
+
+class BuiltArtifacts : public ArtifactSink {
+ public:
+  explicit BuiltArtifacts(std::vector<Artifact>* out) : out_(out) {}
+  void Add(Artifact&& a) override { out_->push_back(std::move(a)); }
+  size_t size() const override { return out_->size(); }
+  std::string_view PathOf(size_t index) const override { return (*out_)[index].path; }
+
+ private:
+  std::vector<Artifact>* out_;
+};
+
+class PackingArtifacts : public ArtifactSink {
+ public:
+  explicit PackingArtifacts(PackedArtifactsBuilder* out) : out_(out) {}
+  void Add(Artifact&& a) override { offsets_.push_back(out_->Add(a)); }
+  size_t size() const override { return offsets_.size(); }
+  std::string_view PathOf(size_t index) const override {
+    return out_->PathAt(offsets_[index]);
+  }
+
+ private:
+  PackedArtifactsBuilder* out_;
+  std::vector<size_t> offsets_;
+};
+
+// The paths of a sink's artifacts, for the duplicate, directory and kernel checks: each
+// an index into the sink, 4 bytes where a set of strings held a second copy of every path.
+class ArtifactPaths {
+ public:
+  explicit ArtifactPaths(const ArtifactSink* sink) : set_(0, Hash{sink}, Eq{sink}) {}
+
+  // The index of the artifact with this path, if one was inserted.
+  std::optional<size_t> Find(std::string_view path) const {
+    auto it = set_.find(path);
+    if (it == set_.end()) return std::nullopt;
+    return *it;
+  }
+  bool contains(std::string_view path) const { return set_.contains(path); }
+  // The sink's artifact at `index`, whose path is not in the set yet.
+  void Insert(size_t index) { set_.insert(static_cast<uint32_t>(index)); }
+
+ private:
+  // Indices and paths alike hash and compare as the path they stand for.
+  struct Hash {
+    using is_transparent = void;
+    const ArtifactSink* sink;
+    size_t operator()(uint32_t index) const { return absl::HashOf(sink->PathOf(index)); }
+    size_t operator()(std::string_view path) const { return absl::HashOf(path); }
+  };
+  struct Eq {
+    using is_transparent = void;
+    const ArtifactSink* sink;
+    std::string_view View(uint32_t index) const { return sink->PathOf(index); }
+    std::string_view View(std::string_view path) const { return path; }
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return View(a) == View(b);
+    }
+  };
+  // A 64 MiB manifest holds under a million artifacts: their indices fit.
+  absl::flat_hash_set<uint32_t, Hash, Eq> set_;
+};
 
 constexpr char kIntegerFrom1[] = "an integer from 1 to 9007199254740992";
 constexpr char kIntegerFrom0[] = "an integer from 0 to 9007199254740992";
@@ -165,7 +238,7 @@ absl::StatusOr<Artifact> ParseArtifact(const Json& value, const JsonField& field
 
 // `artifacts` is null when the caller checks the artifact references itself.
 absl::StatusOr<KernelSpec> ParseKernel(const Json& value, const JsonField& field,
-                                       const PathIndex* artifacts) {
+                                       const ArtifactPaths* artifacts) {
   if (!value.is_object()) return field.Expected("a kernel object", value);
   KernelSpec k;
   constexpr char kStr[] = "a non-empty string";
@@ -226,7 +299,7 @@ absl::StatusOr<KernelSpec> ParseKernel(const Json& value, const JsonField& field
 // Parses an array of kernels at `field`, checking that names are unique.
 absl::StatusOr<std::vector<KernelSpec>> ParseKernelArray(const Json& value,
                                                          const JsonField& field,
-                                                         const PathIndex* artifacts) {
+                                                         const ArtifactPaths* artifacts) {
   if (!value.is_array()) return field.Expected("an array of kernel objects", value);
   std::vector<KernelSpec> kernels;
   kernels.reserve(value.size());
@@ -244,8 +317,71 @@ absl::StatusOr<std::vector<KernelSpec>> ParseKernelArray(const Json& value,
   return kernels;
 }
 
+// Takes the elements of "artifacts" as the JSON reader hands them over (json_reader.h,
+// StreamedArray), so that the list is never a document: each is checked (ParseArtifact,
+// then against the paths before it) and goes to the sink, until the first error. That
+// error waits in status() for ParseManifestJson, which returns it where its order of
+// checks puts it (after a syntax error anywhere, after schema, name, version, ...), as
+// when the whole document was built first.
+class ArtifactListReader {
+ public:
+  ArtifactListReader(std::string_view source, const ManifestParseOptions& options,
+                     ArtifactSink* sink)
+      : field_(source, "artifacts"), options_(options), sink_(sink), paths_(sink) {}
+
+  void OnElement(size_t index, Json&& element) {
+    if (!status_.ok()) return;
+    try {
+      status_ = Take(index, element);
+    } catch (const std::exception& e) {
+      // std::bad_alloc: never thrown through the JSON reader.
+      status_ = field_.Index(index).Error(absl::StrCat("cannot read: ", e.what()));
+    }
+  }
+
+  const absl::Status& status() const { return status_; }
+  const ArtifactPaths& paths() const { return paths_; }
+
+  // With every artifact taken: none may lie under another (path_rules.h).
+  absl::Status CheckNoFileIsADirectory() const {
+    for (size_t i = 0; i < sink_->size(); ++i) {
+      const std::string_view path = sink_->PathOf(i);
+      std::string_view parent =
+          ListedParentOf(path, [&](std::string_view p) { return paths_.contains(p); });
+      if (!parent.empty()) {
+        return field_.Index(i).Key("path").Error(absl::StrCat(
+            QuoteForMessage(path), " lies under ", QuoteForMessage(parent), " (",
+            field_.Index(*paths_.Find(parent)).path(), "), which is listed as a file; a "
+            "path cannot be both a file and a directory"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Take(size_t index, const Json& element) {
+    const JsonField field = field_.Index(index);
+    CUBIST_ASSIGN_OR_RETURN(Artifact a, ParseArtifact(element, field, options_));
+    if (std::optional<size_t> earlier = paths_.Find(a.path); earlier.has_value()) {
+      return field.Key("path").Error(
+          absl::StrCat("duplicate ", QuoteForMessage(a.path), " (also ",
+                       field_.Index(*earlier).path(), "); each file may be listed once"));
+    }
+    sink_->Add(std::move(a));
+    paths_.Insert(sink_->size() - 1);
+    return absl::OkStatus();
+  }
+
+  const JsonField field_;
+  const ManifestParseOptions& options_;
+  ArtifactSink* sink_;
+  ArtifactPaths paths_;
+  absl::Status status_;
+};
+
+// Everything but the artifacts, which `artifacts_read` took while the document was read.
 absl::StatusOr<Manifest> ParseManifestJson(const Json& doc, std::string_view source,
-                                           const ManifestParseOptions& options) {
+                                           const ArtifactListReader& artifacts_read) {
   const JsonField root(source, "");
   if (!doc.is_object()) return root.Expected("a JSON object at the top level", doc);
   Manifest m;
@@ -286,34 +422,17 @@ absl::StatusOr<Manifest> ParseManifestJson(const Json& doc, std::string_view sou
 
   CUBIST_ASSIGN_OR_RETURN(const Json* artifacts,
                           Required(doc, root, "artifacts", "an array of artifact objects"));
-  const JsonField af = root.Key("artifacts");
-  if (!artifacts->is_array()) return af.Expected("an array of artifact objects", *artifacts);
-  PathIndex paths;
-  paths.reserve(artifacts->size());
-  m.artifacts.reserve(artifacts->size());
-  for (size_t i = 0; i < artifacts->size(); ++i) {
-    CUBIST_ASSIGN_OR_RETURN(Artifact a, ParseArtifact((*artifacts)[i], af.Index(i), options));
-    auto [it, inserted] = paths.emplace(a.path, i);
-    if (!inserted) {
-      return af.Index(i).Key("path").Error(
-          absl::StrCat("duplicate ", QuoteForMessage(a.path), " (also ",
-                       af.Index(it->second).path(), "); each file may be listed once"));
-    }
-    m.artifacts.push_back(std::move(a));
+  if (!artifacts->is_array()) {
+    return root.Key("artifacts").Expected("an array of artifact objects", *artifacts);
   }
-  for (size_t i = 0; i < m.artifacts.size(); ++i) {
-    std::string_view parent = ListedParentOf(
-        m.artifacts[i].path, [&](std::string_view p) { return paths.contains(Sv(p)); });
-    if (!parent.empty()) {
-      return af.Index(i).Key("path").Error(absl::StrCat(
-          QuoteForMessage(m.artifacts[i].path), " lies under ", QuoteForMessage(parent), " (",
-          af.Index(paths.find(Sv(parent))->second).path(), "), which is listed as a file; a path "
-          "cannot be both a file and a directory"));
-    }
-  }
+  // The elements went to `artifacts_read` as they were read; here is where their checks
+  // come in order.
+  CUBIST_RETURN_IF_ERROR(artifacts_read.status());
+  CUBIST_RETURN_IF_ERROR(artifacts_read.CheckNoFileIsADirectory());
 
   if (const Json* kernels = Find(doc, "kernels"); kernels != nullptr) {
-    CUBIST_ASSIGN_OR_RETURN(m.kernels, ParseKernelArray(*kernels, root.Key("kernels"), &paths));
+    CUBIST_ASSIGN_OR_RETURN(m.kernels, ParseKernelArray(*kernels, root.Key("kernels"),
+                                                        &artifacts_read.paths()));
   }
 
   static constexpr const char* kKnown[] = {"schema",    "name",      "version", "expires",
@@ -347,12 +466,22 @@ absl::Status ValidateArch(std::string_view arch) {
       QuoteForMessage(arch)));
 }
 
-absl::StatusOr<Manifest> ParseManifest(std::string_view bytes, std::string_view source,
-                                       const ManifestParseOptions& options) {
+namespace {
+
+// ParseManifest, its artifacts into `sink`.
+absl::StatusOr<Manifest> ParseManifestInto(std::string_view bytes, std::string_view source,
+                                           const ManifestParseOptions& options,
+                                           ArtifactSink* sink) {
   const json_internal::JsonLimits limits{options.max_bytes, options.max_depth};
   try {
-    CUBIST_ASSIGN_OR_RETURN(Json doc, json_internal::ParseStrictJson(bytes, source, limits));
-    CUBIST_ASSIGN_OR_RETURN(Manifest m, ParseManifestJson(doc, source, options));
+    ArtifactListReader artifacts_read(source, options, sink);
+    auto on_artifact = [&](size_t index, Json&& element) {
+      artifacts_read.OnElement(index, std::move(element));
+    };
+    const json_internal::StreamedArray streamed{"artifacts", on_artifact};
+    CUBIST_ASSIGN_OR_RETURN(Json doc,
+                            json_internal::ParseStrictJson(bytes, source, limits, &streamed));
+    CUBIST_ASSIGN_OR_RETURN(Manifest m, ParseManifestJson(doc, source, artifacts_read));
     m.source = std::string(source);
     m.digest = Sha256Hex(bytes);
     return m;
@@ -362,6 +491,30 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view bytes, std::string_view 
     return absl::InvalidArgumentError(
         absl::StrCat(Sv(source), ": cannot read manifest: ", e.what()));
   }
+}
+
+}  // namespace
+
+absl::StatusOr<Manifest> ParseManifest(std::string_view bytes, std::string_view source,
+                                       const ManifestParseOptions& options) {
+  std::vector<Artifact> artifacts;
+  BuiltArtifacts sink(&artifacts);
+  CUBIST_ASSIGN_OR_RETURN(Manifest m, ParseManifestInto(bytes, source, options, &sink));
+  m.artifacts = std::move(artifacts);
+  return m;
+}
+
+absl::StatusOr<Manifest> ParseManifestPacked(std::string_view bytes, std::string_view source,
+                                             const ManifestParseOptions& options,
+                                             PackedArtifacts* artifacts) {
+  PackedArtifactsBuilder builder;
+  // Packed artifacts seldom take more room than their JSON (manifest_binary.h): the
+  // input's size is room enough, and what stays unwritten costs no memory.
+  builder.Reserve(bytes.size());
+  PackingArtifacts sink(&builder);
+  CUBIST_ASSIGN_OR_RETURN(Manifest m, ParseManifestInto(bytes, source, options, &sink));
+  *artifacts = std::move(builder).Finish();
+  return m;
 }
 
 absl::StatusOr<std::vector<KernelSpec>> ParseKernelList(std::string_view bytes,

@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "manifest/manifest.h"
+#include "manifest/manifest_binary.h"
 
 namespace cubist {
 
@@ -62,6 +63,15 @@ struct ManifestParseOptions {
 [[nodiscard]] absl::StatusOr<Manifest> ParseManifest(std::string_view bytes,
                                                      std::string_view source,
                                                      const ManifestParseOptions& options = {});
+
+// ParseManifest, with the artifacts packed (manifest_binary.h) into `*artifacts` instead
+// of built: the returned manifest has none. The same checks and messages. The artifacts
+// list is never held as a JSON document or as Artifacts, so a large manifest's first read
+// costs little more than its bytes and their packed form (bench/manifest_memory.py).
+[[nodiscard]] absl::StatusOr<Manifest> ParseManifestPacked(std::string_view bytes,
+                                                           std::string_view source,
+                                                           const ManifestParseOptions& options,
+                                                           PackedArtifacts* artifacts);
 
 // Parses a kernels file: a JSON array of kernel objects, or an object with a "kernels"
 // array (other keys ignored). Each kernel is validated as in a manifest, names must be

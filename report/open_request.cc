@@ -14,8 +14,10 @@ absl::StatusOr<OpenedManifest> OpenManifestForRequest(const std::string& locatio
                                                       const TrustSpec& trust,
                                                       const Store* store, bool offline,
                                                       bool record_version,
-                                                      bool pack_artifacts) {
+                                                      bool pack_artifacts,
+                                                      absl::Duration stall) {
   OpenManifestOptions options;
+  options.stall = stall;
   CUBIST_ASSIGN_OR_RETURN(options.trust, trust.Policy());
   options.offline = offline;
   options.store = store;

@@ -18,10 +18,10 @@ namespace cubist::report {
 [[nodiscard]] absl::StatusOr<Store> OpenStore(const std::string& cache, bool create);
 
 // `pack_artifacts`: OpenManifestOptions::pack_artifacts (fetch, whose warm path may need
-// no Artifact built).
+// no Artifact built); `stall`: OpenManifestOptions::stall (fetch --stall-seconds).
 [[nodiscard]] absl::StatusOr<OpenedManifest> OpenManifestForRequest(
     const std::string& location, const TrustSpec& trust, const Store* store, bool offline,
-    bool record_version, bool pack_artifacts = false);
+    bool record_version, bool pack_artifacts = false, absl::Duration stall = kDefaultStall);
 
 }  // namespace cubist::report
 

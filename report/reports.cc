@@ -148,7 +148,8 @@ absl::StatusOr<CommandReport> RunFetchReport(const FetchRequest& f, FetchProgres
   CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened,
                           OpenManifestForRequest(f.manifest, f.trust, &store, f.offline,
                                                  /*record_version=*/true,
-                                                 /*pack_artifacts=*/!f.artifact_entries));
+                                                 /*pack_artifacts=*/!f.artifact_entries,
+                                                 absl::Seconds(f.stall_seconds)));
   const Manifest& m = opened.manifest;
   CommandReport out;
   out.notices = opened.notices;

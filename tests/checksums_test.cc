@@ -143,5 +143,27 @@ TEST(ParseManifestOrChecksumsTest, DispatchesOnFirstByte) {
               StatusIs(kInvalid, HasSubstr("m.json:1: expected '<64 hex> <path>', got \"<html>\"")));
 }
 
+TEST(ParseManifestOrChecksumsTest, PackedFormHoldsWhatTheParseHolds) {
+  const std::string checksums = kHexA + " a.cubin\n" + kHexB + " sub/b.cubin\n";
+  const std::string json =
+      "{\"schema\": \"cubist.manifest/1\", \"name\": \"j\", \"version\": 3, "
+      "\"artifacts\": [{\"path\": \"a.cubin\", \"sha256\": \"" + kHexA + "\", \"size\": 4}]}";
+  for (const std::string& bytes : {checksums, json}) {
+    absl::StatusOr<Manifest> whole = ParseManifestOrChecksums(bytes, "dir/checksums.txt");
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    PackedArtifacts packed;
+    absl::StatusOr<Manifest> m =
+        ParseManifestOrChecksumsPacked(bytes, "dir/checksums.txt", {}, &packed);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_TRUE(m->artifacts.empty());
+    EXPECT_EQ(packed.size(), whole->artifacts.size());
+    m->artifacts = packed.Unpack();
+    EXPECT_EQ(*m, *whole);
+  }
+  PackedArtifacts packed;
+  EXPECT_THAT(ParseManifestOrChecksumsPacked("<html>", "m.json", {}, &packed),
+              StatusIs(kInvalid, HasSubstr("m.json:1: expected '<64 hex> <path>'")));
+}
+
 }  // namespace
 }  // namespace cubist

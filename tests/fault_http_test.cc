@@ -17,8 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "artifacts/fetcher.h"
+#include "artifacts/manifest_source.h"
 #include "artifacts/store.h"
 #include "base/sha256.h"
+#include "manifest/signature.h"
 #include "tests/test_util.h"
 #include "tests/testlib/fault_http_server.h"
 
@@ -32,6 +34,7 @@ using ::cubist::testing::RandomBytes;
 using ::cubist::testing::ReadFileOrDie;
 using ::cubist::testing::StatusIs;
 using ::cubist::testing::TempDir;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr size_t kSize = 300 * 1000;
@@ -179,6 +182,40 @@ TEST_F(FaultHttpTest, StallForeverFailsInBoundedTime) {
   EXPECT_THAT(r.results[0].status.message(), HasSubstr("2 attempts"));
   EXPECT_LT(elapsed_, absl::Seconds(15));
   ExpectNothingCached();
+}
+
+// Issue 28: a manifest or signature read from a server that stops sending is cut after
+// the stall window (fetch --stall-seconds), retried, and fails as a network error in
+// bounded time, never waiting out the 60 s the transfer may take in all.
+TEST_F(FaultHttpTest, StalledManifestAndSignatureReadsEndAfterTheStallWindow) {
+  const std::string manifest = absl::StrCat(
+      R"({"schema": "cubist.manifest/1", "name": "stall", "version": 1, "artifacts": []})",
+      std::string(4000, ' '));
+  server_->Serve("/m.json", manifest);
+  server_->Serve("/m.json.sig", std::string(200, 's'));
+  OpenManifestOptions options;
+  options.stall = absl::Seconds(1);
+  options.attempts = 2;
+  const Fault stall{.kind = FaultKind::kStall, .bytes = 100, .stall = absl::Seconds(60)};
+
+  server_->SetFault("/m.json", stall);
+  absl::Time start = absl::Now();
+  EXPECT_THAT(OpenManifest(server_->Url("/m.json"), options),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("/m.json: Operation too slow")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  EXPECT_EQ(server_->Count("/m.json"), 2);
+
+  server_->SetFault("/m.json", {});
+  server_->SetFault("/m.json.sig", stall);
+  options.trust.trusted_keys.push_back(PublicKey::FromRaw({}));  // signatures required
+  start = absl::Now();
+  EXPECT_THAT(OpenManifest(server_->Url("/m.json"), options),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("read the manifest's signature"),
+                             HasSubstr("/m.json.sig: Operation too slow"))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  EXPECT_EQ(server_->Count("/m.json.sig"), 2);
 }
 
 TEST_F(FaultHttpTest, ServerErrorsOnceAreRetried) {

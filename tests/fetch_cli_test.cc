@@ -256,6 +256,22 @@ TEST_F(FetchCliTest, ATrickleFailsAsTooSlowAfterTheStallWindow) {
                              "is stalled"));
 }
 
+// The manifest itself from a source that trickles: its read ends after --stall-seconds
+// too (each of its attempts), exit 4, instead of waiting out the whole transfer.
+TEST_F(FetchCliTest, ATricklingManifestFailsAfterTheStallWindow) {
+  Serve(1, 1000, 1000, "1");
+  std::string out;
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Cubist(absl::StrCat("fetch -q --stall-seconds 1 --manifest ", url_, " --cache ",
+                                cache_),
+                   &out),
+            4)
+      << out;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat(url_, ": Operation too slow")));
+  EXPECT_THAT(out, HasSubstr("(4 attempts)"));
+}
+
 // A directory or a FIFO planted where an object's partial download goes (tmp/<hash>.part)
 // is replaced, and the fetch succeeds.
 TEST_F(FetchCliTest, ADirectoryOrAFifoAtAPartPathIsReplaced) {
@@ -601,6 +617,45 @@ TEST_F(FetchCliTest, ObjectsChangedAfterPublishAreCaughtWithoutADeepVerify) {
   ASSERT_EQ(Cubist(absl::StrCat("verify --manifest ", m, " --cache ", cache_), &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("verified: 3 of 3 artifacts present and unchanged since verified"));
   EXPECT_THAT(out, HasSubstr("(0 B hashed"));
+}
+
+// An object whose publish stamp no longer matches (touched, or written since it was
+// verified) is not missing: export hashes it and exports it when its bytes are still
+// the right ones (stamping it again), and refuses it, exit 3 naming it, when they are not.
+TEST_F(FetchCliTest, ExportHashesUnconfirmedObjectsAndUsesThoseThatMatch) {
+  Serve(3, 1000, 5000);
+  std::string out;
+  ASSERT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", url_, " --cache ", cache_), &out), 0)
+      << out;
+  ASSERT_EQ(::utimensat(AT_FDCWD, ObjectPath(0).c_str(), nullptr, 0), 0);  // now: unstamped
+  const std::string dir = tmp_.Join("exported");
+  ASSERT_EQ(Cubist(absl::StrCat("export --layout plain --manifest ", url_, " --cache ", cache_,
+                                " ", dir),
+                   &out),
+            0)
+      << out;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(testing::ReadFileOrDie(dir + "/" + files_[i].path), files_[i].data) << i;
+  }
+  struct stat st;
+  ASSERT_EQ(::stat(ObjectPath(0).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mtim.tv_sec, StampFor(files_[0].data.size())) << "confirmed and stamped";
+
+  ASSERT_EQ(::chmod(ObjectPath(1).c_str(), 0644), 0);
+  std::string changed = files_[1].data;
+  changed[0] ^= 0x01;
+  testing::WriteFileOrDie(ObjectPath(1), changed);
+  EXPECT_EQ(Cubist(absl::StrCat("export --layout plain --manifest ", url_, " --cache ", cache_,
+                                " ", tmp_.Join("second")),
+                   &out),
+            3)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("export ", files_[1].path, ": ")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("changed after it was verified (its publish stamp no "
+                                          "longer matches): sha256 ",
+                                          Sha256Hex(changed))));
+  EXPECT_THAT(out, HasSubstr("run `cubist fetch` with the same manifest to repair it"));
+  EXPECT_FALSE(testing::FileExists(tmp_.Join("second")));
 }
 
 }  // namespace

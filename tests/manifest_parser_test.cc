@@ -55,8 +55,27 @@ Json ValidManifest() {
               {"kernels", {ValidKernel("k0"), ValidKernel("k1", "cubins/b.cubin")}}};
 }
 
+// ParseManifestPacked of the same bytes, its artifacts unpacked: what ParseManifest
+// gives, an error included.
+absl::StatusOr<Manifest> ParsePackedAndUnpack(std::string_view bytes, std::string_view source,
+                                              const ManifestParseOptions& o = {}) {
+  PackedArtifacts packed;
+  absl::StatusOr<Manifest> m = ParseManifestPacked(bytes, source, o, &packed);
+  if (m.ok()) {
+    EXPECT_TRUE(m->artifacts.empty());
+    m->artifacts = packed.Unpack();
+  }
+  return m;
+}
+
+// ParseManifest, checked against ParseManifestPacked: every case below holds for both.
 absl::StatusOr<Manifest> Parse(const Json& j, const ManifestParseOptions& o = {}) {
-  return ParseManifest(j.dump(2), "manifest.json", o);
+  const std::string bytes = j.dump(2);
+  absl::StatusOr<Manifest> built = ParseManifest(bytes, "manifest.json", o);
+  absl::StatusOr<Manifest> packed = ParsePackedAndUnpack(bytes, "manifest.json", o);
+  EXPECT_EQ(built.status(), packed.status());
+  if (built.ok() && packed.ok()) EXPECT_EQ(*built, *packed);
+  return built;
 }
 
 TEST(ManifestParserTest, ParsesValidManifest) {
@@ -497,6 +516,59 @@ TEST(ManifestParserTest, DuplicateKeysAreRefusedWithPath) {
   text.insert(pos + 1, "\"tile_m\":32,");
   EXPECT_THAT(ParseManifest(text, "m.json"),
               StatusIs(kInvalid, HasSubstr("m.json: kernels[1]: duplicate key \"tile_m\"")));
+}
+
+// The artifacts are checked as the parser reads them (so that the list is never held as
+// a document), yet errors come in the order the rules list them, as when the document was
+// built first: a syntax error anywhere first, then schema, name, version, ..., artifacts.
+TEST(ManifestParserTest, ArtifactErrorsComeInRuleOrderWhereverTheyAre) {
+  const std::string bad_artifact =
+      R"({"artifacts": [{"path": "a", "sha256": "x", "size": 1}], )";
+  for (const auto& parse : {&ParseManifest, &ParsePackedAndUnpack}) {
+    EXPECT_THAT(parse(bad_artifact + R"("schema": "cubist.manifest/1", "name": "n"})",
+                      "m.json", {}),
+                StatusIs(kInvalid, HasSubstr("m.json: version: missing")));
+    EXPECT_THAT(parse(bad_artifact + R"("schema": "cubist.manifest/1", "name": "n", )"
+                                     R"("version": 1, "x": [1,})",
+                      "m.json", {}),
+                StatusIs(kInvalid, StartsWith("m.json:1:")));
+    EXPECT_THAT(parse(bad_artifact + R"("schema": "cubist.manifest/1", "name": "n", )"
+                                     R"("version": 1})",
+                      "m.json", {}),
+                StatusIs(kInvalid, HasSubstr("m.json: artifacts[0].sha256: expected 64 "
+                                             "lowercase hex characters, got 1")));
+  }
+}
+
+TEST(ManifestParserTest, ArtifactErrorsNameTheirIndexWhenEarlierOnesAreGone) {
+  Json j = ValidManifest();
+  for (int i = 0; i < 5; ++i) {
+    j["artifacts"].push_back(
+        {{"path", "more/" + std::to_string(i)}, {"sha256", kHexA}, {"size", i}});
+  }
+  std::string text = j.dump();
+  const size_t pos = text.find("{\"path\":\"more/3\"");
+  ASSERT_NE(pos, std::string::npos);
+  text.insert(pos + 1, "\"size\":1,");
+  for (const auto& parse : {&ParseManifest, &ParsePackedAndUnpack}) {
+    EXPECT_THAT(parse(text, "m.json", {}),
+                StatusIs(kInvalid, HasSubstr("m.json: artifacts[5]: duplicate key \"size\"")));
+  }
+  j["artifacts"][6]["path"] = "more/2/x";
+  EXPECT_THAT(Parse(j), StatusIs(kInvalid, HasSubstr(
+      "manifest.json: artifacts[6].path: \"more/2/x\" lies under \"more/2\" (artifacts[4])")));
+}
+
+TEST(ManifestParserTest, PackedParseOfAChecksumsFreeManifestKeepsMissingSizes) {
+  Json j = ValidManifest();
+  j["artifacts"][1].erase("size");
+  j["artifacts"][1]["x-note"] = {{"a", 1}};
+  ManifestParseOptions o;
+  o.require_artifact_size = false;
+  absl::StatusOr<Manifest> m = Parse(j, o);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(m->artifacts[1].size.has_value());
+  EXPECT_EQ(m->artifacts[1].extras.at("x-note"), R"({"a":1})");
 }
 
 TEST(ManifestParserTest, DeepNestingIsRefusedBeforeParsing) {

@@ -94,6 +94,35 @@ TEST_F(ManifestReadTest, GivesUpAfterTheAttemptsAndSaysHowMany) {
   EXPECT_EQ(clock_.sleeps.size(), 3u);
 }
 
+// A read asks the transport to cut a stall (the fetcher's floor, for the window given;
+// 20 s, fetch's default, when none is), and a stall cut that way is retried.
+TEST_F(ManifestReadTest, AsksForTheStallLimitAndRetriesAStall) {
+  transport_.script = {
+      ScriptedTransport::Failed(TransportResult::kTransient,
+                                "Operation too slow. Less than 1024 bytes/sec transferred "
+                                "the last 2 seconds"),
+      ScriptedTransport::Status(200, "{}")};
+  ReadSeams seams;
+  seams.transport = &transport_;
+  seams.clock = &clock_;
+  seams.seed = 1;
+  auto read = ReadLocationIfChanged("https://example.invalid/m.json", "", 1 << 20,
+                                    absl::Seconds(60), 4, seams, absl::Seconds(2));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->bytes, "{}");
+  ASSERT_EQ(transport_.requests.size(), 2u);
+  for (const TransportRequest& r : transport_.requests) {
+    EXPECT_EQ(r.low_speed_bytes, 1024);
+    EXPECT_EQ(r.low_speed_time, absl::Seconds(2));
+  }
+  transport_.requests.clear();
+  transport_.script = {ScriptedTransport::Status(200, "{}")};
+  ASSERT_TRUE(Read().ok());
+  ASSERT_EQ(transport_.requests.size(), 1u);
+  EXPECT_EQ(transport_.requests[0].low_speed_bytes, 1024);
+  EXPECT_EQ(transport_.requests[0].low_speed_time, absl::Seconds(20));
+}
+
 TEST_F(ManifestReadTest, NotFoundIsFinalAtOnce) {
   transport_.script = {ScriptedTransport::Status(404)};
   EXPECT_THAT(Read(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("HTTP 404 (not found)")));

@@ -75,6 +75,19 @@ TEST(OciReferenceTest, PlainHttpOnlyForLoopbackOrListedHosts) {
   EXPECT_FALSE(ParseOciReference("oci://site-registry:5000/c:v1")->plain_http);
 }
 
+// A TLS front on the node itself (nginx before a loopback registry) is listed to be
+// spoken to over HTTPS; other loopback registries stay plain.
+TEST(OciReferenceTest, HttpsForListedLoopbackHosts) {
+  ::setenv("CUBIST_REGISTRY_HTTPS", "localhost:5443,127.0.0.1:5443", 1);
+  EXPECT_FALSE(ParseOciReference("oci://localhost:5443/c:v1")->plain_http);
+  EXPECT_EQ(ParseOciReference("oci://localhost:5443/c:v1")->RepositoryUrl(),
+            "https://localhost:5443/v2/c/");
+  EXPECT_FALSE(ParseOciReference("oci://127.0.0.1:5443/c:v1")->plain_http);
+  EXPECT_TRUE(ParseOciReference("oci://localhost:5000/c:v1")->plain_http);
+  ::unsetenv("CUBIST_REGISTRY_HTTPS");
+  EXPECT_TRUE(ParseOciReference("oci://localhost:5443/c:v1")->plain_http);
+}
+
 TEST(OciReferenceTest, PlanFetchAsksForBlobsByDigestMirrorsFirst) {
   Manifest m;
   m.source = "oci://127.0.0.1:5000/team/cubins:v3";

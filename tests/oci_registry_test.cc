@@ -3,8 +3,9 @@
 // a pinned digest that does not match, a corrupt blob in the registry's storage,
 // htpasswd (basic) logins (also through a credential helper), chunked uploads (also
 // after a proxy's 413), the redirect storage middleware, the registry stopped mid-fetch
-// and restarted, 8 processes into one cache, and 16 nodes behind an nginx site cache
-// (every blob leaves the registry once).
+// and restarted, 8 processes into one cache, 16 nodes behind an nginx site cache
+// (every blob leaves the registry once), and a TLS front with a private CA.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -80,6 +81,20 @@ class OciRegistryTest : public ::testing::Test {
     return std::string(absl::StripSuffix(out, "\n"));
   }
 
+  // Fetches the sample repo into `cache` and copies its manifest where no artifact lies
+  // beside it (a push must then take them from a cache); returns the copy's path.
+  std::string FetchIntoAndCopyTheManifestAlone(const std::string& cache) {
+    std::string out;
+    EXPECT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", repo_, "/manifest.json --cache ",
+                                  cache),
+                     &out),
+              0)
+        << out;
+    const std::string alone = tmp_.Join("alone/manifest.json");
+    testing::WriteFileOrDie(alone, testing::ReadFileOrDie(repo_ + "/manifest.json"));
+    return alone;
+  }
+
   std::string ObjectPath(const std::string& cache, const std::string& sha) const {
     return absl::StrCat(cache, "/objects/sha256/", sha.substr(0, 2), "/", sha);
   }
@@ -142,12 +157,7 @@ TEST_F(OciRegistryTest, PushTakesArtifactsFromTheCache) {
   MakeRepo(6, 1000, 9000);
   std::string out;
   const std::string c1 = tmp_.Join("c1");
-  ASSERT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", repo_, "/manifest.json --cache ", c1),
-                   &out),
-            0)
-      << out;
-  const std::string alone = tmp_.Join("alone/manifest.json");
-  testing::WriteFileOrDie(alone, testing::ReadFileOrDie(repo_ + "/manifest.json"));
+  const std::string alone = FetchIntoAndCopyTheManifestAlone(c1);
   EXPECT_EQ(Cubist(absl::StrCat("push -q --cache ", tmp_.Join("empty"), " --manifest ", alone,
                                 " ", Ref("mirror/sample:v1")),
                    &out),
@@ -175,6 +185,47 @@ TEST_F(OciRegistryTest, PushTakesArtifactsFromTheCache) {
                    &out),
             0)
       << out;
+}
+
+// Push from the cache hashes an object whose publish stamp no longer matches instead of
+// calling it missing: pushed when its bytes are the right ones, refused (exit 3 naming
+// it) when they are not.
+TEST_F(OciRegistryTest, PushFromTheCacheHashesUnconfirmedObjects) {
+  StartRegistry();
+  MakeRepo(3, 1000, 9000);
+  std::string out;
+  const std::string cache = tmp_.Join("c1");
+  const std::string alone = FetchIntoAndCopyTheManifestAlone(cache);
+  for (const Artifact& a : manifest_.artifacts) {  // now: unstamped, bytes intact
+    ASSERT_EQ(::utimensat(AT_FDCWD, ObjectPath(cache, a.sha256).c_str(), nullptr, 0), 0);
+  }
+  ASSERT_EQ(Cubist(absl::StrCat("push --cache ", cache, " --manifest ", alone, " ",
+                                Ref("mirror/touched:v1")),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("3 artifacts, 5 blobs uploaded"));
+  const std::string c2 = tmp_.Join("c2");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch -q --manifest ", Ref("mirror/touched:v1"), " --cache ", c2),
+                   &out),
+            0)
+      << out;
+  ExpectAllCached(c2);
+
+  const std::string victim = ObjectPath(cache, manifest_.artifacts[2].sha256);
+  ASSERT_EQ(::chmod(victim.c_str(), 0644), 0);
+  std::string changed = files_[2].data;
+  changed[0] ^= 0x01;
+  testing::WriteFileOrDie(victim, changed);
+  EXPECT_EQ(Cubist(absl::StrCat("push -q --cache ", cache, " --manifest ", alone, " ",
+                                Ref("mirror/changed:v1")),
+                   &out),
+            3)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("push ", files_[2].path, ": ")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("changed after it was verified (its publish stamp no "
+                                          "longer matches): sha256 ",
+                                          Sha256Hex(changed))));
 }
 
 TEST_F(OciRegistryTest, PushAgainSkipsEveryBlobAndGivesTheSameDigest) {
@@ -527,6 +578,83 @@ TEST_F(OciRegistryTest, BearerTokenFlowThroughATokenGate) {
                    "HOME=" + tmp_.path()), 7) << out;
   EXPECT_THAT(out, HasSubstr("requires a login for team/tokens (token endpoint answered HTTP 401)"));
   EXPECT_THAT(out, Not(HasSubstr("gate-pw")));
+}
+
+// A registry behind a TLS front: nginx with a certificate for "localhost" from a private
+// CA that openssl makes here, proxying to the loopback registry, listed in
+// CUBIST_REGISTRY_HTTPS. With the CA trusted through SSL_CERT_FILE, push and fetch go
+// over HTTPS; with the CA unknown, or the right CA and another host name (the address
+// instead of "localhost"), the first request is refused at once, exit 7 naming the
+// variables that add a CA, and nothing is cached.
+TEST_F(OciRegistryTest, TlsFrontTrustedOnlyThroughItsCaAndHostName) {
+  if (NginxServer::BinaryPath().empty()) GTEST_SKIP() << "nginx not installed";
+  StartRegistry();
+  MakeRepo(4, 1000, 60000);
+  absl::StatusOr<testing::TestTls> tls = testing::MakeTestTls(tmp_.Join("tls"));
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  NginxServer::Options o;
+  o.root = tmp_.path();
+  o.workdir = tmp_.Join("nginx");
+  o.tls_cert = tls->cert;
+  o.tls_key = tls->key;
+  // The registry builds upload URLs from Host and X-Forwarded-Proto.
+  o.server_extra = absl::StrCat(
+      "    client_max_body_size 0;\n"
+      "    location /v2/ {\n"
+      "      proxy_pass http://", registry_->HostPort(), ";\n"
+      "      proxy_set_header Host $http_host; proxy_set_header X-Forwarded-Proto https;\n"
+      "      proxy_http_version 1.1; proxy_set_header Connection \"\";\n"
+      "      proxy_request_buffering off;\n"
+      "    }\n");
+  auto front = NginxServer::Start(o);
+  ASSERT_TRUE(front.ok()) << front.status();
+  const int port = (*front)->port();
+  const std::string ref = absl::StrCat("oci://localhost:", port, "/cubist/tls:v1");
+  // Only the CA variables given: none from the environment the test runs in.
+  const std::string https = absl::StrCat(
+      "env -u SSL_CERT_FILE -u SSL_CERT_DIR -u CURL_CA_BUNDLE CUBIST_REGISTRY_HTTPS=localhost:",
+      port, ",127.0.0.1:", port);
+  const std::string trusted = absl::StrCat(https, " SSL_CERT_FILE=", tls->ca);
+  const std::string fix = "add the CA that issued it with SSL_CERT_FILE, SSL_CERT_DIR or "
+                          "CURL_CA_BUNDLE";
+
+  const std::string digest = Push(ref, trusted);
+  ASSERT_TRUE(absl::StartsWith(digest, "sha256:")) << digest;
+  std::string out;
+  const std::string cache = tmp_.Join("cache");
+  ASSERT_EQ(Cubist(absl::StrCat("fetch --manifest ", ref, " --cache ", cache), &out, trusted), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("4 downloaded"));
+  ExpectAllCached(cache);
+  // Every blob came through the TLS front.
+  std::map<std::string, int> served = (*front)->SuccessfulRequests();
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_EQ(served[absl::StrCat("/v2/cubist/tls/blobs/sha256:", a.sha256)], 1) << a.path;
+  }
+
+  const std::string other = tmp_.Join("other");
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", ref, " --cache ", other), &out, https), 7)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("https://localhost:", port, "/v2/cubist/tls/")));
+  EXPECT_THAT(out, HasSubstr(fix));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "a trust failure is not retried";
+  EXPECT_EQ(Cubist(absl::StrCat("push -q --manifest ", repo_, "/manifest.json ", ref), &out,
+                   https),
+            7)
+      << out;
+  EXPECT_THAT(out, HasSubstr(fix));
+
+  const std::string by_address = absl::StrCat("oci://127.0.0.1:", port, "/cubist/tls:v1");
+  EXPECT_EQ(Cubist(absl::StrCat("fetch --manifest ", by_address, " --cache ", other), &out,
+                   trusted),
+            7)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("https://127.0.0.1:", port, "/v2/cubist/tls/")));
+  EXPECT_THAT(out, HasSubstr(fix));
+  for (const Artifact& a : manifest_.artifacts) {
+    EXPECT_FALSE(testing::FileExists(ObjectPath(other, a.sha256))) << a.path;
+  }
 }
 
 TEST_F(OciRegistryTest, RegistryStoppedMidFetchAndRestartedResumes) {

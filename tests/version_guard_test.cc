@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/sha256.h"
 #include "manifest/manifest.h"
 #include "tests/test_util.h"
 
@@ -99,6 +100,32 @@ TEST(VersionGuardTest, HostileNamesStayInsideTheStateDirectory) {
   EXPECT_EQ(VersionStateFileName(long_name).substr(0, 7), "sha256-");
   CUBIST_ASSERT_OK(g.CheckAndRecord(M(long_name, 3), false));
   EXPECT_EQ(HighestOrZero(g, long_name), 3);
+}
+
+// A name of 200 bytes or fewer may still encode to more than NAME_MAX (255): 100 "é"
+// are 200 bytes and 600 characters escaped. Its record and lock get a hashed name that
+// fits, the same every time, and another for another name.
+TEST(VersionGuardTest, NamesThatEscapeLongStayWithinNameMax) {
+  TempDir dir;
+  VersionGuard g(dir.path());
+  std::string accents;
+  for (int i = 0; i < 100; ++i) accents += "\xc3\xa9";
+  const std::string newlines(90, '\n');
+  for (const std::string& name : {accents, newlines}) {
+    const std::string file = VersionStateFileName(name);
+    EXPECT_EQ(file, "sha256-" + Sha256Hex(name));
+    EXPECT_LE(std::string("version-" + file + ".lock").size(), 255u);
+    CUBIST_ASSERT_OK(g.CheckAndRecord(M(name, 4), false));
+    EXPECT_EQ(HighestOrZero(g, name), 4);
+    EXPECT_TRUE(FileExists(dir.Join("state/versions/" + file)));
+    EXPECT_THAT(g.Check(M(name, 3), false),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rollback refused")));
+  }
+  EXPECT_NE(VersionStateFileName(accents), VersionStateFileName(newlines));
+  // At the edge: 200 encoded characters are kept readable, 201 are hashed.
+  EXPECT_EQ(VersionStateFileName(std::string(197, 'n') + "\n"), std::string(197, 'n') + "%0A");
+  EXPECT_EQ(VersionStateFileName(std::string(198, 'n') + "\n"),
+            "sha256-" + Sha256Hex(std::string(198, 'n') + "\n"));
 }
 
 TEST(VersionGuardTest, CorruptStateIsDataLossNamingTheFix) {

@@ -95,6 +95,24 @@ TEST(ManifestBinaryTest, EveryFlippedByteAndEveryTruncationIsDataLoss) {
   }
 }
 
+// Artifacts packed one at a time (as a parse packs them) and written around them in
+// pieces make the very entry the whole manifest encodes to.
+TEST(ManifestBinaryTest, PiecesAroundBuiltPackedArtifactsAreTheWholeEntry) {
+  const Manifest m = FullManifest();
+  PackedArtifactsBuilder builder;
+  for (const Artifact& a : m.artifacts) {
+    const size_t offset = builder.Add(a);
+    EXPECT_EQ(builder.PathAt(offset), a.path);
+  }
+  const PackedArtifacts packed = std::move(builder).Finish();
+  ASSERT_EQ(packed.size(), m.artifacts.size());
+  EXPECT_EQ(packed.Unpack(), m.artifacts);
+  Manifest without = m;
+  without.artifacts.clear();
+  const EncodedPieces pieces = EncodeManifestBinaryPieces(without, packed);
+  EXPECT_EQ(pieces.head + std::string(pieces.artifacts) + pieces.tail, EncodeManifestBinary(m));
+}
+
 TEST(ManifestBinaryTest, PackedArtifactsReadAsTheFullDecodeDoes) {
   const Manifest m = FullManifest();
   PackedArtifacts packed;
@@ -216,15 +234,26 @@ TEST_F(ParsedManifestCacheTest, SecondOpenReadsTheParseKeptByDigest) {
   EXPECT_EQ(second->manifest.digest, Sha256Hex(bytes));
 }
 
-TEST_F(ParsedManifestCacheTest, PackedArtifactsComeOnlyFromTheCacheAndUnpackToTheParse) {
+TEST_F(ParsedManifestCacheTest, PackedArtifactsUnpackToTheParseWhetherParsedOrCached) {
   OpenManifestOptions o;
   o.store = &*store_;
+  // Without the option the artifacts are built: the reference.
+  auto whole = OpenManifest(path_, o);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_FALSE(whole->packed_artifacts.has_value());
+  EXPECT_EQ(whole->manifest.artifacts, manifest_.artifacts);
+  ASSERT_EQ(::unlink(EntryPathFor(testing::ReadFileOrDie(path_)).c_str()), 0);
   o.pack_artifacts = true;
-  // The first open parses: its artifacts are built, nothing is packed.
+  // The first open parses straight into the packed form (never building the list), and
+  // keeps that parse for the next.
   auto first = OpenManifest(path_, o);
   ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_FALSE(first->packed_artifacts.has_value());
-  EXPECT_EQ(first->manifest.artifacts, manifest_.artifacts);
+  ASSERT_TRUE(first->packed_artifacts.has_value());
+  EXPECT_EQ(first->packed_artifacts->size(), manifest_.artifacts.size());
+  EXPECT_TRUE(first->manifest.artifacts.empty());
+  EXPECT_TRUE(testing::FileExists(EntryPathFor(testing::ReadFileOrDie(path_))));
+  first->UnpackArtifacts();
+  EXPECT_EQ(first->manifest, whole->manifest);
   // The second reads the parse from the cache and leaves the artifacts in it.
   auto second = OpenManifest(path_, o);
   ASSERT_TRUE(second.ok()) << second.status();
@@ -234,13 +263,13 @@ TEST_F(ParsedManifestCacheTest, PackedArtifactsComeOnlyFromTheCacheAndUnpackToTh
   EXPECT_EQ(second->manifest.name, "warm");
   second->UnpackArtifacts();
   EXPECT_FALSE(second->packed_artifacts.has_value());
-  EXPECT_EQ(second->manifest, first->manifest);
+  EXPECT_EQ(second->manifest, whole->manifest);
   // Without the option, a parse from the cache is whole.
   o.pack_artifacts = false;
   auto third = OpenManifest(path_, o);
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_FALSE(third->packed_artifacts.has_value());
-  EXPECT_EQ(third->manifest, first->manifest);
+  EXPECT_EQ(third->manifest, whole->manifest);
 }
 
 TEST_F(ParsedManifestCacheTest, ADamagedEntryIsIgnoredAndRewritten) {

@@ -1,6 +1,7 @@
-// libFuzzer target: ParseManifestOrChecksums on arbitrary bytes must never crash, and
-// whatever it accepts must survive WriteManifest -> ParseManifest unchanged, with the
-// writer's output a fixed point. Any violation aborts (a finding).
+// libFuzzer target: ParseManifestOrChecksums on arbitrary bytes must never crash, its
+// packed form (ParseManifestOrChecksumsPacked) must give the same error or the same
+// manifest, and whatever it accepts must survive WriteManifest -> ParseManifest
+// unchanged, with the writer's output a fixed point. Any violation aborts (a finding).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <string_view>
 
 #include "manifest/checksums.h"
+#include "manifest/manifest_binary.h"
 #include "manifest/manifest_parser.h"
 #include "manifest/manifest_writer.h"
 #include "manifest/path_rules.h"
@@ -27,6 +29,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ManifestParseOptions options;
   options.max_bytes = 1 << 20;
   absl::StatusOr<Manifest> m = ParseManifestOrChecksums(input, "fuzz", options);
+  PackedArtifacts packed;
+  absl::StatusOr<Manifest> p = ParseManifestOrChecksumsPacked(input, "fuzz", options, &packed);
+  if (p.status() != m.status()) {
+    Fail("the packed parse disagrees", std::string(m.status().ToString()) + "\n" +
+                                           std::string(p.status().ToString()));
+  }
+  if (p.ok()) {
+    p->artifacts = packed.Unpack();
+    if (*p != *m) Fail("the packed parse holds another manifest", std::string(input));
+  }
   if (!m.ok()) {
     if (m.status().code() != absl::StatusCode::kInvalidArgument) {
       Fail("error other than InvalidArgument", std::string(m.status().message()));
