@@ -326,11 +326,15 @@ absl::Status MoeLayer::LoadGlue() {
 absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) const {
   if (a.tokens < 0) return Bad("tokens", absl::StrCat(a.tokens, " is negative"));
   if (a.tokens == 0) return absl::OkStatus();
+  // Each device pointer: whether it must be given, its alignment, and whether it is one of
+  // the format pair's scales (refused when given to a pair that takes no such scale, since
+  // a caller passing it expects it to be used).
   struct Ptr {
     const char* name;
     CUdeviceptr p;
     bool required;
     unsigned align;
+    bool pair_scale = false;
   };
   const bool routed = a.router_logits != 0;
   const bool wblock = moe::FormatScaleBlock(options_.weight_format) != 0;
@@ -344,12 +348,12 @@ absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) c
       {"topk_weights", a.topk_weights, !routed, 4},
       {"w1", a.w1, true, 16},
       {"w2", a.w2, true, 16},
-      {"w1_scale", a.w1_scale, wblock, 16},
-      {"w2_scale", a.w2_scale, wblock, 16},
-      {"w1_global_scale", a.w1_global_scale, wglobal, 4},
-      {"w2_global_scale", a.w2_global_scale, wglobal, 4},
-      {"input_scale", a.input_scale, aglobal, 4},
-      {"intermediate_scale", a.intermediate_scale, aglobal, 4},
+      {"w1_scale", a.w1_scale, wblock, 16, true},
+      {"w2_scale", a.w2_scale, wblock, 16, true},
+      {"w1_global_scale", a.w1_global_scale, wglobal, 4, true},
+      {"w2_global_scale", a.w2_global_scale, wglobal, 4, true},
+      {"input_scale", a.input_scale, aglobal, 4, true},
+      {"intermediate_scale", a.intermediate_scale, aglobal, 4, true},
       {"w1_bias", a.w1_bias, false, 4},
       {"w2_bias", a.w2_bias, false, 4},
       {"alpha", a.alpha, false, 4},
@@ -359,20 +363,18 @@ absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) c
       {"workspace", a.workspace, true, static_cast<unsigned>(kAlign)},
   };
   for (const Ptr& p : ptrs) {
-    if (p.p != 0 && !p.required && std::string_view(p.name).find("scale") != std::string_view::npos) {
+    if (p.p != 0 && p.pair_scale && !p.required) {
       return Bad(p.name, absl::StrCat("is given, but ", Sv(DataFormatName(options_.weight_format)),
                                       " x ", Sv(DataFormatName(options_.activation_format)),
                                       " takes no such scale"));
     }
     if (p.p == 0) {
-      if (p.required) {
-        return Bad(p.name, routed || (std::string_view(p.name) != "topk_ids" &&
-                                      std::string_view(p.name) != "topk_weights")
-                               ? "is null"
-                               : "is null: give router_logits, or pre-routed topk_ids and "
-                                 "topk_weights");
-      }
-      continue;
+      if (!p.required) continue;
+      const bool routing = p.name == std::string_view("topk_ids") ||
+                           p.name == std::string_view("topk_weights");
+      return Bad(p.name, routing ? "is null: give router_logits, or pre-routed topk_ids and "
+                                   "topk_weights"
+                                 : "is null");
     }
     if (p.p % p.align != 0) {
       return Bad(p.name, absl::StrCat("address 0x", absl::Hex(p.p), " is not ", p.align,
@@ -396,38 +398,56 @@ absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) c
   return absl::OkStatus();
 }
 
-MoeGemmArgs MoeLayer::Gemm1Args(const MoeLayerArgs& a, int64_t rows) const {
-  MoeGemmArgs g;
-  g.weight_format = options_.weight_format;
-  g.activation_format = options_.activation_format;
-  g.activation = options_.activation;
-  g.experts = local_experts_;
-  g.tokens = rows;
-  g.n = IsGated(options_.activation) ? 2 * options_.intermediate : options_.intermediate;
-  g.k = options_.hidden;
-  g.b = a.w1;
-  g.b_scale = a.w1_scale;
-  g.b_global_scale = a.w1_global_scale;
-  g.bias = a.w1_bias;
-  g.alpha = a.alpha;
-  g.beta = a.beta;
-  g.limit = a.limit;
-  return g;
-}
+// One pass of Run over tokens [first, first + tokens): where its routing lies (the
+// workspace when the layer routes, the caller's arrays when pre-routed) and the workspace
+// layout every pass shares.
+struct MoeLayer::Pass {
+  int64_t first = 0, tokens = 0;
+  int64_t slots = 0;  // tokens x k
+  MoeLayerWorkspace w;
+  CUdeviceptr ws = 0;  // the workspace's base
+  CUdeviceptr ids = 0, weights = 0;
+  template <typename T>
+  T* At(size_t offset) const {
+    return reinterpret_cast<T*>(ws + offset);
+  }
+};
 
-MoeGemmArgs MoeLayer::Gemm2Args(const MoeLayerArgs& a, int64_t rows) const {
+MoeGemmArgs MoeLayer::GemmArgs(const MoeLayerArgs& a, int gemm, CUdeviceptr ws,
+                               const MoeLayerWorkspace& w) const {
+  const DataFormat af = options_.activation_format;
+  const bool first = gemm == 1;
   MoeGemmArgs g;
   g.weight_format = options_.weight_format;
-  g.activation_format = options_.activation_format;
-  g.activation = Activation::kIdentity;
+  g.activation_format = af;
   g.experts = local_experts_;
-  g.tokens = rows;
-  g.n = options_.hidden;
-  g.k = options_.intermediate;
-  g.b = a.w2;
-  g.b_scale = a.w2_scale;
-  g.b_global_scale = a.w2_global_scale;
-  g.bias = a.w2_bias;
+  g.tokens = w.row_capacity;
+  g.offsets = ws + w.offsets;
+  g.b = first ? a.w1 : a.w2;
+  g.b_scale = first ? a.w1_scale : a.w2_scale;
+  g.b_global_scale = first ? a.w1_global_scale : a.w2_global_scale;
+  g.bias = first ? a.w1_bias : a.w2_bias;
+  g.a = ws + (first ? w.gathered : w.quantized);
+  g.out = ws + (first ? w.activated : w.rows);
+  if (first) {  // H -> I with the activation and its per-expert parameters
+    g.activation = options_.activation;
+    g.n = IsGated(options_.activation) ? 2 * options_.intermediate : options_.intermediate;
+    g.k = options_.hidden;
+    g.alpha = a.alpha;
+    g.beta = a.beta;
+    g.limit = a.limit;
+  } else {  // I -> H, identity
+    g.activation = Activation::kIdentity;
+    g.n = options_.hidden;
+    g.k = options_.intermediate;
+  }
+  // The activations' dequantization scales: block scales beside the data, fp8's s as the
+  // caller gave it, nvfp4's rcp(g) as the quantize kernel wrote it.
+  if (moe::FormatScaleBlock(af) != 0) {
+    g.a_scale = ws + (first ? w.gathered_scale : w.quantized_scale);
+  }
+  if (af == DataFormat::kFp8) g.a_global_scale = first ? a.input_scale : a.intermediate_scale;
+  if (af == DataFormat::kNvfp4) g.a_global_scale = ws + w.global_scales + (first ? 0 : 4);
   return g;
 }
 
@@ -435,24 +455,21 @@ absl::Status MoeLayer::CanImplement(const MoeLayerArgs& args, int64_t max_tokens
   CUBIST_RETURN_IF_ERROR(ValidateArgs(args, max_tokens));
   CUBIST_RETURN_IF_ERROR(LoadGlue());
   // Every GEMM problem a batch of up to max_tokens tokens poses: one per row bucket.
-  const int64_t top = RowBucketFor(ChunkTokens(options_, std::max<int64_t>(max_tokens, 1)),
-                                   options_.top_k);
-  const CUdeviceptr placeholder = 256;  // aligned stand-ins: only shapes are checked
+  const int64_t chunk = ChunkTokens(options_, std::max<int64_t>(max_tokens, 1));
+  const int64_t top = RowBucketFor(chunk, options_.top_k);
+  // Aligned stand-ins for what may be null before the first batch: only shapes, formats
+  // and which optional operands exist (a bias) are checked.
+  const CUdeviceptr placeholder = 256;
   for (int64_t rows = 64; rows <= top; rows *= 2) {
-    MoeGemmArgs g1 = Gemm1Args(args, rows);
-    MoeGemmArgs g2 = Gemm2Args(args, rows);
-    g1.a = g1.out = g2.a = g2.out = placeholder;
-    g1.offsets = g2.offsets = placeholder;
-    const bool ablock = moe::FormatScaleBlock(options_.activation_format) != 0;
-    const bool aglobal = moe::FormatHasGlobalScale(options_.activation_format);
-    if (ablock) g1.a_scale = g2.a_scale = placeholder;
-    if (aglobal) g1.a_global_scale = g2.a_global_scale = placeholder;
-    if (g1.bias != 0) g1.bias = placeholder;
-    if (g2.bias != 0) g2.bias = placeholder;
-    if (g1.b == 0) g1.b = placeholder;
-    if (g2.b == 0) g2.b = placeholder;
-    CUBIST_RETURN_IF_ERROR(gemm1_->CanImplement(g1));
-    CUBIST_RETURN_IF_ERROR(gemm2_->CanImplement(g2));
+    const MoeLayerWorkspace w = LayoutForRows(options_, chunk, rows);
+    for (int gemm : {1, 2}) {
+      MoeGemmArgs g = GemmArgs(args, gemm, placeholder, w);
+      if (g.b == 0) g.b = placeholder;
+      if (g.a_global_scale == 0 && moe::FormatHasGlobalScale(options_.activation_format)) {
+        g.a_global_scale = placeholder;
+      }
+      CUBIST_RETURN_IF_ERROR((gemm == 1 ? gemm1_ : gemm2_)->CanImplement(g));
+    }
   }
   return absl::OkStatus();
 }
@@ -482,155 +499,159 @@ absl::Status MoeLayer::Launch(const Kernel& k, unsigned grid, unsigned block, un
   return absl::OkStatus();
 }
 
-absl::Status MoeLayer::Quantize(const moe::MoeQuantizeParams& p, int64_t slots,
-                                CUstream stream) {
-  const int64_t ctas = std::min<int64_t>(slots, int64_t{8} * runtime_->device_info().sm_count);
-  moe::MoeQuantizeParams copy = p;
-  return Launch(quantize_, static_cast<unsigned>(ctas), moe::kMoeQuantizeThreads, 0, &copy,
+unsigned MoeLayer::RowCtas(int64_t rows) const {
+  return static_cast<unsigned>(
+      std::min<int64_t>(rows, int64_t{8} * runtime_->device_info().sm_count));
+}
+
+absl::Status MoeLayer::Route(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
+  moe::MoeRouteParams p{};
+  p.abi = moe::kMoeLayerAbi;
+  p.method = method_;
+  p.num_tokens = static_cast<int32_t>(pass.tokens);
+  p.num_experts = static_cast<int32_t>(options_.num_experts);
+  p.top_k = static_cast<int32_t>(options_.top_k);
+  p.logits_bf16 = logits_bf16_ ? 1 : 0;
+  p.n_group = static_cast<int32_t>(options_.n_group);
+  p.topk_group = static_cast<int32_t>(options_.topk_group);
+  p.routed_scaling_factor = options_.routed_scaling_factor;
+  p.logits = reinterpret_cast<const void*>(
+      a.router_logits + (logits_bf16_ ? 2 : 4) * pass.first * options_.num_experts);
+  p.bias = reinterpret_cast<const float*>(a.routing_bias);
+  p.topk_ids = reinterpret_cast<int32_t*>(pass.ids);
+  p.topk_weights = reinterpret_cast<float*>(pass.weights);
+  const int64_t per_cta = moe::kMoeRouteThreads / 32;  // a warp per token
+  return Launch(route_, static_cast<unsigned>((pass.tokens + per_cta - 1) / per_cta),
+                moe::kMoeRouteThreads, moe::MoeRouteSharedBytes(p.num_experts), &p, stream);
+}
+
+absl::Status MoeLayer::Sort(const Pass& pass, CUstream stream) {
+  const MoeLayerWorkspace& w = pass.w;
+  moe::MoeSortParams s{};
+  s.abi = moe::kMoeLayerAbi;
+  s.num_slots = static_cast<int32_t>(pass.slots);
+  s.top_k = static_cast<int32_t>(options_.top_k);
+  s.num_experts = static_cast<int32_t>(options_.num_experts);
+  s.local_expert_offset = static_cast<int32_t>(options_.local_expert_offset);
+  s.num_local_experts = static_cast<int32_t>(local_experts_);
+  s.topk_ids = reinterpret_cast<const int32_t*>(pass.ids);
+  s.offsets = pass.At<int32_t>(w.offsets);
+  s.expanded_to_permuted = pass.At<int32_t>(w.expanded_to_permuted);
+  s.permuted_to_expanded = pass.At<int32_t>(w.permuted_to_expanded);
+  s.chunk_counts = pass.At<int32_t>(w.chunk_counts);
+  s.dropped = pass.At<int32_t>(w.dropped);
+  if (pass.slots <= moe::kMoeSortChunk) {
+    return Launch(sort_fused_, 1, moe::kMoeSortThreads, 0, &s, stream);
+  }
+  const unsigned chunks = static_cast<unsigned>(moe::MoeSortChunks(pass.slots));
+  CUBIST_RETURN_IF_ERROR(Launch(sort_count_, chunks, moe::kMoeSortThreads, 0, &s, stream));
+  CUBIST_RETURN_IF_ERROR(Launch(sort_scan_, 1, moe::kMoeSortThreads, 0, &s, stream));
+  return Launch(sort_scatter_, chunks, moe::kMoeSortThreads, 0, &s, stream);
+}
+
+// GEMM1's input: the token rows in expert order, read by index from hidden_states (and
+// scaled by the routing weight when it applies on input). Quantized formats quantize on
+// the way; bf16 is a plain gather.
+absl::Status MoeLayer::GatherInput(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
+  const MoeLayerWorkspace& w = pass.w;
+  const int64_t h = options_.hidden;
+  const void* input = reinterpret_cast<const void*>(a.hidden_states + 2 * pass.first * h);
+  const float* weights =
+      options_.apply_weight_on_input ? reinterpret_cast<const float*>(pass.weights) : nullptr;
+  if (Quantized(options_.activation_format)) {
+    moe::MoeQuantizeParams q{};
+    q.abi = moe::kMoeLayerAbi;
+    q.num_local_experts = static_cast<int32_t>(local_experts_);
+    q.offsets = pass.At<int32_t>(w.offsets);
+    q.cols = static_cast<int32_t>(h);
+    q.top_k = static_cast<int32_t>(options_.top_k);
+    q.input = input;
+    q.permuted_to_expanded = pass.At<int32_t>(w.permuted_to_expanded);
+    q.weights = weights;
+    q.scale = reinterpret_cast<const float*>(a.input_scale);
+    q.out = pass.At<void>(w.gathered);
+    q.out_scale = pass.At<void>(w.gathered_scale);
+    q.global_out = options_.activation_format == DataFormat::kNvfp4
+                       ? pass.At<float>(w.global_scales)
+                       : nullptr;
+    return Launch(quantize_, RowCtas(pass.slots), moe::kMoeQuantizeThreads, 0, &q, stream);
+  }
+  moe::MoeGatherParams g{};
+  g.abi = moe::kMoeLayerAbi;
+  g.hidden = static_cast<int32_t>(h);
+  g.top_k = static_cast<int32_t>(options_.top_k);
+  g.num_local_experts = static_cast<int32_t>(local_experts_);
+  g.input = input;
+  g.offsets = pass.At<int32_t>(w.offsets);
+  g.permuted_to_expanded = pass.At<int32_t>(w.permuted_to_expanded);
+  g.weights = weights;
+  g.out = pass.At<void>(w.gathered);
+  return Launch(gather_, RowCtas(pass.slots), moe::kMoeGatherThreads, 0, &g, stream);
+}
+
+// GEMM2's input: GEMM1's bf16 output quantized (quantized formats only; bf16 GEMM2 reads
+// `activated` as it is).
+absl::Status MoeLayer::QuantizeIntermediate(const MoeLayerArgs& a, const Pass& pass,
+                                            CUstream stream) {
+  const MoeLayerWorkspace& w = pass.w;
+  moe::MoeQuantizeParams q{};
+  q.abi = moe::kMoeLayerAbi;
+  q.num_local_experts = static_cast<int32_t>(local_experts_);
+  q.offsets = pass.At<int32_t>(w.offsets);
+  q.cols = static_cast<int32_t>(options_.intermediate);
+  q.top_k = 0;  // rows in place: no gather
+  q.input = pass.At<const void>(w.activated);
+  q.scale = reinterpret_cast<const float*>(a.intermediate_scale);
+  q.out = pass.At<void>(w.quantized);
+  q.out_scale = pass.At<void>(w.quantized_scale);
+  q.global_out = options_.activation_format == DataFormat::kNvfp4
+                     ? pass.At<float>(w.global_scales + 4)
+                     : nullptr;
+  return Launch(quantize_, RowCtas(pass.slots), moe::kMoeQuantizeThreads, 0, &q, stream);
+}
+
+absl::Status MoeLayer::Finalize(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
+  moe::MoeFinalizeParams f{};
+  f.abi = moe::kMoeLayerAbi;
+  f.num_tokens = static_cast<int32_t>(pass.tokens);
+  f.hidden = static_cast<int32_t>(options_.hidden);
+  f.top_k = static_cast<int32_t>(options_.top_k);
+  f.accumulate = a.accumulate ? 1 : 0;
+  f.unit_weights = options_.apply_weight_on_input ? 1 : 0;
+  f.rows = pass.At<const void>(pass.w.rows);
+  f.topk_ids = reinterpret_cast<const int32_t*>(pass.ids);
+  f.topk_weights = reinterpret_cast<const float*>(pass.weights);
+  f.expanded_to_permuted = pass.At<const int32_t>(pass.w.expanded_to_permuted);
+  f.out = reinterpret_cast<void*>(a.out + 2 * pass.first * options_.hidden);
+  return Launch(finalize_, static_cast<unsigned>(pass.tokens), moe::kMoeFinalizeThreads, 0, &f,
                 stream);
 }
 
 absl::Status MoeLayer::RunChunk(const MoeLayerArgs& a, int64_t first, int64_t tokens,
                                 CUstream stream) {
-  const int64_t k = options_.top_k, h = options_.hidden, l = local_experts_;
+  const int64_t k = options_.top_k;
+  // Every pass uses the layout of the largest one, so passes share one workspace.
   const int64_t chunk = ChunkTokens(options_, std::max(a.tokens, int64_t{1}));
-  const int64_t rows = RowBucketFor(chunk, k);
-  const MoeLayerWorkspace w = LayoutForRows(options_, chunk, rows);
-  const CUdeviceptr ws = a.workspace;
-  const CUdeviceptr ids = a.router_logits != 0 ? ws + w.topk_ids : a.topk_ids + 4 * first * k;
-  const CUdeviceptr weights =
-      a.router_logits != 0 ? ws + w.topk_weights : a.topk_weights + 4 * first * k;
-  const int64_t slots = tokens * k;
+  Pass pass;
+  pass.first = first;
+  pass.tokens = tokens;
+  pass.slots = tokens * k;
+  pass.w = LayoutForRows(options_, chunk, RowBucketFor(chunk, k));
+  pass.ws = a.workspace;
+  const bool routed = a.router_logits != 0;
+  pass.ids = routed ? pass.ws + pass.w.topk_ids : a.topk_ids + 4 * first * k;
+  pass.weights = routed ? pass.ws + pass.w.topk_weights : a.topk_weights + 4 * first * k;
 
-  if (a.router_logits != 0) {
-    moe::MoeRouteParams p{};
-    p.abi = moe::kMoeLayerAbi;
-    p.method = method_;
-    p.num_tokens = static_cast<int32_t>(tokens);
-    p.num_experts = static_cast<int32_t>(options_.num_experts);
-    p.top_k = static_cast<int32_t>(k);
-    p.logits_bf16 = logits_bf16_ ? 1 : 0;
-    p.n_group = static_cast<int32_t>(options_.n_group);
-    p.topk_group = static_cast<int32_t>(options_.topk_group);
-    p.routed_scaling_factor = options_.routed_scaling_factor;
-    p.logits = reinterpret_cast<const void*>(a.router_logits +
-                                             (logits_bf16_ ? 2 : 4) * first * options_.num_experts);
-    p.bias = reinterpret_cast<const float*>(a.routing_bias);
-    p.topk_ids = reinterpret_cast<int32_t*>(ids);
-    p.topk_weights = reinterpret_cast<float*>(weights);
-    const int64_t per_cta = moe::kMoeRouteThreads / 32;
-    CUBIST_RETURN_IF_ERROR(Launch(route_, static_cast<unsigned>((tokens + per_cta - 1) / per_cta),
-                                  moe::kMoeRouteThreads,
-                                  moe::MoeRouteSharedBytes(p.num_experts), &p, stream));
+  if (routed) CUBIST_RETURN_IF_ERROR(Route(a, pass, stream));
+  CUBIST_RETURN_IF_ERROR(Sort(pass, stream));
+  CUBIST_RETURN_IF_ERROR(GatherInput(a, pass, stream));
+  CUBIST_RETURN_IF_ERROR(gemm1_->Run(GemmArgs(a, 1, pass.ws, pass.w), stream));
+  if (Quantized(options_.activation_format)) {
+    CUBIST_RETURN_IF_ERROR(QuantizeIntermediate(a, pass, stream));
   }
-
-  moe::MoeSortParams s{};
-  s.abi = moe::kMoeLayerAbi;
-  s.num_slots = static_cast<int32_t>(slots);
-  s.top_k = static_cast<int32_t>(k);
-  s.num_experts = static_cast<int32_t>(options_.num_experts);
-  s.local_expert_offset = static_cast<int32_t>(options_.local_expert_offset);
-  s.num_local_experts = static_cast<int32_t>(l);
-  s.topk_ids = reinterpret_cast<const int32_t*>(ids);
-  s.offsets = reinterpret_cast<int32_t*>(ws + w.offsets);
-  s.expanded_to_permuted = reinterpret_cast<int32_t*>(ws + w.expanded_to_permuted);
-  s.permuted_to_expanded = reinterpret_cast<int32_t*>(ws + w.permuted_to_expanded);
-  s.chunk_counts = reinterpret_cast<int32_t*>(ws + w.chunk_counts);
-  s.dropped = reinterpret_cast<int32_t*>(ws + w.dropped);
-  if (slots <= moe::kMoeSortChunk) {
-    CUBIST_RETURN_IF_ERROR(Launch(sort_fused_, 1, moe::kMoeSortThreads, 0, &s, stream));
-  } else {
-    const unsigned chunks = static_cast<unsigned>(moe::MoeSortChunks(slots));
-    CUBIST_RETURN_IF_ERROR(Launch(sort_count_, chunks, moe::kMoeSortThreads, 0, &s, stream));
-    CUBIST_RETURN_IF_ERROR(Launch(sort_scan_, 1, moe::kMoeSortThreads, 0, &s, stream));
-    CUBIST_RETURN_IF_ERROR(Launch(sort_scatter_, chunks, moe::kMoeSortThreads, 0, &s, stream));
-  }
-
-  const DataFormat af = options_.activation_format;
-  const bool quantized = Quantized(af);
-  const bool nvfp4 = af == DataFormat::kNvfp4;
-  moe::MoeQuantizeParams q{};
-  q.abi = moe::kMoeLayerAbi;
-  q.num_local_experts = static_cast<int32_t>(l);
-  q.offsets = s.offsets;
-  if (quantized) {  // the gather quantizes on the way
-    q.cols = static_cast<int32_t>(h);
-    q.top_k = static_cast<int32_t>(k);
-    q.input = reinterpret_cast<const void*>(a.hidden_states + 2 * first * h);
-    q.permuted_to_expanded = s.permuted_to_expanded;
-    q.weights =
-        options_.apply_weight_on_input ? reinterpret_cast<const float*>(weights) : nullptr;
-    q.scale = reinterpret_cast<const float*>(a.input_scale);
-    q.out = reinterpret_cast<void*>(ws + w.gathered);
-    q.out_scale = reinterpret_cast<void*>(ws + w.gathered_scale);
-    q.global_out = nvfp4 ? reinterpret_cast<float*>(ws + w.global_scales) : nullptr;
-    CUBIST_RETURN_IF_ERROR(Quantize(q, slots, stream));
-  }
-
-  moe::MoeGatherParams g{};
-  g.abi = moe::kMoeLayerAbi;
-  g.hidden = static_cast<int32_t>(h);
-  g.top_k = static_cast<int32_t>(k);
-  g.num_local_experts = static_cast<int32_t>(l);
-  g.input = reinterpret_cast<const void*>(a.hidden_states + 2 * first * h);
-  g.offsets = s.offsets;
-  g.permuted_to_expanded = s.permuted_to_expanded;
-  g.weights = options_.apply_weight_on_input ? reinterpret_cast<const float*>(weights) : nullptr;
-  g.out = reinterpret_cast<void*>(ws + w.gathered);
-  const int64_t gather_ctas =
-      std::min<int64_t>(slots, int64_t{8} * runtime_->device_info().sm_count);
-  if (!quantized) {
-    CUBIST_RETURN_IF_ERROR(Launch(gather_, static_cast<unsigned>(gather_ctas),
-                                  moe::kMoeGatherThreads, 0, &g, stream));
-  }
-
-  // The activations' dequantization scales: fp8's s as given, nvfp4's rcp(g) as the
-  // quantize kernel wrote it.
-  const bool ablock = moe::FormatScaleBlock(af) != 0;
-  MoeGemmArgs g1 = Gemm1Args(a, rows);
-  g1.a = ws + w.gathered;
-  if (ablock) g1.a_scale = ws + w.gathered_scale;
-  if (af == DataFormat::kFp8) g1.a_global_scale = a.input_scale;
-  if (nvfp4) g1.a_global_scale = ws + w.global_scales;
-  g1.offsets = ws + w.offsets;
-  g1.out = ws + w.activated;
-  CUBIST_RETURN_IF_ERROR(gemm1_->Run(g1, stream));
-  if (quantized) {  // GEMM1's bf16 output, in place, into GEMM2's input
-    q.cols = static_cast<int32_t>(options_.intermediate);
-    q.top_k = 0;
-    q.input = reinterpret_cast<const void*>(ws + w.activated);
-    q.permuted_to_expanded = nullptr;
-    q.weights = nullptr;
-    q.scale = reinterpret_cast<const float*>(a.intermediate_scale);
-    q.out = reinterpret_cast<void*>(ws + w.quantized);
-    q.out_scale = reinterpret_cast<void*>(ws + w.quantized_scale);
-    q.global_out = nvfp4 ? reinterpret_cast<float*>(ws + w.global_scales + 4) : nullptr;
-    CUBIST_RETURN_IF_ERROR(Quantize(q, slots, stream));
-  }
-  MoeGemmArgs g2 = Gemm2Args(a, rows);
-  g2.a = ws + w.quantized;
-  if (ablock) g2.a_scale = ws + w.quantized_scale;
-  if (af == DataFormat::kFp8) g2.a_global_scale = a.intermediate_scale;
-  if (nvfp4) g2.a_global_scale = ws + w.global_scales + 4;
-  g2.offsets = ws + w.offsets;
-  g2.out = ws + w.rows;
-  CUBIST_RETURN_IF_ERROR(gemm2_->Run(g2, stream));
-
+  CUBIST_RETURN_IF_ERROR(gemm2_->Run(GemmArgs(a, 2, pass.ws, pass.w), stream));
   if (options_.finalize == "none") return absl::OkStatus();
-  moe::MoeFinalizeParams f{};
-  f.abi = moe::kMoeLayerAbi;
-  f.num_tokens = static_cast<int32_t>(tokens);
-  f.hidden = static_cast<int32_t>(h);
-  f.top_k = static_cast<int32_t>(k);
-  f.accumulate = a.accumulate ? 1 : 0;
-  f.unit_weights = options_.apply_weight_on_input ? 1 : 0;
-  f.rows = reinterpret_cast<const void*>(ws + w.rows);
-  f.topk_ids = reinterpret_cast<const int32_t*>(ids);
-  f.topk_weights = reinterpret_cast<const float*>(weights);
-  f.expanded_to_permuted = s.expanded_to_permuted;
-  f.out = reinterpret_cast<void*>(a.out + 2 * first * h);
-  return Launch(finalize_, static_cast<unsigned>(tokens), moe::kMoeFinalizeThreads, 0, &f,
-                stream);
+  return Finalize(a, pass, stream);
 }
 
 absl::Status MoeLayer::Run(const MoeLayerArgs& args, CUstream stream) {

@@ -171,31 +171,37 @@ class MoeLayer {
 
   const MoeLayerOptions& options() const { return options_; }
   moe::MoeRoutingMethod routing_method() const { return method_; }
-  const MoeLayerWorkspace& workspace() const { return layout_; }
 
  private:
   struct Kernel {
     const KernelEntry* entry = nullptr;
     CUfunction function = nullptr;
   };
+  struct Pass;  // one pass over a chunk of tokens (moe_layer.cc)
   MoeLayer(Runtime& runtime, const MoeLayerOptions& options);
   absl::Status LoadGlue();
   absl::Status ValidateArgs(const MoeLayerArgs& args, int64_t max_tokens) const;
+  // The steps of one pass, in launch order.
   absl::Status RunChunk(const MoeLayerArgs& args, int64_t first_token, int64_t tokens,
                         CUstream stream);
+  absl::Status Route(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
+  absl::Status Sort(const Pass& pass, CUstream stream);
+  absl::Status GatherInput(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
+  absl::Status QuantizeIntermediate(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
+  absl::Status Finalize(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
   absl::Status Launch(const Kernel& k, unsigned grid, unsigned block, unsigned shared,
                       void* params, CUstream stream);
-  MoeGemmArgs Gemm1Args(const MoeLayerArgs& args, int64_t rows) const;
-  MoeGemmArgs Gemm2Args(const MoeLayerArgs& args, int64_t rows) const;
-  absl::Status Quantize(const moe::MoeQuantizeParams& params, int64_t slots, CUstream stream);
-  int64_t RowBucket(int64_t tokens) const;
+  // GEMM `gemm` (1 or 2) of a pass whose workspace starts at `ws`, laid out as `w`.
+  MoeGemmArgs GemmArgs(const MoeLayerArgs& args, int gemm, CUdeviceptr ws,
+                       const MoeLayerWorkspace& w) const;
+  // A quantize or gather kernel's grid: one CTA per row, at most 8 per SM (they loop).
+  unsigned RowCtas(int64_t rows) const;
 
   Runtime* runtime_;
   MoeLayerOptions options_;
   moe::MoeRoutingMethod method_ = moe::kRouteRenormalize;
   bool logits_bf16_ = false;
   int64_t local_experts_ = 0;  // L
-  MoeLayerWorkspace layout_;   // for the largest max_tokens CanImplement was given
   // The glue kernels, resolved once (LoadGlue) and read without a lock afterwards.
   absl::Mutex glue_mu_;
   std::atomic<bool> glue_loaded_{false};

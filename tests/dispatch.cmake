@@ -14,10 +14,11 @@ add_custom_command(
           -o ${_dispatch_out} ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/dispatch/moe_stub.cu
   DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/dispatch/moe_stub.cu
           ${PROJECT_SOURCE_DIR}/kernels/moe_gemm_abi.h
+          ${PROJECT_SOURCE_DIR}/kernels/moe_layer_abi.h
   COMMENT "nvcc moe_stub_sm_90a.cubin"
   VERBATIM)
 add_custom_target(cubist_dispatch_cubins ALL DEPENDS ${_dispatch_out})
-foreach(_t runtime_fake_driver_test)
+foreach(_t runtime_fake_driver_test moe_layer_fake_driver_test)
   if(TARGET ${_t})
     add_dependencies(${_t} cubist_dispatch_cubins)
     target_compile_definitions(${_t} PRIVATE CUBIST_DISPATCH_STUB_CUBIN="${_dispatch_out}")

@@ -177,6 +177,14 @@ CUresult FakeDriver::Lookup(CUfunction* f, void* handle, const char* name) {
   return CUDA_SUCCESS;
 }
 
+std::string FakeDriver::FunctionName(CUfunction f) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [key, fn] : functions_) {
+    if (reinterpret_cast<CUfunction>(fn.get()) == f) return key.second;
+  }
+  return "";
+}
+
 CUresult FakeDriver::LibraryLoadData(CUlibrary* lib, const void* code, CUjit_option*,
                                      void**, unsigned int, CUlibraryOption*, void**,
                                      unsigned int) {

@@ -56,6 +56,8 @@ class FakeDriver : public DriverApi {
   int live_images() const;                            // loaded and not unloaded
   // The value cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) last set for `f`, or -1.
   int dynamic_shared_limit(CUfunction f) const;
+  // The kernel name `f` was looked up by, or "" for a handle this driver did not hand out.
+  std::string FunctionName(CUfunction f) const;
   // The context handle of device `ordinal`'s primary context.
   CUcontext context_of(int ordinal) const;
   int primary_retains() const { return retains_.load(); }
