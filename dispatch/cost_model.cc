@@ -87,15 +87,23 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
                                        kernel.memory_efficiency) * 1e6
                            : 0.0;
   c.time_us = std::max(c.compute_us, c.memory_us);
+  // More experts than one launch schedules: MoeGemm launches once per group of experts;
+  // each further launch adds its start and its last wave's tail (an estimate, not fitted).
+  const int64_t per_launch = kernel.constraints.max_experts;
+  if (per_launch > 0 && p.experts > per_launch) {
+    c.launches = static_cast<int>(CeilDiv(p.experts, per_launch));
+    c.time_us += (c.launches - 1) * kExtraLaunchUs;
+  }
   return c;
 }
 
 std::string CostEstimate::ToString() const {
   return absl::StrFormat(
       "%.1f us (compute %.1f, memory %.1f), %d CTAs, %.0f waves of %d/SM, efficiency "
-      "m %.2f n %.2f k %.2f",
+      "m %.2f n %.2f k %.2f%s",
       time_us, compute_us, memory_us, ctas, waves, ctas_per_sm, efficiency_m,
-      efficiency_n, efficiency_k);
+      efficiency_n, efficiency_k,
+      launches > 1 ? absl::StrFormat(", %d launches", launches) : "");
 }
 
 }  // namespace cubist

@@ -51,6 +51,10 @@ struct DeviceInfo {
 // when it is set.
 DeviceInfo DeviceForProblem(const MoeProblem& problem);
 
+// What one more launch of a problem split by experts costs (its start and its last
+// wave's tail): an estimate, not fitted.
+inline constexpr double kExtraLaunchUs = 3.0;
+
 struct CostEstimate {
   int64_t ctas = 0;
   int ctas_per_sm = 1;
@@ -61,6 +65,7 @@ struct CostEstimate {
   double compute_us = 0;
   double memory_us = 0;
   double time_us = 0;  // the ranking key
+  int launches = 1;    // one per group of max_experts experts
 
   // "12.3 us (compute 12.3, memory 4.1), 1280 CTAs, 5 waves of 132x2, efficiency
   // m 0.50 n 1.00 k 1.00"

@@ -1,6 +1,8 @@
 #include "dispatch/moe_gemm_launch.h"
 
+#include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -135,7 +137,43 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
     }
     k.ctas_per_sm = v;
   }
+  if (k.abi >= moe::kMoeGemmAbiV2) k.max_experts = moe::kMoeGemmTmaMaxExperts;
+  if (auto it = spec.extras.find("max_experts"); it != spec.extras.end()) {
+    int v = 0;
+    if (!absl::SimpleAtoi(it->second, &v) || v < 1) {
+      return bad("max_experts", absl::StrCat("expected a positive integer, got ", it->second));
+    }
+    k.max_experts = k.max_experts > 0 ? std::min(k.max_experts, v) : v;
+  }
   return k;
+}
+
+int32_t MoeGemmExpertsPerLaunch(const MoeGemmKernelInfo& k) {
+  return k.max_experts > 0 ? k.max_experts : 0x7FFFFFFF;
+}
+
+moe::MoeGemmParams MoeGemmExpertGroup(const moe::MoeGemmParams& p, const MoeGemmKernelInfo& k,
+                                      int32_t first, int32_t count) {
+  // One expert's bytes of each per-expert array, as the ABI lays them out.
+  const moe::MoeGemmBytes one = moe::MoeGemmBytesFor(
+      k.weight_format, k.activation_format, k.activation, 1, 0, p.n, p.k);
+  auto at = [first](const auto* base, int64_t bytes_per_expert) {
+    using T = std::remove_pointer_t<decltype(base)>;
+    return base == nullptr ? nullptr
+                           : reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(base) +
+                                                  bytes_per_expert * first);
+  };
+  moe::MoeGemmParams g = p;
+  g.num_experts = count;
+  g.offsets = at(p.offsets, 4);
+  g.b = at(p.b, one.b);
+  g.b_scale = at(p.b_scale, one.b_scale);
+  g.b_global_scale = at(p.b_global_scale, 4);
+  g.alpha = at(p.alpha, 4);
+  g.beta = at(p.beta, 4);
+  g.limit = at(p.limit, 4);
+  g.bias = at(p.bias, 4 * int64_t{p.n});
+  return g;
 }
 
 absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,

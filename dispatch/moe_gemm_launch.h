@@ -39,6 +39,10 @@ struct MoeGemmKernelInfo {
   // CTAs per cluster along x; the grid is a whole number of them (version 2: 1, or 2 for
   // kernels that multicast B to two adjacent M tiles, whose B box is tile_n / 2 rows).
   int32_t cluster = 1;
+  // Experts one launch schedules (MoeGemmExpertsPerLaunch): version 2 and later keep each
+  // expert's offsets in shared memory (kMoeGemmTmaMaxExperts, or the entry's smaller
+  // extras "max_experts"); 0 for version 1, which has no limit.
+  int32_t max_experts = 0;
 };
 
 // InvalidArgument naming the field when the entry is not a moe_gemm kernel this build can
@@ -65,6 +69,18 @@ struct MoeGemmLaunch {
   CUlaunchConfig Config(unsigned block, unsigned shared_mem_bytes, const unsigned (&cluster)[3],
                         bool programmatic_dependent_launch, CUstream stream);
 };
+
+// Experts one launch of kernel `k` schedules: its max_experts, or INT32_MAX when it has
+// no limit.
+int32_t MoeGemmExpertsPerLaunch(const MoeGemmKernelInfo& k);
+
+// The parameters of the launch over experts [first, first + count) of `p`, for problems
+// with more experts than one launch schedules (MoeGemmExpertsPerLaunch): the per-expert
+// arrays (offsets, B, B's block and global scales, alpha, beta, limit, bias) start at
+// expert `first`; A, its scales and out stay where they are, since offsets are absolute
+// rows of A and out. Each group is a problem of its own for MoeGemmCheck.
+moe::MoeGemmParams MoeGemmExpertGroup(const moe::MoeGemmParams& p, const MoeGemmKernelInfo& k,
+                                      int32_t first, int32_t count);
 
 // Fills `out` for launching kernel `k` on `p` (a version-1 struct from MoeGemmParamsInit;
 // call MoeGemmCheck first). sm_count is the device's multiprocessor count (version 2's

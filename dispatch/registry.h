@@ -40,7 +40,8 @@ namespace cubist {
 //   "n_align": the output width (N, or N/2 for gated activations) % n_align == 0
 //   "max_k": K <= max_k                    "max_n": N <= max_n
 //   "max_tokens": tokens (offsets[E]) <= max_tokens
-//   "max_experts": E <= max_experts
+//   "max_experts": experts one launch schedules; MoeGemm runs a larger E as launches
+//   over groups of max_experts experts (the cost model counts them), so it filters nothing
 // (k_align and n_align are what scripts/build-artifacts writes, from
 // kernels/moe_gemm_abi.h's MoeGemmKAlign and kMoeGemmOutColsAlign.)
 // The dispatcher adds the constraints the formats impose (K a multiple of the scale
@@ -53,7 +54,7 @@ struct ShapeConstraints {
   int64_t max_k = 0;       // 0: no limit
   int64_t max_n = 0;       // 0: no limit
   int64_t max_tokens = 0;  // 0: no limit
-  int64_t max_experts = 0;  // 0: no limit
+  int64_t max_experts = 0;  // 0: no limit; experts per launch, not a filter
 
   bool operator==(const ShapeConstraints&) const = default;
 };

@@ -69,10 +69,6 @@ void CheckShape(const KernelEntry& kernel, const MoeProblem& p,
     reject(absl::StrCat("tokens=", p.tokens, " exceeds the kernel's max_tokens ",
                         c.max_tokens));
   }
-  if (c.max_experts > 0 && p.experts > c.max_experts) {
-    reject(absl::StrCat("experts=", p.experts, " exceeds the kernel's max_experts ",
-                        c.max_experts));
-  }
 }
 
 // "sm_90a kernel does not run on SM 100: an 'a' target runs only on SM 90".

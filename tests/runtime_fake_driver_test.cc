@@ -110,11 +110,22 @@ class RuntimeFakeDriverTest : public ::testing::Test {
 #ifndef CUBIST_DISPATCH_STUB_CUBIN
     GTEST_SKIP() << "no nvcc at build time: the stub cubin was not built";
 #else
-    const std::string cubin = ReadFileOrDie(CUBIST_DISPATCH_STUB_CUBIN);
-    WriteFileOrDie(dir_.Join(std::string("repo/") + kStubPath), cubin);
-    std::vector<std::string> ks;
-    for (const TestKernel& k : StubKernels()) ks.push_back(KernelJson(k));
+    WriteFileOrDie(dir_.Join(std::string("repo/") + kStubPath),
+                   ReadFileOrDie(CUBIST_DISPATCH_STUB_CUBIN));
     manifest_ = dir_.Join("repo/manifest.json");
+    WriteManifest(StubKernels());
+    options_.manifest = manifest_;
+    options_.cache_dir = dir_.Join("cache");
+    options_.tuning_file = dir_.Join("tuning.json");
+    options_.driver = &driver_;
+#endif
+  }
+
+  // The manifest of `kernels`, all in the stub cubin (or the sm_100a stand-in).
+  void WriteManifest(const std::vector<TestKernel>& kernels) {
+    const std::string cubin = ReadFileOrDie(dir_.Join(std::string("repo/") + kStubPath));
+    std::vector<std::string> ks;
+    for (const TestKernel& k : kernels) ks.push_back(KernelJson(k));
     WriteFileOrDie(
         manifest_,
         absl::StrCat(R"({"schema": "cubist.manifest/1", "name": "stub", "version": 1,
@@ -123,11 +134,6 @@ class RuntimeFakeDriverTest : public ::testing::Test {
                 {"path": "cubins/sm_100a/elsewhere.cubin", "sha256": ")",
                      std::string(64, 'e'), R"(", "size": 10}],
   "kernels": [)", absl::StrJoin(ks, ",\n"), "]}\n"));
-    options_.manifest = manifest_;
-    options_.cache_dir = dir_.Join("cache");
-    options_.tuning_file = dir_.Join("tuning.json");
-    options_.driver = &driver_;
-#endif
   }
 
   std::unique_ptr<Runtime> Open() {
@@ -253,6 +259,86 @@ TEST_F(RuntimeFakeDriverTest, DecodeProblemGetsTheDecodeTileAndNoClusterAttribut
   ASSERT_EQ(launches[0].attrs.size(), 1u);
   EXPECT_EQ(launches[0].attrs[0].id, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
   EXPECT_EQ(launches[0].attrs[0].value.programmaticStreamSerializationAllowed, 1);
+}
+
+TEST_F(RuntimeFakeDriverTest, MoreExpertsThanOneLaunchSchedulesRunAsGroupsOfExperts) {
+  // A generation-2 kernel schedules at most 1024 experts per launch; 2500 run as three
+  // launches over experts 0..1023, 1024..2047 and 2048..2499.
+  std::vector<TestKernel> kernels = StubKernels();
+  TestKernel tma;
+  tma.name = "nvfp4_swiglu_tma";
+  tma.function = "moe_stub_tma";
+  tma.artifact = kStubPath;
+  tma.weight_format = tma.activation_format = "nvfp4";
+  tma.abi = moe::kMoeGemmAbi;
+  tma.tile_m = 64;
+  tma.tile_n = 128;
+  tma.tile_k = 256;
+  tma.threads = 384;
+  tma.shared_mem_bytes = 100000;
+  tma.extras = "\"ctas_per_sm\": 1, \"max_experts\": 1024";
+  kernels.push_back(tma);
+  WriteManifest(kernels);
+  auto rt = Open();
+  ASSERT_NE(rt, nullptr);
+  auto gemm = MoeGemm::Create(*rt);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  constexpr int64_t kE = 2500, kN = 256, kK = 512;
+  MoeGemmArgs args = Args(kE, 4096, kN, kK);
+  args.weight_format = args.activation_format = DataFormat::kNvfp4;
+  args.a_scale = 0x500000;
+  args.a_global_scale = 0x510000;
+  args.b_scale = 0x600000;
+  args.b_global_scale = 0x700000;
+  args.alpha = 0x710000;
+  args.beta = 0x720000;
+  args.limit = 0x730000;
+  args.bias = 0x800000;
+  CUBIST_ASSERT_OK((*gemm)->CanImplement(args));
+  auto d = (*gemm)->KernelFor(args);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->kernel->name(), "nvfp4_swiglu_tma");
+  CUBIST_ASSERT_OK((*gemm)->Run(args, nullptr));
+
+  const auto launches = driver_.launches();
+  ASSERT_EQ(launches.size(), 3u);
+  const int64_t b_bytes = kN * kK / 2, scale_bytes = kN * kK / 16;  // per expert
+  const int64_t firsts[] = {0, 1024, 2048};
+  const int32_t counts[] = {1024, 1024, 452};
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    const moe::MoeGemmParams& p = launches[i].params;
+    const int64_t f = firsts[i];
+    auto at = [](int64_t base, int64_t offset) {
+      return reinterpret_cast<const void*>(base + offset);
+    };
+    EXPECT_EQ(p.abi, moe::kMoeGemmAbi);
+    EXPECT_EQ(p.num_experts, counts[i]);
+    EXPECT_EQ(p.num_tokens, 4096) << "offsets stay absolute rows of A and out";
+    EXPECT_EQ(p.a, at(0x100000, 0));
+    EXPECT_EQ(p.a_scale, at(0x500000, 0));
+    EXPECT_EQ(p.a_global_scale, at(0x510000, 0));
+    EXPECT_EQ(p.out, at(0x400000, 0));
+    EXPECT_EQ(p.offsets, at(0x300000, 4 * f));
+    EXPECT_EQ(p.b, at(0x200000, b_bytes * f));
+    EXPECT_EQ(p.b_scale, at(0x600000, scale_bytes * f));
+    EXPECT_EQ(p.b_global_scale, at(0x700000, 4 * f));
+    EXPECT_EQ(p.alpha, at(0x710000, 4 * f));
+    EXPECT_EQ(p.beta, at(0x720000, 4 * f));
+    EXPECT_EQ(p.limit, at(0x730000, 4 * f));
+    EXPECT_EQ(p.bias, at(0x800000, 4 * kN * f));
+  }
+  // B's tensor map of each launch covers that group's experts only; A's is shared.
+  std::vector<FakeDriver::TensorMap> b_maps;
+  for (const FakeDriver::TensorMap& m : driver_.tensor_maps()) {
+    if (m.address != 0x100000) b_maps.push_back(m);
+  }
+  ASSERT_EQ(b_maps.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(b_maps[i], (FakeDriver::TensorMap{static_cast<uintptr_t>(0x200000 + b_bytes * firsts[i]),
+                                                static_cast<uint64_t>(counts[i] * kN),
+                                                static_cast<uint64_t>(kK / 2)}));
+  }
 }
 
 TEST_F(RuntimeFakeDriverTest, BadArgumentsAreRefusedWithoutLaunching) {

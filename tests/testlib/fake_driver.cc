@@ -177,6 +177,25 @@ CUresult FakeDriver::Lookup(CUfunction* f, void* handle, const char* name) {
   return CUDA_SUCCESS;
 }
 
+CUresult FakeDriver::TensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType, cuuint32_t rank,
+                                          void* global_address, const cuuint64_t* global_dim,
+                                          const cuuint64_t* global_strides, const cuuint32_t*,
+                                          const cuuint32_t*, CUtensorMapInterleave,
+                                          CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                          CUtensorMapFloatOOBfill) {
+  if (map == nullptr || rank != 2) return CUDA_ERROR_INVALID_VALUE;
+  std::memset(map, 0, sizeof(*map));
+  std::lock_guard<std::mutex> lock(mu_);
+  tensor_maps_.push_back(
+      {reinterpret_cast<uintptr_t>(global_address), global_dim[1], global_strides[0]});
+  return CUDA_SUCCESS;
+}
+
+std::vector<FakeDriver::TensorMap> FakeDriver::tensor_maps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tensor_maps_;
+}
+
 std::string FakeDriver::FunctionName(CUfunction f) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [key, fn] : functions_) {

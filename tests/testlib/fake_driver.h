@@ -86,6 +86,23 @@ class FakeDriver : public DriverApi {
   CUresult ModuleGetFunction(CUfunction* f, CUmodule m, const char* name) override;
   CUresult FuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) override;
   bool HasLibraryApi() const override { return library_api_; }
+  // Fills the map with zeros and records what it was asked to describe (tensor_maps()).
+  CUresult TensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank,
+                                void* global_address, const cuuint64_t* global_dim,
+                                const cuuint64_t* global_strides, const cuuint32_t* box_dim,
+                                const cuuint32_t* element_strides,
+                                CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                CUtensorMapL2promotion l2_promotion,
+                                CUtensorMapFloatOOBfill oob_fill) override;
+
+  // A 2-D tensor map the driver encoded: its base address, rows and row bytes.
+  struct TensorMap {
+    uintptr_t address = 0;
+    uint64_t rows = 0;
+    uint64_t row_bytes = 0;
+    bool operator==(const TensorMap&) const = default;
+  };
+  std::vector<TensorMap> tensor_maps() const;
 
  private:
   struct Image {
@@ -105,6 +122,7 @@ class FakeDriver : public DriverApi {
   std::map<std::pair<void*, std::string>, std::unique_ptr<char>> functions_
      ;
   std::map<CUfunction, int> smem_limit_;
+  std::vector<TensorMap> tensor_maps_;
 
   absl::Duration load_delay_ = absl::ZeroDuration();
   std::atomic<CUresult> fail_next_load_{CUDA_SUCCESS};
