@@ -170,6 +170,7 @@ class BundleImport {
                                                    " at byte ", m_.offset,
                                                    " refused: ", Sv(why)));
   }
+  // The member under the reader, whole: the marker, a manifest or a signature.
   absl::StatusOr<std::string> ReadSmall();
   absl::Status StageObject(std::vector<char>& chunk);
   // Whether the rollback guard (version_guard.h) applies to `p`, as fetch applies it.
@@ -181,8 +182,8 @@ class BundleImport {
   const std::string& name_;
   const ImportBundleOptions& options_;
   TarReader tar_;
-  TarMember m_;  // the member under the reader
-  bool more_ = false;
+  TarMember m_;        // the member under the reader
+  bool more_ = false;  // false once the archive has ended
   std::vector<PendingManifest> manifests_;
   std::map<std::string, std::string> signatures_;  // manifest file -> its .sig's bytes
   absl::flat_hash_map<std::string, std::optional<uint64_t>> wanted_;  // sha -> size

@@ -201,10 +201,12 @@ absl::StatusOr<SetBlobs> ReadSetBlobs(RegistryClient& client, const std::string&
 // in `copy_dir` (the cache's copy of the set, so that a rename makes them the copy) or,
 // without a cache, in TMPDIR.
 absl::StatusOr<RemoveOnExit> StageSetFiles(const std::string& copy_dir, const SetBlobs& blobs) {
-  const char* tmp = std::getenv("TMPDIR");
-  CUBIST_ASSIGN_OR_RETURN(
-      RemoveOnExit scratch,
-      MakeScratchDir(!copy_dir.empty() ? copy_dir : tmp != nullptr && *tmp ? tmp : "/tmp"));
+  std::string parent = copy_dir;
+  if (parent.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    parent = tmp != nullptr && *tmp ? tmp : "/tmp";
+  }
+  CUBIST_ASSIGN_OR_RETURN(RemoveOnExit scratch, MakeScratchDir(parent));
   const std::string staged = scratch.path() + "/manifest.json";
   CUBIST_RETURN_IF_ERROR(WriteFileAtomically(staged, blobs.bytes));
   if (blobs.signature.has_value()) {
