@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "artifacts/staging.h"
 #include "base/file_util.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
@@ -36,23 +37,14 @@ namespace fs = std::filesystem;
 // Removes the tree unless the export succeeded.
 class TempTree {
  public:
-  TempTree(std::string path, UniqueFd lock) : path_(std::move(path)), lock_(std::move(lock)) {}
-  ~TempTree() {
-    if (!path_.empty()) {
-      std::error_code ec;
-      fs::remove_all(path_, ec);
-    }
-  }
-  TempTree(TempTree&& other) noexcept
-      : path_(std::exchange(other.path_, {})), lock_(std::move(other.lock_)) {}
-  TempTree(const TempTree&) = delete;
-  TempTree& operator=(const TempTree&) = delete;
-  const std::string& path() const { return path_; }
-  void Release() { path_.clear(); }
+  TempTree(std::string path, UniqueFd lock) : lock_(std::move(lock)), remove_(std::move(path)) {}
+  TempTree(TempTree&&) noexcept = default;
+  const std::string& path() const { return remove_.path(); }
+  void Release() { remove_.Release(); }
 
  private:
-  std::string path_;
   UniqueFd lock_;
+  RemoveOnExit remove_;  // declared after the lock: the tree goes before its lock
 };
 
 // True for the name of an export's temporary directory: ".<base>.cubist-export-XXXXXX".
@@ -140,35 +132,28 @@ absl::Status MakeRealDirs(const std::string& dir, std::string_view subdir) {
   return absl::OkStatus();
 }
 
+// MakeRealDirs for the directory that holds `rel` (a relative path) under `dir`.
+absl::Status MakeRealParentDirs(const std::string& dir, std::string_view rel) {
+  const std::string parent = DirName(rel);
+  return MakeRealDirs(dir, parent == "." ? "" : parent);
+}
+
 // Copies `from` to `to` (created exclusively, 0444), hashing the bytes written.
 absl::Status CopyVerified(const std::string& from, const std::string& to, const Artifact& a) {
   UniqueFd in(::open(from.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!in.valid()) return ErrnoToStatus(errno, absl::StrCat("export: open ", from));
   UniqueFd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444));
   if (!out.valid()) return ErrnoToStatus(errno, absl::StrCat("export: create ", to));
-  Sha256 hasher;
   std::vector<char> buf(1 << 20);
-  uint64_t total = 0;
-  for (;;) {
-    ssize_t n = ::read(in.get(), buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoToStatus(errno, absl::StrCat("export: read ", from));
-    if (n == 0) break;
-    hasher.Update(buf.data(), static_cast<size_t>(n));
-    total += static_cast<uint64_t>(n);
-    for (ssize_t done = 0; done < n;) {
-      ssize_t w = ::write(out.get(), buf.data() + done, static_cast<size_t>(n - done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return ErrnoToStatus(errno, absl::StrCat("export: write ", to));
-      done += w;
-    }
-  }
-  const std::string actual = ToHex(hasher.Finish());
-  if (actual != a.sha256 || (a.size.has_value() && *a.size != total)) {
+  CUBIST_ASSIGN_OR_RETURN(
+      HashedCopy copy,
+      CopyHashing(FdSource(in.get(), absl::StrCat("export: read ", from)), out.get(), buf,
+                  "export: ", to));
+  if (copy.sha256 != a.sha256 || (a.size.has_value() && *a.size != copy.bytes)) {
     return absl::DataLossError(absl::StrCat(
-        "export ", a.path, ": cache object ", from, " has sha256 ", actual, " (", total,
-        " bytes), expected ", a.sha256, "; run `cubist verify --deep` to remove it and "
-        "`cubist fetch` to repair"));
+        "export ", a.path, ": cache object ", from, " has sha256 ", copy.sha256, " (",
+        copy.bytes, " bytes), expected ", a.sha256, "; run `cubist verify --deep` to remove "
+        "it and `cubist fetch` to repair"));
   }
   return absl::OkStatus();
 }
@@ -299,17 +284,13 @@ absl::Status CheckHash(const std::string& path, const Artifact& a) {
   return absl::OkStatus();
 }
 
-}  // namespace
+// The set as messages name it.
+const std::string& SetName(const Manifest& manifest) {
+  return manifest.source.empty() ? manifest.name : manifest.source;
+}
 
-absl::StatusOr<ExportReport> ExportTree(const Store& store, const Manifest& manifest,
-                                        const std::string& dir, const ExportOptions& options) {
-  if (!options.subdir.empty()) {
-    if (absl::Status s = ValidateArtifactPath(options.subdir); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("export: directory under ", dir, ": ",
-                                                     s.message()));
-    }
-  }
-  // Everything must be in the cache before anything is written.
+// Everything must be in the cache before anything is written.
+absl::Status CheckAllCached(const Store& store, const Manifest& manifest) {
   size_t missing = 0;
   const Artifact* first_missing = nullptr;
   for (const Artifact& a : manifest.artifacts) {
@@ -329,113 +310,142 @@ absl::StatusOr<ExportReport> ExportTree(const Store& store, const Manifest& mani
   if (missing > 0) {
     return absl::NotFoundError(absl::StrCat(
         "export: ", missing, " of ", manifest.artifacts.size(), " artifacts of ",
-        manifest.source.empty() ? manifest.name : manifest.source,
-        " are not in the cache at ", store.root(), " (first: ", first_missing->path,
-        "); run `cubist fetch` with the same manifest and cache first"));
+        SetName(manifest), " are not in the cache at ", store.root(), " (first: ",
+        first_missing->path, "); run `cubist fetch` with the same manifest and cache first"));
   }
+  return absl::OkStatus();
+}
 
+// The directory the export puts the tree at (`dir`, or options.subdir below it), checked
+// to lie outside the cache, with the directories above it created.
+absl::StatusOr<std::string> PrepareRoot(const Store& store, const Manifest& manifest,
+                                        const std::string& dir, const ExportOptions& options) {
   std::string top = dir;
   while (top.size() > 1 && top.back() == '/') top.pop_back();
-  ExportReport report;
-  report.root = options.subdir.empty() ? top : absl::StrCat(top, "/", options.subdir);
-  CUBIST_RETURN_IF_ERROR(CheckOutsideCache(store, report.root));
+  std::string root = options.subdir.empty() ? top : absl::StrCat(top, "/", options.subdir);
+  CUBIST_RETURN_IF_ERROR(CheckOutsideCache(store, root));
   if (manifest.FindArtifact(kExportMarker) != nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "export: ", manifest.source.empty() ? manifest.name : manifest.source,
-        " has an artifact named ", kExportMarker, ", the name of export's own marker file"));
+        "export: ", SetName(manifest), " has an artifact named ", kExportMarker,
+        ", the name of export's own marker file"));
   }
   if (options.subdir.empty()) {
     CUBIST_RETURN_IF_ERROR(MakeDirs(DirName(top)));
   } else {
     CUBIST_RETURN_IF_ERROR(MakeDirs(top));
-    const std::string parent_rel = DirName(options.subdir);
-    CUBIST_RETURN_IF_ERROR(MakeRealDirs(top, parent_rel == "." ? "" : parent_rel));
+    CUBIST_RETURN_IF_ERROR(MakeRealParentDirs(top, options.subdir));
   }
+  return root;
+}
+
+// Puts the artifact `a` into the tree at `temp`: a hard link to its cache object, or a
+// copy hashed on the way where a link cannot be made (another filesystem) or is unwanted.
+absl::Status PlaceArtifact(const Store& store, const Artifact& a, const std::string& temp,
+                           const ExportOptions& options, ExportReport* report) {
+  const std::string object = store.ObjectPath(a.sha256);
+  const std::string to = absl::StrCat(temp, "/", a.path);
+  CUBIST_RETURN_IF_ERROR(MakeRealParentDirs(temp, a.path));
+  bool linked = false;
+  if (!options.copy_only) {
+    if (::link(object.c_str(), to.c_str()) == 0) {
+      linked = true;
+    } else if (errno != EXDEV && errno != EPERM && errno != EMLINK && errno != ENOTSUP) {
+      return ErrnoToStatus(errno, absl::StrCat("export: link ", object, " to ", to));
+    }
+  }
+  if (linked) {
+    if (options.deep) CUBIST_RETURN_IF_ERROR(CheckHash(to, a));
+    ++report->linked;
+  } else {
+    CUBIST_RETURN_IF_ERROR(CopyVerified(object, to, a));
+    ++report->copied;
+  }
+  uint64_t size = 0;
+  store.Probe(a.sha256, std::nullopt, &size);
+  report->bytes += size;
+  return absl::OkStatus();
+}
+
+// Writes one of options.extra_files (`path`, holding `bytes`) into the tree at `temp`.
+absl::Status WriteExtraFile(const Manifest& manifest, const std::string& path,
+                            std::string_view bytes, const std::string& temp,
+                            ExportReport* report) {
+  if (absl::Status s = ValidateArtifactPath(path); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("export: extra file: ", s.message()));
+  }
+  if (manifest.FindArtifact(path) != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("export: extra file ", path, " is also an artifact"));
+  }
+  CUBIST_RETURN_IF_ERROR(MakeRealParentDirs(temp, path));
+  const std::string to = absl::StrCat(temp, "/", path);
+  UniqueFd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444));
+  if (!out.valid()) return ErrnoToStatus(errno, absl::StrCat("export: create ", to));
+  CUBIST_RETURN_IF_ERROR(WriteAll(out.get(), bytes, "export: ", to));
+  report->bytes += bytes.size();
+  return absl::OkStatus();
+}
+
+absl::Status WriteMarker(const Manifest& manifest, const std::string& temp) {
+  const std::string marker = absl::StrCat(
+      "Made by cubist export from ", SetName(manifest),
+      ".\nThe next export to this directory replaces the whole tree; remove this file to "
+      "keep it from that.\n");
+  return WriteFileAtomically(absl::StrCat(temp, "/", kExportMarker), marker, 0444);
+}
+
+// Puts the finished tree at `root`: swapped with the tree there in one rename (the old
+// one then sits at temp's path, and ~TempTree removes it), or renamed to it.
+absl::Status MoveIntoPlace(TempTree& temp, const std::string& root, bool* replaced) {
+  struct stat st;
+  if (::lstat(root.c_str(), &st) == 0) {
+    if (::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, root.c_str(),
+                    RENAME_EXCHANGE) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("export: swap ", temp.path(), " and ", root));
+    }
+    *replaced = true;
+    return absl::OkStatus();
+  }
+  if (::rename(temp.path().c_str(), root.c_str()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("export: rename ", temp.path(), " to ", root));
+  }
+  temp.Release();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ExportReport> ExportTree(const Store& store, const Manifest& manifest,
+                                        const std::string& dir, const ExportOptions& options) {
+  if (!options.subdir.empty()) {
+    if (absl::Status s = ValidateArtifactPath(options.subdir); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("export: directory under ", dir, ": ",
+                                                     s.message()));
+    }
+  }
+  CUBIST_RETURN_IF_ERROR(CheckAllCached(store, manifest));
+  ExportReport report;
+  CUBIST_ASSIGN_OR_RETURN(report.root, PrepareRoot(store, manifest, dir, options));
   const std::string parent = DirName(report.root);
   const std::string base = fs::path(report.root).filename().string();
   CUBIST_RETURN_IF_ERROR(CheckReplaceable(store, manifest, report.root, options));
 
+  // The tree is built beside its place and moved there whole.
   ReapStaleTemps(parent);
   CUBIST_ASSIGN_OR_RETURN(TempTree temp, MakeLockedTemp(parent, base));
-
   for (const Artifact& a : manifest.artifacts) {
-    const std::string object = store.ObjectPath(a.sha256);
-    const std::string to = absl::StrCat(temp.path(), "/", a.path);
-    CUBIST_RETURN_IF_ERROR(MakeRealDirs(temp.path(), DirName(a.path) == "." ? "" : DirName(a.path)));
-    bool linked = false;
-    if (!options.copy_only) {
-      if (::link(object.c_str(), to.c_str()) == 0) {
-        linked = true;
-      } else if (errno != EXDEV && errno != EPERM && errno != EMLINK && errno != ENOTSUP) {
-        return ErrnoToStatus(errno, absl::StrCat("export: link ", object, " to ", to));
-      }
-    }
-    if (linked) {
-      if (options.deep) CUBIST_RETURN_IF_ERROR(CheckHash(to, a));
-      ++report.linked;
-    } else {
-      CUBIST_RETURN_IF_ERROR(CopyVerified(object, to, a));
-      ++report.copied;
-    }
-    uint64_t size = 0;
-    store.Probe(a.sha256, std::nullopt, &size);
-    report.bytes += size;
+    CUBIST_RETURN_IF_ERROR(PlaceArtifact(store, a, temp.path(), options, &report));
   }
-
   for (const auto& [path, bytes] : options.extra_files) {
-    if (absl::Status s = ValidateArtifactPath(path); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("export: extra file: ", s.message()));
-    }
-    if (manifest.FindArtifact(path) != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("export: extra file ", path, " is also an artifact"));
-    }
-    CUBIST_RETURN_IF_ERROR(MakeRealDirs(temp.path(), DirName(path) == "." ? "" : DirName(path)));
-    const std::string to = absl::StrCat(temp.path(), "/", path);
-    UniqueFd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444));
-    if (!out.valid()) return ErrnoToStatus(errno, absl::StrCat("export: create ", to));
-    for (size_t done = 0; done < bytes.size();) {
-      ssize_t w = ::write(out.get(), bytes.data() + done, bytes.size() - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return ErrnoToStatus(errno, absl::StrCat("export: write ", to));
-      done += static_cast<size_t>(w);
-    }
-    report.bytes += bytes.size();
+    CUBIST_RETURN_IF_ERROR(WriteExtraFile(manifest, path, bytes, temp.path(), &report));
   }
-
-  {
-    const std::string to = absl::StrCat(temp.path(), "/", kExportMarker);
-    const std::string marker = absl::StrCat(
-        "Made by cubist export from ", manifest.source.empty() ? manifest.name : manifest.source,
-        ".\nThe next export to this directory replaces the whole tree; remove this file to "
-        "keep it from that.\n");
-    CUBIST_RETURN_IF_ERROR(WriteFileAtomically(to, marker, 0444));
-  }
+  CUBIST_RETURN_IF_ERROR(WriteMarker(manifest, temp.path()));
 
   // Data first, then the rename: syncfs flushes the whole tree in one call.
-  {
-    UniqueFd fd(::open(temp.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (!fd.valid() || ::syncfs(fd.get()) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("export: flush ", temp.path()));
-    }
-  }
+  CUBIST_RETURN_IF_ERROR(FlushFilesystemOf(temp.path(), "export"));
   // Checked again: the tree may have appeared or changed while this one was built.
   CUBIST_RETURN_IF_ERROR(CheckReplaceable(store, manifest, report.root, options));
-  struct stat st;
-  if (::lstat(report.root.c_str(), &st) == 0) {
-    if (::renameat2(AT_FDCWD, temp.path().c_str(), AT_FDCWD, report.root.c_str(),
-                    RENAME_EXCHANGE) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("export: swap ", temp.path(), " and ",
-                                               report.root));
-    }
-    report.replaced = true;  // the old tree now sits at temp.path(); ~TempTree removes it
-  } else {
-    if (::rename(temp.path().c_str(), report.root.c_str()) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("export: rename ", temp.path(), " to ",
-                                               report.root));
-    }
-    temp.Release();
-  }
+  CUBIST_RETURN_IF_ERROR(MoveIntoPlace(temp, report.root, &report.replaced));
   CUBIST_RETURN_IF_ERROR(SyncDir(parent));
   return report;
 }

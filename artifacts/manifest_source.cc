@@ -213,102 +213,143 @@ void OpenedManifest::UnpackArtifacts() {
   packed_artifacts.reset();
 }
 
-absl::StatusOr<OpenedManifest> OpenUrlOrPathManifest(std::string_view location,
-                                                     const OpenManifestOptions& options) {
-  OpenedManifest out;
+namespace {
+
+// The bytes of a manifest and of its signature, as read, with what remembering them
+// for --offline runs and the next conditional GETs needs.
+struct ManifestRead {
+  std::string bytes;
   std::optional<std::string> signature;
-  bool want_signature = !options.trust.trusted_keys.empty();
-  std::string sig_location = SignatureLocation(location);
-  // The SHA-256 of out.bytes once known (the cached copy's, checked against its record).
+  // The SHA-256 of bytes once known (the cached copy's, checked against its record).
   std::string digest;
-  const bool remembered = options.store != nullptr && IsNetworkUrl(location);
-  const std::string copy = remembered ? OfflineCopyPath(*options.store, location) : "";
-  // The signature's copy sits beside the manifest's, with a tag record of its own.
-  const std::string sig_copy = remembered ? copy + ".sig" : "";
+  bool from_offline_copy = false;
   std::optional<RememberedRead> read;      // the manifest, read online by URL
   std::optional<RememberedRead> sig_read;  // its signature, likewise
-  if (IsNetworkUrl(location) && options.offline) {
-    if (options.store == nullptr) {
-      return absl::NotFoundError(absl::StrCat(
-          Sv(location), ": --offline and the manifest is a URL; pass a local path"));
-    }
-    auto bytes = ReadFileToString(copy, options.max_bytes);
-    if (!bytes.ok()) {
-      return absl::NotFoundError(absl::StrCat(
-          Sv(location), ": --offline, and the cache holds no copy of this manifest; "
-          "fetch it once with the network, or pass a local path"));
-    }
-    out.bytes = *std::move(bytes);
-    out.from_offline_copy = true;
-    if (want_signature) {
-      auto sig = ReadFileToString(sig_copy, 64 << 10);
-      if (sig.ok()) signature = *std::move(sig);
-    }
-  } else {
-    // Conditional GETs (ReadThroughCopy) of the manifest and, with trusted keys, of its
-    // signature: an unchanged pair costs two 304s and no body.
-    CUBIST_ASSIGN_OR_RETURN(read, ReadThroughCopy(location, copy, options.max_bytes, options));
-    out.bytes = std::move(read->bytes);
-    digest = read->digest;
-    if (want_signature) {
-      auto sig = ReadThroughCopy(sig_location, sig_copy, 64 << 10, options);
-      if (sig.ok()) {
-        signature = std::move(sig->bytes);
-        sig_read = *std::move(sig);
-      } else if (sig.status().code() != absl::StatusCode::kNotFound) {
-        return Annotate(sig.status(), "read the manifest's signature");
-      }
+};
+
+// With --offline, a network manifest is its copy in the cache (and its signature's).
+absl::StatusOr<ManifestRead> ReadOfflineCopy(std::string_view location,
+                                             const std::string& copy,
+                                             const std::string& sig_copy,
+                                             const OpenManifestOptions& options) {
+  if (options.store == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        Sv(location), ": --offline and the manifest is a URL; pass a local path"));
+  }
+  auto bytes = ReadFileToString(copy, options.max_bytes);
+  if (!bytes.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        Sv(location), ": --offline, and the cache holds no copy of this manifest; "
+        "fetch it once with the network, or pass a local path"));
+  }
+  ManifestRead out;
+  out.bytes = *std::move(bytes);
+  out.from_offline_copy = true;
+  if (!options.trust.trusted_keys.empty()) {
+    auto sig = ReadFileToString(sig_copy, 64 << 10);
+    if (sig.ok()) out.signature = *std::move(sig);
+  }
+  return out;
+}
+
+// Conditional GETs (ReadThroughCopy) of the manifest and, with trusted keys, of its
+// signature: an unchanged pair costs two 304s and no body. A path is read as a file.
+absl::StatusOr<ManifestRead> ReadOnline(std::string_view location, const std::string& copy,
+                                        const std::string& sig_copy,
+                                        const OpenManifestOptions& options) {
+  ManifestRead out;
+  CUBIST_ASSIGN_OR_RETURN(out.read, ReadThroughCopy(location, copy, options.max_bytes, options));
+  out.bytes = std::move(out.read->bytes);
+  out.digest = out.read->digest;
+  if (!options.trust.trusted_keys.empty()) {
+    auto sig = ReadThroughCopy(SignatureLocation(location), sig_copy, 64 << 10, options);
+    if (sig.ok()) {
+      out.signature = std::move(sig->bytes);
+      out.sig_read = *std::move(sig);
+    } else if (sig.status().code() != absl::StatusCode::kNotFound) {
+      return Annotate(sig.status(), "read the manifest's signature");
     }
   }
-  std::string source(location);
-  // Signature first: with trusted keys, not one byte is parsed before it verifies.
-  CUBIST_RETURN_IF_ERROR(
-      CheckManifestSignature(out.bytes, signature, options.trust, source));
-  // A parse of exactly these bytes from an earlier run (parsed_manifest_cache.h), else a
-  // parse now, remembered for the next run. Both give the same manifest; every check
-  // below is made on it either way.
-  if (digest.empty()) digest = Sha256Hex(out.bytes);
+  return out;
+}
+
+// Parses out->bytes (SHA-256 `digest`) into out->manifest: a parse of exactly these
+// bytes from an earlier run (parsed_manifest_cache.h), else a parse now, remembered for
+// the next run. Both give the same manifest; every check after is made on it either way.
+absl::Status ParseThroughCache(const std::string& digest, const std::string& source,
+                               const OpenManifestOptions& options, OpenedManifest* out) {
   std::optional<ParsedManifestCache> parsed;
   if (options.store != nullptr) parsed.emplace(*options.store);
   std::optional<Manifest> hit;
   PackedArtifacts packed;
   if (parsed.has_value()) {
-    hit = parsed->Find(out.bytes, digest, source, options.pack_artifacts ? &packed : nullptr);
+    hit = parsed->Find(out->bytes, digest, source, options.pack_artifacts ? &packed : nullptr);
   }
   if (hit.has_value()) {
-    out.manifest = *std::move(hit);
-    if (options.pack_artifacts) out.packed_artifacts = std::move(packed);
+    out->manifest = *std::move(hit);
+    if (options.pack_artifacts) out->packed_artifacts = std::move(packed);
   } else if (options.pack_artifacts) {
     // Parsed straight into the packed form: a large manifest's artifacts are never all
     // built, on the first read as on the next (bench/manifest_memory.py).
-    CUBIST_ASSIGN_OR_RETURN(out.manifest,
-                            ParseManifestOrChecksumsPacked(out.bytes, source, {}, &packed));
+    CUBIST_ASSIGN_OR_RETURN(out->manifest,
+                            ParseManifestOrChecksumsPacked(out->bytes, source, {}, &packed));
     // Best effort: a cache that cannot be written costs the next run a parse, no more.
-    if (parsed.has_value()) (void)parsed->Put(out.manifest, packed, out.bytes, source);
-    out.packed_artifacts = std::move(packed);
+    if (parsed.has_value()) (void)parsed->Put(out->manifest, packed, out->bytes, source);
+    out->packed_artifacts = std::move(packed);
   } else {
-    CUBIST_ASSIGN_OR_RETURN(out.manifest, ParseManifestOrChecksums(out.bytes, source));
-    if (parsed.has_value()) (void)parsed->Put(out.manifest, out.bytes, source);
+    CUBIST_ASSIGN_OR_RETURN(out->manifest, ParseManifestOrChecksums(out->bytes, source));
+    if (parsed.has_value()) (void)parsed->Put(out->manifest, out->bytes, source);
   }
+  return absl::OkStatus();
+}
+
+// The rollback guard (version_guard.h), for a named, versioned manifest read into a cache.
+absl::Status GuardVersion(const Manifest& manifest, const OpenManifestOptions& options) {
+  if (options.store == nullptr || manifest.name.empty() || manifest.version <= 0) {
+    return absl::OkStatus();
+  }
+  VersionGuard guard(options.store->root());
+  if (options.record_version) {
+    return guard.CheckAndRecord(manifest, options.trust.allow_rollback);
+  }
+  return guard.Check(manifest, options.trust.allow_rollback);
+}
+
+}  // namespace
+
+absl::StatusOr<OpenedManifest> OpenUrlOrPathManifest(std::string_view location,
+                                                     const OpenManifestOptions& options) {
+  const bool remembered = options.store != nullptr && IsNetworkUrl(location);
+  const std::string copy = remembered ? OfflineCopyPath(*options.store, location) : "";
+  // The signature's copy sits beside the manifest's, with a tag record of its own.
+  const std::string sig_copy = remembered ? copy + ".sig" : "";
+  ManifestRead read;
+  if (IsNetworkUrl(location) && options.offline) {
+    CUBIST_ASSIGN_OR_RETURN(read, ReadOfflineCopy(location, copy, sig_copy, options));
+  } else {
+    CUBIST_ASSIGN_OR_RETURN(read, ReadOnline(location, copy, sig_copy, options));
+  }
+  OpenedManifest out;
+  out.bytes = std::move(read.bytes);
+  out.from_offline_copy = read.from_offline_copy;
+  std::string source(location);
+  // Signature first: with trusted keys, not one byte is parsed before it verifies.
+  CUBIST_RETURN_IF_ERROR(
+      CheckManifestSignature(out.bytes, read.signature, options.trust, source));
+  if (read.digest.empty()) read.digest = Sha256Hex(out.bytes);
+  CUBIST_RETURN_IF_ERROR(ParseThroughCache(read.digest, source, options, &out));
   out.manifest.source = source;
   if (IsNetworkUrl(location)) {
     CUBIST_RETURN_IF_ERROR(CheckRemoteManifestSources(out.manifest, location));
   }
   CUBIST_RETURN_IF_ERROR(CheckManifestExpiry(out.manifest, options.trust, absl::Now()));
-  if (options.store != nullptr && !out.manifest.name.empty() && out.manifest.version > 0) {
-    VersionGuard guard(options.store->root());
-    if (options.record_version) {
-      CUBIST_RETURN_IF_ERROR(guard.CheckAndRecord(out.manifest, options.trust.allow_rollback));
-    } else {
-      CUBIST_RETURN_IF_ERROR(guard.Check(out.manifest, options.trust.allow_rollback));
-    }
-  }
-  if (remembered && read.has_value() && options.record_version) {
+  CUBIST_RETURN_IF_ERROR(GuardVersion(out.manifest, options));
+  if (remembered && read.read.has_value() && options.record_version) {
     // Remember them for --offline runs and the next conditional GETs. Best effort: a
     // failure here must not fail a fetch whose manifest is fine.
-    read->digest = digest;
-    if (RememberCopy(copy, out.bytes, *read) && sig_read.has_value()) {
-      (void)RememberCopy(sig_copy, *signature, *sig_read);
+    read.read->digest = read.digest;
+    if (RememberCopy(copy, out.bytes, *read.read) && read.sig_read.has_value()) {
+      (void)RememberCopy(sig_copy, *read.signature, *read.sig_read);
     }
   }
   return out;

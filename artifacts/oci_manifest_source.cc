@@ -4,7 +4,8 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
+#include <cerrno>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "artifacts/oci_client.h"
+#include "artifacts/staging.h"
 #include "base/file_util.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
@@ -104,68 +106,53 @@ absl::StatusOr<std::string> ReadBlob(RegistryClient& client, const Layer& layer,
   return std::move(r.body);
 }
 
-// A directory removed with its contents when this goes out of scope.
-class ScratchDir {
- public:
-  ScratchDir() = default;
-  ~ScratchDir() {
-    if (!path_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(path_, ec);
-    }
+// A directory made in `parent`, removed with its contents when the result goes out of
+// scope.
+absl::StatusOr<RemoveOnExit> MakeScratchDir(const std::string& parent) {
+  CUBIST_RETURN_IF_ERROR(MakeDirs(parent));
+  std::string tmpl = parent + "/.staging-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("create a directory in ", parent, ": ", std::strerror(errno)));
   }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  absl::Status Create(const std::string& parent) {
-    CUBIST_RETURN_IF_ERROR(MakeDirs(parent));
-    std::string tmpl = parent + "/.staging-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-      return ErrnoToStatusLocal(errno, "create a directory in " + parent);
-    }
-    path_ = tmpl;
-    return absl::OkStatus();
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  static absl::Status ErrnoToStatusLocal(int err, const std::string& what) {
-    return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
-  }
-  std::string path_;
-};
+  return RemoveOnExit(std::move(tmpl));
+}
 
 std::string OciCopyDir(const Store& store, const OciReference& ref) {
   return absl::StrCat(store.ManifestsDir(), "/by-oci/", Sha256Hex(ref.ToString()));
 }
 
-}  // namespace
-
-absl::StatusOr<OpenedManifest> OpenOciManifest(std::string_view location,
+// With --offline, the set is the copy of its cubist manifest a fetch left in the cache.
+absl::StatusOr<OpenedManifest> OpenOfflineCopy(const OciReference& ref,
                                                const OpenManifestOptions& options) {
-  CUBIST_ASSIGN_OR_RETURN(OciReference ref, ParseOciReference(location));
-  std::string where = ref.ToString();
-  if (options.offline) {
-    if (options.store == nullptr) {
-      return absl::NotFoundError(absl::StrCat(
-          where, ": --offline and the manifest is in a registry, but there is no cache to "
-          "read a copy from"));
-    }
-    std::string copy = OciCopyDir(*options.store, ref) + "/manifest.json";
-    if (::access(copy.c_str(), F_OK) != 0) {
-      return absl::NotFoundError(absl::StrCat(
-          where, ": --offline, and the cache holds no copy of this artifact set; fetch it "
-          "once with the network, or copy a cache that has it"));
-    }
-    CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened, OpenUrlOrPathManifest(copy, options));
-    opened.manifest.source = where;
-    opened.from_offline_copy = true;
-    return opened;
+  const std::string where = ref.ToString();
+  if (options.store == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        where, ": --offline and the manifest is in a registry, but there is no cache to "
+        "read a copy from"));
   }
+  std::string copy = OciCopyDir(*options.store, ref) + "/manifest.json";
+  if (::access(copy.c_str(), F_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat(
+        where, ": --offline, and the cache holds no copy of this artifact set; fetch it "
+        "once with the network, or copy a cache that has it"));
+  }
+  CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened, OpenUrlOrPathManifest(copy, options));
+  opened.manifest.source = where;
+  opened.from_offline_copy = true;
+  return opened;
+}
 
-  CUBIST_ASSIGN_OR_RETURN(RegistryCredentials creds, LookUpRegistryCredentials(ref.host));
-  auto auth = std::make_shared<RegistryAuth>(ref, std::move(creds),
-                                             absl::StrCat("repository:", ref.repository, ":pull"));
-  RegistryClient client(auth, options.timeout);
+// The image manifest the reference names, and its digest ("sha256:<hex>"), which must
+// be the pinned one when the reference pins one.
+struct ImageManifest {
+  std::string body;
+  std::string digest;
+};
+
+absl::StatusOr<ImageManifest> ReadImageManifest(RegistryClient& client, const OciReference& ref,
+                                                const OpenManifestOptions& options) {
+  const std::string where = ref.ToString();
   CUBIST_ASSIGN_OR_RETURN(
       HttpResponse r,
       client.Send("GET", absl::StrCat("manifests/", ref.ManifestRef()),
@@ -184,54 +171,97 @@ absl::StatusOr<OpenedManifest> OpenOciManifest(std::string_view location,
         ", not the pinned ", ref.digest, "; refused: the registry or a proxy in between "
         "serves other content than was pinned"));
   }
+  return ImageManifest{std::move(r.body), std::move(digest)};
+}
+
+// The cubist manifest's bytes and its signature's, read from the blobs the image
+// manifest names and checked against their descriptors.
+struct SetBlobs {
+  std::string bytes;
+  std::optional<std::string> signature;
+};
+
+absl::StatusOr<SetBlobs> ReadSetBlobs(RegistryClient& client, const std::string& image,
+                                      const std::string& where,
+                                      const OpenManifestOptions& options) {
   Layer mlayer;
   std::optional<Layer> slayer;
-  CUBIST_RETURN_IF_ERROR(FindCubistLayers(r.body, where, &mlayer, &slayer));
-  CUBIST_ASSIGN_OR_RETURN(std::string bytes,
-                          ReadBlob(client, mlayer, "the cubist manifest", where,
-                                   options.max_bytes));
-  std::optional<std::string> signature;
+  CUBIST_RETURN_IF_ERROR(FindCubistLayers(image, where, &mlayer, &slayer));
+  SetBlobs out;
+  CUBIST_ASSIGN_OR_RETURN(out.bytes, ReadBlob(client, mlayer, "the cubist manifest", where,
+                                              options.max_bytes));
   if (slayer.has_value()) {
-    CUBIST_ASSIGN_OR_RETURN(signature,
-                            ReadBlob(client, *slayer, "the manifest's signature", where, 64 << 10));
+    CUBIST_ASSIGN_OR_RETURN(out.signature, ReadBlob(client, *slayer, "the manifest's signature",
+                                                    where, 64 << 10));
   }
+  return out;
+}
+
+// Writes the blobs as manifest.json (and manifest.json.sig) in a scratch directory made
+// in `copy_dir` (the cache's copy of the set, so that a rename makes them the copy) or,
+// without a cache, in TMPDIR.
+absl::StatusOr<RemoveOnExit> StageSetFiles(const std::string& copy_dir, const SetBlobs& blobs) {
+  std::string parent = copy_dir;
+  if (parent.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    parent = tmp != nullptr && *tmp ? tmp : "/tmp";
+  }
+  CUBIST_ASSIGN_OR_RETURN(RemoveOnExit scratch, MakeScratchDir(parent));
+  const std::string staged = scratch.path() + "/manifest.json";
+  CUBIST_RETURN_IF_ERROR(WriteFileAtomically(staged, blobs.bytes));
+  if (blobs.signature.has_value()) {
+    CUBIST_RETURN_IF_ERROR(WriteFileAtomically(staged + ".sig", *blobs.signature));
+  }
+  return scratch;
+}
+
+// Makes the staged files the cache's copy of the set in `copy_dir`, with the image
+// manifest's digest beside them; a moved tag is noted in *notices.
+void KeepOfflineCopy(const std::string& copy_dir, const std::string& staged, bool signed_set,
+                     const std::string& digest, const OciReference& ref,
+                     std::vector<std::string>* notices) {
+  std::string digest_file = copy_dir + "/digest";
+  auto previous = ReadFileToString(digest_file, 1024);
+  if (previous.ok() && !previous->empty() && *previous != digest && ref.digest.empty()) {
+    notices->push_back(absl::StrCat(
+        ref.ToString(), ": the tag moved from ", *previous, " to ", digest,
+        " since the last fetch into this cache"));
+  }
+  // Best effort, as for URL manifests: the offline copy must not fail a good fetch.
+  std::string final_manifest = copy_dir + "/manifest.json";
+  if (signed_set) {
+    (void)std::rename((staged + ".sig").c_str(), (final_manifest + ".sig").c_str());
+  } else {
+    ::unlink((final_manifest + ".sig").c_str());
+  }
+  (void)std::rename(staged.c_str(), final_manifest.c_str());
+  (void)WriteFileAtomically(digest_file, digest);
+}
+
+}  // namespace
+
+absl::StatusOr<OpenedManifest> OpenOciManifest(std::string_view location,
+                                               const OpenManifestOptions& options) {
+  CUBIST_ASSIGN_OR_RETURN(OciReference ref, ParseOciReference(location));
+  if (options.offline) return OpenOfflineCopy(ref, options);
+  const std::string where = ref.ToString();
+  CUBIST_ASSIGN_OR_RETURN(RegistryCredentials creds, LookUpRegistryCredentials(ref.host));
+  auto auth = std::make_shared<RegistryAuth>(ref, std::move(creds),
+                                             absl::StrCat("repository:", ref.repository, ":pull"));
+  RegistryClient client(auth, options.timeout);
+  CUBIST_ASSIGN_OR_RETURN(ImageManifest image, ReadImageManifest(client, ref, options));
+  CUBIST_ASSIGN_OR_RETURN(SetBlobs blobs, ReadSetBlobs(client, image.body, where, options));
 
   // Hand the verified bytes to OpenUrlOrPathManifest as files, so that every check is
   // the one every manifest gets. In the cache, the files then become the offline copy.
-  ScratchDir scratch;
-  std::string final_dir;
-  if (options.store != nullptr) {
-    final_dir = OciCopyDir(*options.store, ref);
-    CUBIST_RETURN_IF_ERROR(scratch.Create(final_dir));
-  } else {
-    const char* tmp = std::getenv("TMPDIR");
-    CUBIST_RETURN_IF_ERROR(scratch.Create(tmp != nullptr && *tmp ? tmp : "/tmp"));
-  }
-  std::string staged = scratch.path() + "/manifest.json";
-  CUBIST_RETURN_IF_ERROR(WriteFileAtomically(staged, bytes));
-  if (signature.has_value()) {
-    CUBIST_RETURN_IF_ERROR(WriteFileAtomically(staged + ".sig", *signature));
-  }
+  const std::string copy_dir = options.store != nullptr ? OciCopyDir(*options.store, ref) : "";
+  CUBIST_ASSIGN_OR_RETURN(RemoveOnExit scratch, StageSetFiles(copy_dir, blobs));
+  const std::string staged = scratch.path() + "/manifest.json";
   CUBIST_ASSIGN_OR_RETURN(OpenedManifest opened, OpenUrlOrPathManifest(staged, options));
   opened.manifest.source = where;
-
   if (options.store != nullptr && options.record_version) {
-    std::string digest_file = final_dir + "/digest";
-    auto previous = ReadFileToString(digest_file, 1024);
-    if (previous.ok() && !previous->empty() && *previous != digest && ref.digest.empty()) {
-      opened.notices.push_back(absl::StrCat(
-          where, ": the tag moved from ", *previous, " to ", digest,
-          " since the last fetch into this cache"));
-    }
-    // Best effort, as for URL manifests: the offline copy must not fail a good fetch.
-    std::string final_manifest = final_dir + "/manifest.json";
-    if (signature.has_value()) {
-      (void)std::rename((staged + ".sig").c_str(), (final_manifest + ".sig").c_str());
-    } else {
-      ::unlink((final_manifest + ".sig").c_str());
-    }
-    (void)std::rename(staged.c_str(), final_manifest.c_str());
-    (void)WriteFileAtomically(digest_file, digest);
+    KeepOfflineCopy(copy_dir, staged, blobs.signature.has_value(), image.digest, ref,
+                 &opened.notices);
   }
   return opened;
 }

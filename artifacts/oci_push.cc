@@ -176,21 +176,60 @@ std::string BuildOciImageManifest(const PushSource& source, const std::vector<ui
   return m.dump();
 }
 
-absl::StatusOr<PushReport> PushArtifactSet(const OciReference& ref, const PushSource& source,
-                                           const PushOptions& options) {
-  absl::Time start = absl::Now();
-  if (!ref.digest.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "push to ", ref.ToString(), ": a push names a tag, not a digest (the digest is the "
-        "result); use oci://", ref.host, "/", ref.repository, ":TAG"));
+namespace {
+
+// An artifact's bytes on disk: the file beside the manifest, else the cache's object.
+struct ArtifactFile {
+  std::string path;
+  uint64_t size = 0;
+};
+
+absl::StatusOr<ArtifactFile> LocateArtifact(const PushSource& source, const Artifact& a) {
+  std::string path =
+      source.artifact_dir.empty() ? "" : absl::StrCat(source.artifact_dir, "/", a.path);
+  struct stat st;
+  const bool beside = !path.empty() && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  bool cached = false;
+  if (!beside && source.cache != nullptr) {
+    // Verified when it was published; one written since is hashed again first.
+    absl::StatusOr<ObjectState> state = source.cache->ProbeConfirmed(a.sha256, a.size);
+    if (!state.ok()) return Annotate(state.status(), absl::StrCat("push ", a.path));
+    cached = *state == ObjectState::kPresent &&
+             ::stat(source.cache->ObjectPath(a.sha256).c_str(), &st) == 0;
   }
-  // Every blob, each digest once, artifact sizes from the files (checksums.txt
-  // manifests declare none; a declared size that differs is refused here, before any
-  // byte is sent).
+  if (cached) {
+    path = source.cache->ObjectPath(a.sha256);
+  } else if (!beside) {
+    return absl::NotFoundError(absl::StrCat(
+        "push ", a.path, ": ", path.empty() ? "" : absl::StrCat("no file at ", path, ", and "),
+        source.cache == nullptr ? "no cache to take it from"
+                                : absl::StrCat("not in the cache at ", source.cache->root()),
+        "; push reads the artifacts beside the manifest, as 'manifest build' wrote it, or "
+        "from the cache a 'cubist fetch' of the set filled"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (a.size.has_value() && *a.size != size) {
+    return absl::DataLossError(absl::StrCat(
+        "push ", a.path, ": the file has ", size, " bytes, the manifest says ", *a.size,
+        "; rebuild the manifest (cubist manifest build) or restore the file"));
+  }
+  return ArtifactFile{std::move(path), size};
+}
+
+// What a push uploads: every blob, each digest once, and the artifacts' sizes (for the
+// image manifest).
+struct PushPlan {
   std::vector<Blob> blobs;
+  std::vector<uint64_t> sizes;  // per artifact, in the manifest's order
+};
+
+// Artifact sizes come from the files (checksums.txt manifests declare none; a declared
+// size that differs is refused here, before any byte is sent).
+absl::StatusOr<PushPlan> PlanPush(const PushSource& source) {
+  PushPlan plan;
   std::set<std::string> seen;
   auto add = [&](Blob b) {
-    if (seen.insert(b.sha256).second) blobs.push_back(std::move(b));
+    if (seen.insert(b.sha256).second) plan.blobs.push_back(std::move(b));
   };
   add(Blob{kOciEmptyConfigSha256, 2, "{}", "", "the empty config"});
   add(Blob{Sha256Hex(source.manifest_bytes), source.manifest_bytes.size(),
@@ -199,50 +238,19 @@ absl::StatusOr<PushReport> PushArtifactSet(const OciReference& ref, const PushSo
     add(Blob{Sha256Hex(*source.signature), source.signature->size(), *source.signature, "",
              "the manifest's signature"});
   }
-  std::vector<uint64_t> sizes;
   for (const Artifact& a : source.manifest.artifacts) {
-    std::string path =
-        source.artifact_dir.empty() ? "" : absl::StrCat(source.artifact_dir, "/", a.path);
-    struct stat st;
-    const bool beside = !path.empty() && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-    bool cached = false;
-    if (!beside && source.cache != nullptr) {
-      // Verified when it was published; one written since is hashed again first.
-      absl::StatusOr<ObjectState> state = source.cache->ProbeConfirmed(a.sha256, a.size);
-      if (!state.ok()) return Annotate(state.status(), absl::StrCat("push ", a.path));
-      cached = *state == ObjectState::kPresent &&
-               ::stat(source.cache->ObjectPath(a.sha256).c_str(), &st) == 0;
-    }
-    if (cached) {
-      path = source.cache->ObjectPath(a.sha256);
-    } else if (!beside) {
-      return absl::NotFoundError(absl::StrCat(
-          "push ", a.path, ": ", path.empty() ? "" : absl::StrCat("no file at ", path, ", and "),
-          source.cache == nullptr ? "no cache to take it from"
-                                  : absl::StrCat("not in the cache at ", source.cache->root()),
-          "; push reads the artifacts beside the manifest, as 'manifest build' wrote it, or "
-          "from the cache a 'cubist fetch' of the set filled"));
-    }
-    uint64_t size = static_cast<uint64_t>(st.st_size);
-    if (a.size.has_value() && *a.size != size) {
-      return absl::DataLossError(absl::StrCat(
-          "push ", a.path, ": the file has ", size, " bytes, the manifest says ", *a.size,
-          "; rebuild the manifest (cubist manifest build) or restore the file"));
-    }
-    sizes.push_back(size);
-    add(Blob{a.sha256, size, "", path, a.path});
+    CUBIST_ASSIGN_OR_RETURN(ArtifactFile file, LocateArtifact(source, a));
+    plan.sizes.push_back(file.size);
+    add(Blob{a.sha256, file.size, "", std::move(file.path), a.path});
   }
+  return plan;
+}
 
-  CUBIST_ASSIGN_OR_RETURN(RegistryCredentials creds, LookUpRegistryCredentials(ref.host));
-  auto auth = std::make_shared<RegistryAuth>(
-      ref, std::move(creds), absl::StrCat("repository:", ref.repository, ":pull,push"));
-  // Learn the authentication once, before the workers start.
-  {
-    RegistryClient ping(auth);
-    CUBIST_RETURN_IF_ERROR(Annotate(ping.Ping(), absl::StrCat("push to ", ref.ToString())));
-  }
-
-  PushReport report;
+// Uploads the blobs that the registry lacks on up to options.jobs threads, each blob
+// once; the first failure stops the others from starting another.
+absl::Status UploadBlobs(const std::shared_ptr<RegistryAuth>& auth,
+                         const std::vector<Blob>& blobs, const PushOptions& options,
+                         PushReport* report) {
   std::atomic<size_t> next{0};
   std::atomic<int> uploaded{0}, present{0};
   std::atomic<uint64_t> bytes{0};
@@ -277,16 +285,22 @@ absl::StatusOr<PushReport> PushArtifactSet(const OciReference& ref, const PushSo
     });
   }
   for (std::thread& t : pool) t.join();
-  report.blobs_uploaded = uploaded.load();
-  report.blobs_present = present.load();
-  report.bytes_uploaded = bytes.load();
+  report->blobs_uploaded = uploaded.load();
+  report->blobs_present = present.load();
+  report->bytes_uploaded = bytes.load();
   if (!first_error.ok()) {
     return Annotate(first_error,
-                    absl::StrCat(report.blobs_uploaded, " blobs uploaded before the failure; "
+                    absl::StrCat(report->blobs_uploaded, " blobs uploaded before the failure; "
                                  "run the same push again to finish"));
   }
+  return absl::OkStatus();
+}
 
-  std::string image = BuildOciImageManifest(source, sizes);
+// PUTs the image manifest under the tag; its digest into report->digest, checked
+// against the one the registry says it stored.
+absl::Status PutImageManifest(const std::shared_ptr<RegistryAuth>& auth,
+                              const OciReference& ref, const std::string& image,
+                              PushReport* report) {
   RegistryClient client(auth);
   CUBIST_ASSIGN_OR_RETURN(
       HttpResponse put,
@@ -295,13 +309,42 @@ absl::StatusOr<PushReport> PushArtifactSet(const OciReference& ref, const PushSo
   if (put.status != 201) {
     return RegistryError(put, absl::StrCat("push the image manifest to ", ref.ToString()));
   }
-  report.digest = absl::StrCat("sha256:", Sha256Hex(image));
+  report->digest = absl::StrCat("sha256:", Sha256Hex(image));
   std::string answered = put.Header("docker-content-digest");
-  if (!answered.empty() && answered != report.digest) {
+  if (!answered.empty() && answered != report->digest) {
     return absl::DataLossError(absl::StrCat(
         "push to ", ref.ToString(), ": the registry stored the image manifest as ", answered,
-        " but its bytes hash to ", report.digest, "; a proxy in between rewrote it"));
+        " but its bytes hash to ", report->digest, "; a proxy in between rewrote it"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PushReport> PushArtifactSet(const OciReference& ref, const PushSource& source,
+                                           const PushOptions& options) {
+  absl::Time start = absl::Now();
+  if (!ref.digest.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push to ", ref.ToString(), ": a push names a tag, not a digest (the digest is the "
+        "result); use oci://", ref.host, "/", ref.repository, ":TAG"));
+  }
+  CUBIST_ASSIGN_OR_RETURN(PushPlan plan, PlanPush(source));
+
+  CUBIST_ASSIGN_OR_RETURN(RegistryCredentials creds, LookUpRegistryCredentials(ref.host));
+  auto auth = std::make_shared<RegistryAuth>(
+      ref, std::move(creds), absl::StrCat("repository:", ref.repository, ":pull,push"));
+  // Learn the authentication once, before the workers start.
+  {
+    RegistryClient ping(auth);
+    CUBIST_RETURN_IF_ERROR(Annotate(ping.Ping(), absl::StrCat("push to ", ref.ToString())));
+  }
+
+  PushReport report;
+  CUBIST_RETURN_IF_ERROR(UploadBlobs(auth, plan.blobs, options, &report));
+  // The image manifest last: a registry refuses one that names a blob it lacks.
+  CUBIST_RETURN_IF_ERROR(
+      PutImageManifest(auth, ref, BuildOciImageManifest(source, plan.sizes), &report));
   report.elapsed = absl::Now() - start;
   return report;
 }

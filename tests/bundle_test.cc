@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -237,6 +238,41 @@ TEST_F(BundleTest, UnknownObjectsAndNonBundlesAreRefused) {
   EXPECT_THAT(ImportBytes(bytes),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("refused: no manifest of the bundle names this object")));
+}
+
+// Import's order and completeness rules (bundle.h): manifests before the objects, each
+// signature beside its manifest, every object named in the bundle or the cache; and
+// create's one manifest per name.
+TEST_F(BundleTest, MisplacedStrayAndMissingMembersAreRefused) {
+  const std::string full = ReadFileOrDie(bundle_);
+  const size_t objects_start = full.find("objects/sha256/");
+  ASSERT_NE(objects_start, std::string::npos);
+  const std::string end_of_archive(1024, '\0');
+  const uint64_t first_size = std::stoull(full.substr(objects_start + 124, 11), nullptr, 8);
+  const size_t first_end = objects_start + 512 + (first_size + 511) / 512 * 512;
+  const std::string late = full.substr(0, first_end) + Header("manifests/late.json", '0', 2) +
+                           "{}" + std::string(510, '\0') + end_of_archive;
+  EXPECT_THAT(ImportBytes(late),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("refused: manifests must come before the objects")));
+  const std::string stray = full.substr(0, objects_start) +
+                            Header("manifests/other.json.sig", '0', 3) + "sig" +
+                            std::string(509, '\0') + full.substr(objects_start);
+  EXPECT_THAT(ImportBytes(stray),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(": signature manifests/other.json.sig belongs to no manifest "
+                                 "of the bundle")));
+  EXPECT_THAT(ImportBytes(full.substr(0, objects_start) + end_of_archive),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("but the bundle does not hold it and the cache lacks it; "
+                                 "nothing was imported")));
+  EXPECT_EQ(CountObjects(*dst_), 0u);
+
+  EXPECT_THAT(CreateBundle(*src_, {inputs_[0], inputs_[0]}, dir_.Join("twice.tar")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("two manifests are named 'set'; a bundle holds one manifest "
+                                 "per name")));
+  EXPECT_FALSE(FileExists(dir_.Join("twice.tar")));
 }
 
 TEST_F(BundleTest, CreateNeedsEveryObjectCached) {

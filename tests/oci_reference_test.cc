@@ -308,5 +308,40 @@ TEST(OciPushTest, ImageManifestFollowsOrasConventions) {
   EXPECT_EQ(BuildOciImageManifest(s, {123}), text);
 }
 
+// Refused before any request (nothing listens on 127.0.0.1:9): a reference to a digest,
+// an artifact neither beside the manifest nor in a cache, and one whose file has
+// another size than the manifest says.
+TEST(OciPushTest, RefusesADigestAndMissingOrChangedFilesBeforeAnyRequest) {
+  ::cubist::testing::TempDir dir;
+  PushSource s;
+  s.manifest_bytes = "{}";
+  Artifact a;
+  a.path = "cubins/a.cubin";
+  a.sha256 = kHex;
+  a.size = 5;
+  s.manifest.artifacts.push_back(a);
+  auto pinned = ParseOciReference("oci://127.0.0.1:9/cubins@sha256:" + kHex);
+  CUBIST_ASSERT_OK(pinned);
+  EXPECT_THAT(PushArtifactSet(*pinned, s, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a push names a tag, not a digest")));
+  auto tagged = ParseOciReference("oci://127.0.0.1:9/cubins:v1");
+  CUBIST_ASSERT_OK(tagged);
+  EXPECT_THAT(PushArtifactSet(*tagged, s, {}),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("push cubins/a.cubin: no cache to take it from")));
+  s.artifact_dir = dir.path();
+  EXPECT_THAT(PushArtifactSet(*tagged, s, {}),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr(absl::StrCat("push cubins/a.cubin: no file at ", dir.path(),
+                                              "/cubins/a.cubin, and no cache to take it "
+                                              "from"))));
+  ::cubist::testing::WriteFileOrDie(dir.Join("cubins/a.cubin"), "abc");
+  EXPECT_THAT(PushArtifactSet(*tagged, s, {}),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("push cubins/a.cubin: the file has 3 bytes, the manifest "
+                                 "says 5")));
+}
+
 }  // namespace
 }  // namespace cubist
