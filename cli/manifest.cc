@@ -240,8 +240,9 @@ absl::Status FillArtifactSizes(const std::string& dir, const std::optional<Store
   }
   if (unsized == 0) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "manifest import: ", unsized, " of ", m->artifacts.size(), " artifacts have no known size (first: ",
-      first_unsized->path, "); a manifest states every size, and they come from the pin's "
+      "manifest import: ", unsized, " of ", m->artifacts.size(),
+      " artifacts have no known size (first: ", first_unsized->path,
+      "); a manifest states every size, and they come from the pin's "
       "directory or the cache: run `cubist fetch --manifest ", checksums_location,
       "` first, then import again"));
 }

@@ -79,9 +79,10 @@ inline std::string CheckShape(const MoeGemmParams& p, const MoeGemmKernelDesc& k
   }
   const bool gated = IsGated(k.activation);
   if (p.n < 1 || (gated && p.n % 2 != 0)) {
-    return "moe_gemm: N = " + Str(p.n) + (gated ? " must be positive and even for the gated "
-                                                  "activation " + std::string(ActivationName(k.activation))
-                                                : std::string(" must be positive"));
+    return "moe_gemm: N = " + Str(p.n) +
+           (gated ? " must be positive and even for the gated activation " +
+                        std::string(ActivationName(k.activation))
+                  : std::string(" must be positive"));
   }
   const int32_t out_cols = MoeGemmOutCols(p.n, k.activation);
   if (out_cols % kMoeGemmOutColsAlign != 0) {
