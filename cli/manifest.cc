@@ -99,6 +99,17 @@ std::string RelativeInside(const std::string& file, const std::string& dir) {
   return fstr.substr(prefix.size());
 }
 
+// The manifest's text to `output` atomically, or to stdout when it is "".
+absl::Status WriteOutput(const std::string& text, const std::string& output,
+                         const char* command) {
+  if (!output.empty()) return WriteFileAtomically(output, text, 0644);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  if (std::fflush(stdout) != 0) {
+    return absl::InternalError(absl::StrCat(command, ": cannot write to stdout"));
+  }
+  return absl::OkStatus();
+}
+
 int RunBuild(const BuildFlags& f) {
   ManifestBuildOptions options;
   options.name = f.name;
@@ -124,16 +135,10 @@ int RunBuild(const BuildFlags& f) {
   absl::StatusOr<Manifest> m = BuildManifestFromDirectory(f.dir, options);
   if (!m.ok()) return PrintError(m.status());
   const std::string text = WriteManifest(*m);
-  if (f.output.empty()) {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    if (std::fflush(stdout) != 0) {
-      return PrintError(absl::InternalError("manifest build: cannot write to stdout"));
-    }
-    return kExitOk;
-  }
-  if (absl::Status s = WriteFileAtomically(f.output, text, 0644); !s.ok()) {
+  if (absl::Status s = WriteOutput(text, f.output, "manifest build"); !s.ok()) {
     return PrintError(s);
   }
+  if (f.output.empty()) return kExitOk;
   std::printf("wrote %s: %s\n", f.output.c_str(), Summary(*m, Sha256Hex(text)).c_str());
   return kExitOk;
 }
@@ -150,74 +155,73 @@ std::string PinDirectory(std::string location) {
   return location;
 }
 
-int RunImport(const ImportFlags& f) {
-  if (f.kind != "flashinfer") {
-    return PrintError(absl::InvalidArgumentError(absl::StrCat(
-        "manifest import: unknown kind '", f.kind, "'; the only kind is flashinfer")));
-  }
-  const std::string dir = PinDirectory(f.location);
-  const std::string checksums_location = dir + "/checksums.txt";
+// Reads of the pin's files: a slow mirror gets a minute and four attempts per file.
+constexpr absl::Duration kPinReadTimeout = absl::Seconds(60);
+constexpr int kPinReadAttempts = 4;
+
+// The pin's checksums.txt: its bytes, as read, and what it lists.
+struct PinChecksums {
+  std::string location;
+  std::string bytes;
+  Manifest manifest;
+};
+
+absl::StatusOr<PinChecksums> ReadPinChecksums(const std::string& dir, const std::string& name) {
+  PinChecksums out;
+  out.location = dir + "/checksums.txt";
   ManifestParseOptions parse;
-  constexpr uint64_t kMaxHeaderBytes = uint64_t{128} << 20;
-  const absl::Duration timeout = absl::Seconds(60);
   absl::StatusOr<std::string> sums =
-      ReadLocation(checksums_location, parse.max_bytes, timeout, /*attempts=*/4);
-  if (!sums.ok()) return PrintError(Annotate(sums.status(), "manifest import"));
-  const std::string pin = FlashinferPinFromLocation(checksums_location);
+      ReadLocation(out.location, parse.max_bytes, kPinReadTimeout, kPinReadAttempts);
+  if (!sums.ok()) return Annotate(sums.status(), "manifest import");
+  out.bytes = *std::move(sums);
   // A pin directory's own name ("batched_gemm-91e0ba0-896b90b") is the default name.
-  parse.checksums_name = f.name;
-  absl::StatusOr<Manifest> checksums = ParseChecksums(*sums, checksums_location, parse);
-  if (!checksums.ok()) return PrintError(checksums.status());
-  // The kernel list: under the name checksums.txt lists, else under each known name.
+  parse.checksums_name = name;
+  CUBIST_ASSIGN_OR_RETURN(out.manifest, ParseChecksums(out.bytes, out.location, parse));
+  return out;
+}
+
+// The pin's kernel list (flashinferMetaInfo.h): its text, where it was read and its
+// path inside the pin.
+struct PinKernelList {
+  std::string text;
+  std::string location;
+  std::string path;
+};
+
+// The kernel list under the name checksums.txt lists, else under each known name.
+absl::StatusOr<PinKernelList> ReadPinKernelList(const std::string& dir,
+                                                const Manifest& checksums) {
+  constexpr uint64_t kMaxHeaderBytes = uint64_t{128} << 20;
   std::vector<std::string> header_paths;
   for (const char* path : kFlashinferMetaInfoPaths) {
-    if (checksums->FindArtifact(path) != nullptr) header_paths.push_back(path);
+    if (checksums.FindArtifact(path) != nullptr) header_paths.push_back(path);
   }
   if (header_paths.empty()) header_paths.assign(std::begin(kFlashinferMetaInfoPaths),
                                                 std::end(kFlashinferMetaInfoPaths));
   absl::StatusOr<std::string> header = absl::NotFoundError("");
-  std::string header_location;
-  std::string header_path;
+  PinKernelList out;
   for (const std::string& path : header_paths) {
-    header_path = path;
-    header_location = absl::StrCat(dir, "/", path);
-    header = ReadLocation(header_location, kMaxHeaderBytes, timeout, /*attempts=*/4);
+    out.path = path;
+    out.location = absl::StrCat(dir, "/", path);
+    header = ReadLocation(out.location, kMaxHeaderBytes, kPinReadTimeout, kPinReadAttempts);
     if (header.status().code() != absl::StatusCode::kNotFound) break;
   }
   if (header.status().code() == absl::StatusCode::kNotFound) {
-    return PrintError(absl::NotFoundError(absl::StrCat(
+    return absl::NotFoundError(absl::StrCat(
         "manifest import: the pin's kernel list: ", dir, " has neither ",
         kFlashinferMetaInfoPath, " nor ", kFlashinferFmhaMetaInfoPath,
         " (only trtllm-gen pins, such as batched_gemm-* and the attention pin, have one); "
-        "is this a FlashInfer cubin pin directory?")));
+        "is this a FlashInfer cubin pin directory?"));
   }
-  if (!header.ok()) {
-    return PrintError(Annotate(header.status(), "manifest import: the pin's kernel list"));
-  }
+  if (!header.ok()) return Annotate(header.status(), "manifest import: the pin's kernel list");
+  out.text = *std::move(header);
+  return out;
+}
 
-  FlashinferImportOptions options;
-  options.version = f.version;
-  options.pin = pin;
-  options.header_path = header_path;
-  options.base_urls = f.base_urls;
-  if (options.base_urls.empty() && (IsUrl(dir) || !f.output.empty())) {
-    // The manifest may be written anywhere; its artifacts stay where the pin is.
-    options.base_urls.push_back(NormalizeBase(dir));
-  }
-  absl::StatusOr<Manifest> m = ImportFlashinferPin(*checksums, *header, header_location, options);
-  if (!m.ok()) return PrintError(m.status());
-  std::string checksums_sha256;  // the pin's checksums.txt, one of its own artifacts
-  for (Artifact& a : m->artifacts) {
-    if (a.path != kFlashinferChecksumsPath) continue;
-    a.size = sums->size();
-    checksums_sha256 = a.sha256;
-  }
-  // A JSON manifest states every size. A local pin has them on disk; for a URL pin they
-  // come from the cache, where `cubist fetch` of its checksums.txt put the files.
-  std::optional<Store> store;
-  if (auto root = ResolveCacheDir(f.cache); root.ok()) {
-    if (auto s = Store::Open(*root, /*create=*/false); s.ok()) store.emplace(*std::move(s));
-  }
+// A JSON manifest states every size. A local pin has them on disk; for a URL pin they
+// come from the cache, where `cubist fetch` of its checksums.txt put the files.
+absl::Status FillArtifactSizes(const std::string& dir, const std::optional<Store>& store,
+                               const std::string& checksums_location, Manifest* m) {
   size_t unsized = 0;
   const Artifact* first_unsized = nullptr;
   for (Artifact& a : m->artifacts) {
@@ -234,44 +238,87 @@ int RunImport(const ImportFlags& f) {
     }
     if (!a.size.has_value() && ++unsized == 1) first_unsized = &a;
   }
-  if (unsized > 0) {
-    return PrintError(absl::FailedPreconditionError(absl::StrCat(
-        "manifest import: ", unsized, " of ", m->artifacts.size(), " artifacts have no known size (first: ",
-        first_unsized->path, "); a manifest states every size, and they come from the pin's "
-        "directory or the cache: run `cubist fetch --manifest ", checksums_location,
-        "` first, then import again")));
+  if (unsized == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "manifest import: ", unsized, " of ", m->artifacts.size(),
+      " artifacts have no known size (first: ", first_unsized->path,
+      "); a manifest states every size, and they come from the pin's "
+      "directory or the cache: run `cubist fetch --manifest ", checksums_location,
+      "` first, then import again"));
+}
+
+// The pin's checksums.txt is one of its own artifacts (FLASHINFER_CUBIN_DIR needs it),
+// but a fetch of the pin by that file downloads only what it lists: keep the bytes read
+// here, so that the imported manifest fetches offline and exports from the cache.
+void KeepChecksumsInCache(std::optional<Store>& store, const std::string& sha256,
+                          const std::string& bytes) {
+  if (!store.has_value() || sha256.empty()) return;
+  if (absl::Status s = store->PutBytes(sha256, bytes); !s.ok()) {
+    std::fprintf(stderr,
+                 "cubist: warning: manifest import: %s not kept in the cache (%s); "
+                 "`cubist fetch` of the manifest will download it\n",
+                 kFlashinferChecksumsPath, std::string(s.message()).c_str());
   }
-  // The pin's checksums.txt is one of its own artifacts (FLASHINFER_CUBIN_DIR needs it),
-  // but a fetch of the pin by that file downloads only what it lists: keep the bytes read
-  // here, so that the imported manifest fetches offline and exports from the cache.
-  if (store.has_value() && !checksums_sha256.empty()) {
-    if (absl::Status s = store->PutBytes(checksums_sha256, *sums); !s.ok()) {
-      std::fprintf(stderr,
-                   "cubist: warning: manifest import: %s not kept in the cache (%s); "
-                   "`cubist fetch` of the manifest will download it\n",
-                   kFlashinferChecksumsPath, std::string(s.message()).c_str());
-    }
+}
+
+// "sm_100a 12, sm_100f 40": the kernels per arch.
+std::string KernelsPerArch(const Manifest& m) {
+  std::map<std::string, int> archs;
+  for (const KernelSpec& k : m.kernels) ++archs[k.arch];
+  std::string text;
+  for (const auto& [arch, n] : archs) {
+    absl::StrAppend(&text, text.empty() ? "" : ", ", arch, " ", n);
   }
+  return text;
+}
+
+int RunImport(const ImportFlags& f) {
+  if (f.kind != "flashinfer") {
+    return PrintError(absl::InvalidArgumentError(absl::StrCat(
+        "manifest import: unknown kind '", f.kind, "'; the only kind is flashinfer")));
+  }
+  const std::string dir = PinDirectory(f.location);
+  absl::StatusOr<PinChecksums> sums = ReadPinChecksums(dir, f.name);
+  if (!sums.ok()) return PrintError(sums.status());
+  absl::StatusOr<PinKernelList> header = ReadPinKernelList(dir, sums->manifest);
+  if (!header.ok()) return PrintError(header.status());
+
+  FlashinferImportOptions options;
+  options.version = f.version;
+  options.pin = FlashinferPinFromLocation(sums->location);
+  options.header_path = header->path;
+  options.base_urls = f.base_urls;
+  if (options.base_urls.empty() && (IsUrl(dir) || !f.output.empty())) {
+    // The manifest may be written anywhere; its artifacts stay where the pin is.
+    options.base_urls.push_back(NormalizeBase(dir));
+  }
+  absl::StatusOr<Manifest> m =
+      ImportFlashinferPin(sums->manifest, header->text, header->location, options);
+  if (!m.ok()) return PrintError(m.status());
+  std::string checksums_sha256;  // the pin's checksums.txt, one of its own artifacts
+  for (Artifact& a : m->artifacts) {
+    if (a.path != kFlashinferChecksumsPath) continue;
+    a.size = sums->bytes.size();
+    checksums_sha256 = a.sha256;
+  }
+  std::optional<Store> store;
+  if (auto root = ResolveCacheDir(f.cache); root.ok()) {
+    if (auto s = Store::Open(*root, /*create=*/false); s.ok()) store.emplace(*std::move(s));
+  }
+  if (absl::Status s = FillArtifactSizes(dir, store, sums->location, &*m); !s.ok()) {
+    return PrintError(s);
+  }
+  KeepChecksumsInCache(store, checksums_sha256, sums->bytes);
   // What select will do with it: refuse here rather than there.
   absl::StatusOr<Registry> registry = Registry::Create(*m);
   if (!registry.ok()) return PrintError(registry.status());
   const std::string text = WriteManifest(*m);
-  std::map<std::string, int> archs;
-  for (const KernelSpec& k : m->kernels) ++archs[k.arch];
-  std::string arch_text;
-  for (const auto& [arch, n] : archs) {
-    absl::StrAppend(&arch_text, arch_text.empty() ? "" : ", ", arch, " ", n);
+  if (absl::Status s = WriteOutput(text, f.output, "manifest import"); !s.ok()) {
+    return PrintError(s);
   }
-  if (f.output.empty()) {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    if (std::fflush(stdout) != 0) {
-      return PrintError(absl::InternalError("manifest import: cannot write to stdout"));
-    }
-    return kExitOk;
-  }
-  if (absl::Status s = WriteFileAtomically(f.output, text, 0644); !s.ok()) return PrintError(s);
+  if (f.output.empty()) return kExitOk;
   std::printf("wrote %s: %s (%s: %s)\n", f.output.c_str(), Summary(*m, Sha256Hex(text)).c_str(),
-              kTrtllmBmmOp, arch_text.c_str());
+              kTrtllmBmmOp, KernelsPerArch(*m).c_str());
   return kExitOk;
 }
 

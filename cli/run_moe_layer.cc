@@ -60,16 +60,26 @@ struct LayerRun {
   int experts_touched = 0;
 };
 
-absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
-                                  const MoeLayerOptions& o) {
-  DriverApi& d = rt.driver();
-  const int t = static_cast<int>(f.tokens), e = static_cast<int>(o.num_experts);
-  const int k = static_cast<int>(o.top_k), h = static_cast<int>(o.hidden);
+// GEMM1's rows per expert: both halves of a gated activation.
+int Gemm1Rows(const MoeLayerOptions& o) {
   const int inter = static_cast<int>(o.intermediate);
-  const int n1 = IsGated(o.activation) ? 2 * inter : inter;
-  std::mt19937_64 rng(f.seed);
+  return IsGated(o.activation) ? 2 * inter : inter;
+}
 
+// The layer's inputs, drawn from --seed: the reference's data (with the weights quantized
+// as the kernels take them) and the router's logits and bias.
+struct LayerInputs {
   ref::MoeLayerData data;
+  std::vector<float> logits;  // [T, E]
+  std::vector<float> bias;    // [E], deepseek_v3 routing only
+};
+
+LayerInputs RandomLayerInputs(const MoeLayerRunFlags& f, const MoeLayerOptions& o) {
+  const int t = static_cast<int>(f.tokens), e = static_cast<int>(o.num_experts);
+  const int h = static_cast<int>(o.hidden), inter = static_cast<int>(o.intermediate);
+  std::mt19937_64 rng(f.seed);
+  LayerInputs in;
+  ref::MoeLayerData& data = in.data;
   data.tokens = t;
   data.hidden = h;
   data.intermediate = inter;
@@ -78,7 +88,7 @@ absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
   data.activation = o.activation;
   data.apply_weight_on_input = o.apply_weight_on_input;
   data.x = RandomBf16(static_cast<size_t>(t) * h, 1.0, rng);
-  data.w1 = RandomBf16(static_cast<size_t>(e) * n1 * h, 1.0 / std::sqrt(h), rng);
+  data.w1 = RandomBf16(static_cast<size_t>(e) * Gemm1Rows(o) * h, 1.0 / std::sqrt(h), rng);
   data.w2 = RandomBf16(static_cast<size_t>(e) * h * inter, 1.0 / std::sqrt(inter), rng);
   data.weight_format = o.weight_format;
   data.activation_format = o.activation_format;
@@ -86,69 +96,89 @@ absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
   // Activation scales as an engine calibrates them: inputs are N(0, 1), GEMM1's output O(1).
   data.input_scale = ref::ActivationScaleFor(o.activation_format, 5.0f);
   data.intermediate_scale = ref::ActivationScaleFor(o.activation_format, 4.0f);
-  const bool quantized_weights = o.weight_format != DataFormat::kBf16;
-  std::vector<float> logits(static_cast<size_t>(t) * e), bias;
+  in.logits.resize(static_cast<size_t>(t) * e);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (float& x : logits) x = nd(rng);
+  for (float& x : in.logits) x = nd(rng);
   if (o.routing_method == "deepseek_v3") {
-    for (int i = 0; i < e; ++i) bias.push_back(0.1f * nd(rng));
+    for (int i = 0; i < e; ++i) in.bias.push_back(0.1f * nd(rng));
   }
+  return in;
+}
 
-  CUBIST_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::Create(rt, o));
-  CUBIST_ASSIGN_OR_RETURN(size_t ws_bytes, MoeLayer::WorkspaceSize(o, t));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer x, Upload(d, data.x));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w1, quantized_weights ? Upload(d, data.w1q)
-                                                             : Upload(d, data.w1));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w2, quantized_weights ? Upload(d, data.w2q)
-                                                             : Upload(d, data.w2));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w1s, Upload(d, data.w1_scale));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w2s, Upload(d, data.w2_scale));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w1g, Upload(d, data.w1_global));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer w2g, Upload(d, data.w2_global));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer s1, Upload(d, std::vector<float>{data.input_scale}));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer s2,
+// The inputs on the device, with the output and the workspace.
+struct LayerBuffers {
+  DeviceBuffer x, w1, w2, w1_scale, w2_scale, w1_global, w2_global;
+  DeviceBuffer input_scale, intermediate_scale, logits, bias, out, workspace;
+};
+
+absl::StatusOr<LayerBuffers> UploadLayer(DriverApi& d, const LayerInputs& in,
+                                         const MoeLayerOptions& o, size_t workspace_bytes) {
+  const ref::MoeLayerData& data = in.data;
+  const bool quantized_weights = o.weight_format != DataFormat::kBf16;
+  LayerBuffers b;
+  CUBIST_ASSIGN_OR_RETURN(b.x, Upload(d, data.x));
+  CUBIST_ASSIGN_OR_RETURN(b.w1, quantized_weights ? Upload(d, data.w1q) : Upload(d, data.w1));
+  CUBIST_ASSIGN_OR_RETURN(b.w2, quantized_weights ? Upload(d, data.w2q) : Upload(d, data.w2));
+  CUBIST_ASSIGN_OR_RETURN(b.w1_scale, Upload(d, data.w1_scale));
+  CUBIST_ASSIGN_OR_RETURN(b.w2_scale, Upload(d, data.w2_scale));
+  CUBIST_ASSIGN_OR_RETURN(b.w1_global, Upload(d, data.w1_global));
+  CUBIST_ASSIGN_OR_RETURN(b.w2_global, Upload(d, data.w2_global));
+  CUBIST_ASSIGN_OR_RETURN(b.input_scale, Upload(d, std::vector<float>{data.input_scale}));
+  CUBIST_ASSIGN_OR_RETURN(b.intermediate_scale,
                           Upload(d, std::vector<float>{data.intermediate_scale}));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer lg, Upload(d, logits));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer bias_d, Upload(d, bias));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Allocate(d, size_t(t) * h * 2));
-  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer ws, DeviceBuffer::Allocate(d, ws_bytes));
-  CUBIST_ASSIGN_OR_RETURN(Stream stream, Stream::Create(d));
+  CUBIST_ASSIGN_OR_RETURN(b.logits, Upload(d, in.logits));
+  CUBIST_ASSIGN_OR_RETURN(b.bias, Upload(d, in.bias));
+  CUBIST_ASSIGN_OR_RETURN(b.out, DeviceBuffer::Allocate(d, size_t(data.tokens) * data.hidden * 2));
+  CUBIST_ASSIGN_OR_RETURN(b.workspace, DeviceBuffer::Allocate(d, workspace_bytes));
+  return b;
+}
 
+// The layer's arguments: only the scales the formats have.
+MoeLayerArgs LayerArgs(const LayerBuffers& b, const LayerInputs& in, const MoeLayerOptions& o) {
   MoeLayerArgs a;
-  a.tokens = t;
-  a.hidden_states = x.get();
-  a.router_logits = lg.get();
-  if (!bias.empty()) a.routing_bias = bias_d.get();
-  a.w1 = w1.get();
-  a.w2 = w2.get();
-  if (!data.w1_scale.empty()) {
-    a.w1_scale = w1s.get();
-    a.w2_scale = w2s.get();
+  a.tokens = in.data.tokens;
+  a.hidden_states = b.x.get();
+  a.router_logits = b.logits.get();
+  if (!in.bias.empty()) a.routing_bias = b.bias.get();
+  a.w1 = b.w1.get();
+  a.w2 = b.w2.get();
+  if (!in.data.w1_scale.empty()) {
+    a.w1_scale = b.w1_scale.get();
+    a.w2_scale = b.w2_scale.get();
   }
-  if (!data.w1_global.empty()) {
-    a.w1_global_scale = w1g.get();
-    a.w2_global_scale = w2g.get();
+  if (!in.data.w1_global.empty()) {
+    a.w1_global_scale = b.w1_global.get();
+    a.w2_global_scale = b.w2_global.get();
   }
   if (moe::FormatHasGlobalScale(o.activation_format)) {
-    a.input_scale = s1.get();
-    a.intermediate_scale = s2.get();
+    a.input_scale = b.input_scale.get();
+    a.intermediate_scale = b.intermediate_scale.get();
   }
-  a.out = out.get();
-  a.workspace = ws.get();
-  a.workspace_bytes = ws.size();
-  CUBIST_RETURN_IF_ERROR(layer->CanImplement(a, t));
-  CUBIST_RETURN_IF_ERROR(layer->Run(a, stream.get()));
-  CUBIST_RETURN_IF_ERROR(stream.Synchronize());
+  a.out = b.out.get();
+  a.workspace = b.workspace.get();
+  a.workspace_bytes = b.workspace.size();
+  return a;
+}
 
-  // The check: the reference routes every token (cheap) and runs the GEMMs for a sample.
+// The reference's routing of every token (cheap next to the GEMMs).
+absl::StatusOr<ref::Routing> RouteOnHost(const MoeLayerOptions& o, const LayerInputs& in) {
   ref::RoutingConfig rc;
   CUBIST_ASSIGN_OR_RETURN(rc.method, ParseRoutingMethod(o.routing_method));
-  rc.num_experts = e;
-  rc.top_k = k;
+  rc.num_experts = static_cast<int>(o.num_experts);
+  rc.top_k = static_cast<int>(o.top_k);
   rc.n_group = static_cast<int>(o.n_group);
   rc.topk_group = static_cast<int>(o.topk_group);
   rc.routed_scaling_factor = o.routed_scaling_factor;
-  const ref::Routing routing = ref::Route(rc, logits, bias, t);
+  return ref::Route(rc, in.logits, in.bias, in.data.tokens);
+}
+
+// Compares --check-tokens tokens, spread over the batch, of the layer's output with the
+// reference's GEMMs over the same tokens and routing.
+absl::StatusOr<ref::Comparison> CheckSample(const MoeLayerRunFlags& f, const MoeLayerOptions& o,
+                                            const LayerInputs& in, const ref::Routing& routing,
+                                            const DeviceBuffer& out, int* checked_tokens) {
+  const ref::MoeLayerData& data = in.data;
+  const int t = data.tokens, h = data.hidden, k = static_cast<int>(o.top_k);
   std::vector<int> sample;
   const int want = std::min(t, std::max(1, f.check_tokens));
   for (int i = 0; i < want; ++i) sample.push_back(static_cast<int>(int64_t{i} * t / want));
@@ -169,38 +199,68 @@ absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
     CUBIST_RETURN_IF_ERROR(out.CopyToHost(row.data(), size_t(h) * 2, size_t(tok) * h * 2));
     got.insert(got.end(), row.begin(), row.end());
   }
-  const ref::Comparison cmp = ref::CompareBf16(got, ref::MoeLayerReference(sub, sub_routing),
-                                               ref::MoeLayerTolerance(o.activation_format));
-  LayerRun r;
-  r.ok = cmp.ok;
-  r.check_summary = cmp.summary;
-  r.checked_tokens = static_cast<int>(sample.size());
+  *checked_tokens = static_cast<int>(sample.size());
+  return ref::CompareBf16(got, ref::MoeLayerReference(sub, sub_routing),
+                          ref::MoeLayerTolerance(o.activation_format));
+}
 
-  // Timing: CUDA events around each Run, the median.
+// The median of CUDA events around each Run, after the warm-up runs.
+absl::StatusOr<double> MedianRunUs(DriverApi& d, MoeLayer& layer, const MoeLayerArgs& a,
+                                   const Stream& stream, int warmup, int iterations) {
   std::vector<float> ms;
   CUBIST_ASSIGN_OR_RETURN(Event start, Event::Create(d));
   CUBIST_ASSIGN_OR_RETURN(Event stop, Event::Create(d));
-  for (int i = 0; i < f.warmup + f.iterations; ++i) {
+  for (int i = 0; i < warmup + iterations; ++i) {
     CUBIST_RETURN_IF_ERROR(start.Record(stream.get()));
-    CUBIST_RETURN_IF_ERROR(layer->Run(a, stream.get()));
+    CUBIST_RETURN_IF_ERROR(layer.Run(a, stream.get()));
     CUBIST_RETURN_IF_ERROR(stop.Record(stream.get()));
     CUBIST_RETURN_IF_ERROR(stop.Synchronize());
     CUBIST_ASSIGN_OR_RETURN(float one, Event::ElapsedMs(start, stop));
-    if (i >= f.warmup) ms.push_back(one);
+    if (i >= warmup) ms.push_back(one);
   }
   std::sort(ms.begin(), ms.end());
-  r.time_us = ms.empty() ? 0 : 1000.0 * ms[ms.size() / 2];
-  std::set<int32_t> touched(routing.ids.begin(), routing.ids.end());
-  r.experts_touched = static_cast<int>(touched.size());
-  // The touched experts' weight bytes, elements and block and global scales.
+  return ms.empty() ? 0 : 1000.0 * ms[ms.size() / 2];
+}
+
+// One read of the touched experts' weight bytes (elements, block and global scales) at
+// the device's copy bandwidth.
+double WeightFloorUs(const MoeLayerOptions& o, int experts_touched, double copy_tbps) {
+  const int h = static_cast<int>(o.hidden), inter = static_cast<int>(o.intermediate);
   const moe::MoeGemmBytes b1 =
       moe::MoeGemmBytesFor(o.weight_format, o.activation_format, o.activation,
-                           r.experts_touched, 0, n1, h);
+                           experts_touched, 0, Gemm1Rows(o), h);
   const moe::MoeGemmBytes b2 = moe::MoeGemmBytesFor(
-      o.weight_format, o.activation_format, moe::kIdentity, r.experts_touched, 0, h, inter);
+      o.weight_format, o.activation_format, moe::kIdentity, experts_touched, 0, h, inter);
   const double weight_bytes = static_cast<double>(b1.b + b1.b_scale + b1.b_global_scale +
                                                   b2.b + b2.b_scale + b2.b_global_scale);
-  r.floor_us = weight_bytes / (f.copy_tbps * 1e12) * 1e6;
+  return weight_bytes / (copy_tbps * 1e12) * 1e6;
+}
+
+absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
+                                  const MoeLayerOptions& o) {
+  DriverApi& d = rt.driver();
+  const int t = static_cast<int>(f.tokens);
+  const LayerInputs in = RandomLayerInputs(f, o);
+  CUBIST_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::Create(rt, o));
+  CUBIST_ASSIGN_OR_RETURN(size_t ws_bytes, MoeLayer::WorkspaceSize(o, t));
+  CUBIST_ASSIGN_OR_RETURN(const LayerBuffers buffers, UploadLayer(d, in, o, ws_bytes));
+  CUBIST_ASSIGN_OR_RETURN(Stream stream, Stream::Create(d));
+  const MoeLayerArgs a = LayerArgs(buffers, in, o);
+  CUBIST_RETURN_IF_ERROR(layer->CanImplement(a, t));
+  CUBIST_RETURN_IF_ERROR(layer->Run(a, stream.get()));
+  CUBIST_RETURN_IF_ERROR(stream.Synchronize());
+
+  CUBIST_ASSIGN_OR_RETURN(const ref::Routing routing, RouteOnHost(o, in));
+  LayerRun r;
+  CUBIST_ASSIGN_OR_RETURN(const ref::Comparison cmp,
+                          CheckSample(f, o, in, routing, buffers.out, &r.checked_tokens));
+  r.ok = cmp.ok;
+  r.check_summary = cmp.summary;
+  CUBIST_ASSIGN_OR_RETURN(r.time_us,
+                          MedianRunUs(d, *layer, a, stream, f.warmup, f.iterations));
+  const std::set<int32_t> touched(routing.ids.begin(), routing.ids.end());
+  r.experts_touched = static_cast<int>(touched.size());
+  r.floor_us = WeightFloorUs(o, r.experts_touched, f.copy_tbps);
   return r;
 }
 

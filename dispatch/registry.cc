@@ -73,7 +73,8 @@ absl::Status ReadFraction(const KernelSpec& spec, const EntryErrors& err, const 
   return absl::OkStatus();
 }
 
-absl::Status ValidateKnownOp(KernelEntry& e, const EntryErrors& err) {
+// The formats and the activation, each parsed and one the op has kernels for.
+absl::Status ReadFormats(KernelEntry& e, const EntryErrors& err) {
   const KernelSpec& s = e.spec;
   {
     auto f = ParseDataFormat(s.weight_format);
@@ -102,6 +103,11 @@ absl::Status ValidateKnownOp(KernelEntry& e, const EntryErrors& err) {
     return err.Error("activation", absl::StrCat("op ", Sv(OpName(op)), " has no ",
                                                 Sv(ActivationName(e.activation)), " epilogue"));
   }
+  return absl::OkStatus();
+}
+
+// Tile, threads, shared memory and cluster: a launch some GPU can make.
+absl::Status CheckLaunchShape(const KernelSpec& s, const EntryErrors& err) {
   if (s.tile_m < 1) return err.Error("tile_m", absl::StrCat("must be positive, got ", s.tile_m));
   if (s.tile_n < 1) return err.Error("tile_n", absl::StrCat("must be positive, got ", s.tile_n));
   if (s.tile_k < 1) return err.Error("tile_k", absl::StrCat("must be positive, got ", s.tile_k));
@@ -127,6 +133,12 @@ absl::Status ValidateKnownOp(KernelEntry& e, const EntryErrors& err) {
     return err.Error("cluster", absl::StrCat(cluster_ctas, " CTAs per cluster; at most ",
                                              kMaxClusterCtas, " are possible"));
   }
+  return absl::OkStatus();
+}
+
+// A gated activation needs an even tile_n, and an entry's "gated" must agree with it.
+absl::Status CheckGated(const KernelEntry& e, const EntryErrors& err) {
+  const KernelSpec& s = e.spec;
   bool gated = IsGated(e.activation);
   if (gated && s.tile_n % 2 != 0) {
     return err.Error("tile_n", absl::StrCat("a gated activation (", s.activation,
@@ -140,6 +152,12 @@ absl::Status ValidateKnownOp(KernelEntry& e, const EntryErrors& err) {
                                            gated ? "gated" : "element-wise",
                                            "; the entry is inconsistent"));
   }
+  return absl::OkStatus();
+}
+
+// The optional extras: shape constraints, the cost model's efficiencies, exactness.
+absl::Status ReadEntryExtras(KernelEntry& e, const EntryErrors& err) {
+  const KernelSpec& s = e.spec;
   ShapeConstraints& c = e.constraints;
   CUBIST_RETURN_IF_ERROR(ReadConstraint(s, err, "k_multiple", &c.k_multiple));
   int64_t k_align = 1;
@@ -155,6 +173,13 @@ absl::Status ValidateKnownOp(KernelEntry& e, const EntryErrors& err) {
   CUBIST_RETURN_IF_ERROR(ReadFraction(s, err, "memory_efficiency", &e.memory_efficiency));
   CUBIST_RETURN_IF_ERROR(ReadBool(s, err, "exact", &e.exact));
   return absl::OkStatus();
+}
+
+absl::Status ValidateKnownOp(KernelEntry& e, const EntryErrors& err) {
+  CUBIST_RETURN_IF_ERROR(ReadFormats(e, err));
+  CUBIST_RETURN_IF_ERROR(CheckLaunchShape(e.spec, err));
+  CUBIST_RETURN_IF_ERROR(CheckGated(e, err));
+  return ReadEntryExtras(e, err);
 }
 
 // The first metadata field in which two entries for one function differ, or "".

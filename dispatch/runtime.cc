@@ -12,6 +12,72 @@
 #include "base/strings.h"
 
 namespace cubist {
+namespace {
+
+// What the device says about itself: its name, the driver's version, and the SM count
+// and shared memory per SM the cost model needs (a table's defaults for its SM where
+// the driver does not say).
+struct DeviceFacts {
+  std::string name;
+  int driver_version = 0;
+  DeviceInfo info;
+};
+
+absl::StatusOr<DeviceFacts> QueryDevice(DriverApi& d, const PrimaryContext& context) {
+  DeviceFacts out;
+  char name[256] = {};
+  CUBIST_RETURN_IF_ERROR(CuCheck(d, d.DeviceGetName(name, sizeof(name) - 1, context.device()),
+                                 "cuDeviceGetName"));
+  out.name = name;
+  CUBIST_RETURN_IF_ERROR(
+      CuCheck(d, d.DriverGetVersion(&out.driver_version), "cuDriverGetVersion"));
+  out.info = DeviceInfo::ForSm(context.sm());
+  int sms = 0;
+  CUBIST_RETURN_IF_ERROR(CuCheck(
+      d, d.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, context.device()),
+      "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)"));
+  if (sms > 0) out.info.sm_count = sms;
+  int smem_per_sm = 0;
+  if (d.DeviceGetAttribute(&smem_per_sm,
+                           CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                           context.device()) == CUDA_SUCCESS &&
+      smem_per_sm > 0) {
+    out.info.shared_mem_per_sm = smem_per_sm;
+  }
+  return out;
+}
+
+// Registers every kernel the device `sm` can run with `modules`, each image once: cheap
+// (no file read, no driver call), and it turns each later lookup into an index. Returns
+// the function per registry index, invalid for kernels that do not run on `sm`.
+absl::StatusOr<std::vector<FunctionId>> RegisterKernels(const Registry& reg,
+                                                        const Manifest& manifest,
+                                                        const Store& store, DeviceSm sm,
+                                                        bool skip_load_hash,
+                                                        ModuleCache& modules) {
+  std::vector<FunctionId> functions(reg.size(), FunctionId{});
+  absl::flat_hash_map<std::string, ImageId> images;
+  for (const KernelEntry& k : reg.kernels()) {
+    if (!SassRunsOn(k.arch, sm)) continue;
+    const Artifact* a = manifest.FindArtifact(k.spec.artifact);
+    ImageId image;
+    if (auto it = images.find(a->path); it != images.end()) {
+      image = it->second;
+    } else {
+      ImageOptions io;
+      io.expected_sha256 = a->sha256;  // hashed as read to load: see skip_load_hash
+      io.skip_hash_check = skip_load_hash;
+      CUBIST_ASSIGN_OR_RETURN(image, modules.AddImageFile(store.ObjectPath(a->sha256), io));
+      images.emplace(a->path, image);
+    }
+    CUBIST_ASSIGN_OR_RETURN(functions[k.index],
+                            modules.AddFunction(image, k.spec.function,
+                                                k.spec.shared_mem_bytes));
+  }
+  return functions;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Open(const RuntimeOptions& options) {
   std::unique_ptr<Runtime> rt(new Runtime());
@@ -39,51 +105,13 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Open(const RuntimeOptions& opt
   CUBIST_ASSIGN_OR_RETURN(rt->context_, PrimaryContext::Retain(d, options.device));
   CUBIST_ASSIGN_OR_RETURN(rt->modules_, ModuleCache::Create(d, rt->context_.get()));
 
-  char name[256] = {};
-  CUBIST_RETURN_IF_ERROR(CuCheck(d, d.DeviceGetName(name, sizeof(name) - 1,
-                                                    rt->context_.device()),
-                                 "cuDeviceGetName"));
-  rt->device_name_ = name;
-  CUBIST_RETURN_IF_ERROR(
-      CuCheck(d, d.DriverGetVersion(&rt->driver_version_), "cuDriverGetVersion"));
-  rt->device_info_ = DeviceInfo::ForSm(rt->context_.sm());
-  int sms = 0;
-  CUBIST_RETURN_IF_ERROR(CuCheck(
-      d, d.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                              rt->context_.device()),
-      "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)"));
-  if (sms > 0) rt->device_info_.sm_count = sms;
-  int smem_per_sm = 0;
-  if (d.DeviceGetAttribute(&smem_per_sm,
-                           CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-                           rt->context_.device()) == CUDA_SUCCESS &&
-      smem_per_sm > 0) {
-    rt->device_info_.shared_mem_per_sm = smem_per_sm;
-  }
-
-  // Register every kernel this device can run: cheap (no file read, no driver call),
-  // and it turns each later lookup into an index.
-  const Registry& reg = *rt->registry_;
-  rt->functions_.assign(reg.size(), FunctionId{});
-  absl::flat_hash_map<std::string, ImageId> images;
-  for (const KernelEntry& k : reg.kernels()) {
-    if (!SassRunsOn(k.arch, rt->sm())) continue;
-    const Artifact* a = rt->manifest_.FindArtifact(k.spec.artifact);
-    ImageId image;
-    if (auto it = images.find(a->path); it != images.end()) {
-      image = it->second;
-    } else {
-      ImageOptions io;
-      io.expected_sha256 = a->sha256;  // hashed as read to load: see skip_load_hash
-      io.skip_hash_check = options.skip_load_hash;
-      CUBIST_ASSIGN_OR_RETURN(image,
-                              rt->modules_->AddImageFile(rt->store_->ObjectPath(a->sha256), io));
-      images.emplace(a->path, image);
-    }
-    CUBIST_ASSIGN_OR_RETURN(rt->functions_[k.index],
-                            rt->modules_->AddFunction(image, k.spec.function,
-                                                      k.spec.shared_mem_bytes));
-  }
+  CUBIST_ASSIGN_OR_RETURN(DeviceFacts device, QueryDevice(d, rt->context_));
+  rt->device_name_ = std::move(device.name);
+  rt->driver_version_ = device.driver_version;
+  rt->device_info_ = device.info;
+  CUBIST_ASSIGN_OR_RETURN(rt->functions_,
+                          RegisterKernels(*rt->registry_, rt->manifest_, *rt->store_, rt->sm(),
+                                          options.skip_load_hash, *rt->modules_));
 
   if (options.tuning_file != "none") {
     rt->tuning_path_ = options.tuning_file.empty() ? DefaultTuningPath(root)

@@ -35,88 +35,126 @@ struct MoeGemmKernelDesc {
 // scale arrays, and a grid that fits in one launch. It cannot check device memory:
 // offsets must be non-decreasing from 0 with offsets[E] <= T (the kernel clamps rows to
 // [0, T], so a wrong offsets array gives wrong results but never an out-of-bounds access).
-inline std::string MoeGemmCheck(const MoeGemmParams& p, const MoeGemmKernelDesc& k) {
-  auto s = [](int64_t v) { return std::to_string(v); };
-  const std::string pair = std::string(FormatName(k.weight_format)) + " x " +
-                           FormatName(k.activation_format);
+inline std::string MoeGemmCheck(const MoeGemmParams& p, const MoeGemmKernelDesc& k);
+
+// The steps of MoeGemmCheck, in the order it runs them; not part of the contract.
+namespace moe_gemm_check_internal {
+
+inline std::string Str(int64_t v) { return std::to_string(v); }
+
+inline bool Misaligned(const void* ptr, uintptr_t a) {
+  return (reinterpret_cast<uintptr_t>(ptr) & (a - 1)) != 0;
+}
+
+// "mxfp4 x bf16": the kernel's weight x activation formats.
+inline std::string PairName(const MoeGemmKernelDesc& k) {
+  return std::string(FormatName(k.weight_format)) + " x " + FormatName(k.activation_format);
+}
+
+// The parameter struct's version and the kernel's, against what this build fills.
+inline std::string CheckVersions(const MoeGemmParams& p, const MoeGemmKernelDesc& k) {
   // Callers fill the version-1 struct; the launcher wraps it for newer kernels.
   if (p.abi != kMoeGemmAbiV1) {
-    return "moe_gemm: parameter struct has abi " + s(p.abi) + ", the kernels expect " +
-           s(kMoeGemmAbiV1) + "; initialise it with MoeGemmParamsInit()";
+    return "moe_gemm: parameter struct has abi " + Str(p.abi) + ", the kernels expect " +
+           Str(kMoeGemmAbiV1) + "; initialise it with MoeGemmParamsInit()";
   }
   if (k.abi < kMoeGemmAbiV1 || k.abi > kMoeGemmAbi) {
-    return "moe_gemm: the kernel takes parameter struct version " + s(k.abi) +
-           ", this build fills versions 1 to " + s(kMoeGemmAbi) + "; use a newer cubist";
+    return "moe_gemm: the kernel takes parameter struct version " + Str(k.abi) +
+           ", this build fills versions 1 to " + Str(kMoeGemmAbi) + "; use a newer cubist";
   }
+  return "";
+}
+
+// E, T, K and N, and the alignment of K and of the output's width.
+inline std::string CheckShape(const MoeGemmParams& p, const MoeGemmKernelDesc& k) {
   if (p.num_experts < 1) {
-    return "moe_gemm: E = " + s(p.num_experts) + "; need at least one expert";
+    return "moe_gemm: E = " + Str(p.num_experts) + "; need at least one expert";
   }
-  if (p.num_tokens < 0) return "moe_gemm: T = " + s(p.num_tokens) + " is negative";
+  if (p.num_tokens < 0) return "moe_gemm: T = " + Str(p.num_tokens) + " is negative";
   const int32_t ka = MoeGemmKAlign(k.weight_format, k.activation_format);
   if (p.k < 1 || p.k % ka != 0) {
-    return "moe_gemm: K = " + s(p.k) + " is not a positive multiple of " + s(ka) + " (" +
-           pair + " kernels read whole 16-byte chunks and scale blocks); pad K with zeros "
-           "to a multiple of " + s(ka);
+    return "moe_gemm: K = " + Str(p.k) + " is not a positive multiple of " + Str(ka) + " (" +
+           PairName(k) + " kernels read whole 16-byte chunks and scale blocks); pad K with "
+           "zeros to a multiple of " + Str(ka);
   }
   const bool gated = IsGated(k.activation);
   if (p.n < 1 || (gated && p.n % 2 != 0)) {
-    return "moe_gemm: N = " + s(p.n) + (gated ? " must be positive and even for the gated "
-                                                "activation " + std::string(ActivationName(k.activation))
-                                              : std::string(" must be positive"));
+    return "moe_gemm: N = " + Str(p.n) +
+           (gated ? " must be positive and even for the gated activation " +
+                        std::string(ActivationName(k.activation))
+                  : std::string(" must be positive"));
   }
   const int32_t out_cols = MoeGemmOutCols(p.n, k.activation);
   if (out_cols % kMoeGemmOutColsAlign != 0) {
-    return "moe_gemm: output width " + s(out_cols) + (gated ? " (N/2)" : " (N)") +
-           " is not a multiple of " + s(kMoeGemmOutColsAlign) +
+    return "moe_gemm: output width " + Str(out_cols) + (gated ? " (N/2)" : " (N)") +
+           " is not a multiple of " + Str(kMoeGemmOutColsAlign) +
            "; pad N (each half, when gated) to a multiple of 8";
   }
+  return "";
+}
+
+// The pointers the formats need, their alignment, and a bias only for kernels that take one.
+inline std::string CheckPointers(const MoeGemmParams& p, const MoeGemmKernelDesc& k) {
   if (p.a == nullptr || p.b == nullptr || p.offsets == nullptr || p.out == nullptr) {
     return "moe_gemm: a, b, offsets and out are required (one is null)";
   }
-  auto misaligned = [](const void* ptr, uintptr_t a) {
-    return (reinterpret_cast<uintptr_t>(ptr) & (a - 1)) != 0;
-  };
-  if (misaligned(p.a, 16) || misaligned(p.b, 16) || misaligned(p.out, 16)) {
+  if (Misaligned(p.a, 16) || Misaligned(p.b, 16) || Misaligned(p.out, 16)) {
     return "moe_gemm: a, b and out must be 16-byte aligned (cudaMalloc/cuMemAlloc "
            "allocations are); a sub-tensor view must start on a 16-byte boundary";
   }
   const bool a_blocks = FormatScaleBlock(k.activation_format) != 0;
   const bool b_blocks = FormatScaleBlock(k.weight_format) != 0;
   if ((a_blocks && p.a_scale == nullptr) || (b_blocks && p.b_scale == nullptr)) {
-    return "moe_gemm: " + pair + " needs block scales (" +
+    return "moe_gemm: " + PairName(k) + " needs block scales (" +
            std::string(a_blocks && p.a_scale == nullptr ? "a_scale" : "b_scale") +
            " is null)";
   }
-  if ((k.activation_format == kFp8Block && misaligned(p.a_scale, 4)) ||
-      (k.weight_format == kFp8Block && misaligned(p.b_scale, 4)) ||
-      misaligned(p.a_global_scale, 4) || misaligned(p.b_global_scale, 4) ||
-      misaligned(p.alpha, 4) || misaligned(p.beta, 4) || misaligned(p.limit, 4) ||
-      misaligned(p.bias, 4)) {
+  if ((k.activation_format == kFp8Block && Misaligned(p.a_scale, 4)) ||
+      (k.weight_format == kFp8Block && Misaligned(p.b_scale, 4)) ||
+      Misaligned(p.a_global_scale, 4) || Misaligned(p.b_global_scale, 4) ||
+      Misaligned(p.alpha, 4) || Misaligned(p.beta, 4) || Misaligned(p.limit, 4) ||
+      Misaligned(p.bias, 4)) {
     return "moe_gemm: fp32 arrays (scales, alpha, beta, limit, bias) must be 4-byte aligned";
   }
   if (p.bias != nullptr && k.abi < kMoeGemmAbiV3) {
-    return "moe_gemm: the kernel takes parameter struct version " + s(k.abi) +
+    return "moe_gemm: the kernel takes parameter struct version " + Str(k.abi) +
            ", which has no bias; a bias needs a version-3 kernel (scripts/build-artifacts "
            "builds them)";
   }
+  return "";
+}
+
+// The kernel's tile, what a TMA kernel can address, and a grid that fits one launch.
+inline std::string CheckLaunchLimits(const MoeGemmParams& p, const MoeGemmKernelDesc& k) {
   if (k.tile_m <= 0 || k.tile_n <= 0) return "moe_gemm: kernel description has no tile";
   if (k.abi >= kMoeGemmAbiV2) {
     if (p.num_experts > kMoeGemmTmaMaxExperts) {
-      return "moe_gemm: E = " + s(p.num_experts) + " exceeds the " +
-             s(kMoeGemmTmaMaxExperts) + " experts a TMA (abi " + s(k.abi) +
+      return "moe_gemm: E = " + Str(p.num_experts) + " exceeds the " +
+             Str(kMoeGemmTmaMaxExperts) + " experts a TMA (abi " + Str(k.abi) +
              ") kernel schedules; use an abi 1 kernel or split the experts";
     }
     if (static_cast<int64_t>(p.num_experts) * p.n > 0x7FFFFFFF) {
-      return "moe_gemm: E x N = " + s(static_cast<int64_t>(p.num_experts) * p.n) +
+      return "moe_gemm: E x N = " + Str(static_cast<int64_t>(p.num_experts) * p.n) +
              " weight rows exceed a TMA coordinate (2^31 - 1); split the experts";
     }
   }
   const int64_t blocks = MoeGemmMaxMTiles(p.num_tokens, p.num_experts, k.tile_m) *
                          MoeGemmNTiles(p.n, k.activation, k.tile_n);
   if (blocks > 0x7FFFFFFF) {
-    return "moe_gemm: " + s(blocks) + " CTAs exceed one launch; split the tokens";
+    return "moe_gemm: " + Str(blocks) + " CTAs exceed one launch; split the tokens";
   }
   return "";
+}
+
+}  // namespace moe_gemm_check_internal
+
+inline std::string MoeGemmCheck(const MoeGemmParams& p, const MoeGemmKernelDesc& k) {
+  namespace internal = moe_gemm_check_internal;
+  std::string error = internal::CheckVersions(p, k);
+  if (error.empty()) error = internal::CheckShape(p, k);
+  if (error.empty()) error = internal::CheckPointers(p, k);
+  if (error.empty()) error = internal::CheckLaunchLimits(p, k);
+  return error;
 }
 
 }  // namespace cubist::moe

@@ -227,7 +227,24 @@ std::optional<SmTarget> ArchFromOptions(std::string_view options) {
   return *sm;
 }
 
-absl::Status ParseElf(std::string_view data, ImageInfo* image) {
+absl::Status UnsupportedClass(uint8_t ei_class) {
+  return Malformed(
+      absl::StrFormat("ELF class %d is not supported (expected 2, 64-bit)", ei_class));
+}
+
+// The ELF header fields the rest of the parse reads the file with.
+struct ElfHeader {
+  uint8_t abi_version = 0;
+  uint32_t flags = 0;
+  uint64_t shoff = 0;
+  uint16_t shentsize = 0;
+  uint16_t shnum = 0;
+  uint16_t shstrndx = 0;
+};
+
+// The identification and the 64-bit header; InvalidArgument for anything but a
+// little-endian 64-bit EM_CUDA ELF.
+absl::StatusOr<ElfHeader> ReadElfHeader(std::string_view data) {
   Bytes b(data);
   if (data.size() < 4 || std::memcmp(data.data(), "\x7f" "ELF", 4) != 0) {
     return Malformed("not an ELF file (bad magic)");
@@ -235,98 +252,104 @@ absl::Status ParseElf(std::string_view data, ImageInfo* image) {
   if (data.size() < kElf64HeaderSize) {
     // Class first: a 32-bit header is shorter, and "bad class" is the better message.
     if (data.size() > 4 && static_cast<uint8_t>(data[4]) != kElfClass64) {
-      return Malformed(absl::StrFormat("ELF class %d is not supported (expected 2, 64-bit)",
-                                       static_cast<uint8_t>(data[4])));
+      return UnsupportedClass(static_cast<uint8_t>(data[4]));
     }
     return Malformed(absl::StrFormat(
         "truncated ELF header: %d bytes, a 64-bit header needs %d", data.size(),
         kElf64HeaderSize));
   }
-  uint8_t ei_class = 0, ei_data = 0, ei_abiversion = 0;
+  uint8_t ei_class = 0, ei_data = 0;
+  ElfHeader h;
   b.Read(4, &ei_class);
   b.Read(5, &ei_data);
-  b.Read(8, &ei_abiversion);
-  if (ei_class != kElfClass64) {
-    return Malformed(absl::StrFormat("ELF class %d is not supported (expected 2, 64-bit)",
-                                     ei_class));
-  }
+  b.Read(8, &h.abi_version);
+  if (ei_class != kElfClass64) return UnsupportedClass(ei_class);
   if (ei_data != kElfData2Lsb) {
     return Malformed(absl::StrFormat(
         "ELF data encoding %d is not supported (expected 1, little-endian)", ei_data));
   }
-  uint16_t e_machine = 0, e_shentsize = 0, e_shnum = 0, e_shstrndx = 0;
-  uint32_t e_flags = 0;
-  uint64_t e_shoff = 0;
+  uint16_t e_machine = 0;
   b.Read(18, &e_machine);
-  b.Read(40, &e_shoff);
-  b.Read(48, &e_flags);
-  b.Read(58, &e_shentsize);
-  b.Read(60, &e_shnum);
-  b.Read(62, &e_shstrndx);
+  b.Read(40, &h.shoff);
+  b.Read(48, &h.flags);
+  b.Read(58, &h.shentsize);
+  b.Read(60, &h.shnum);
+  b.Read(62, &h.shstrndx);
   if (e_machine != kEmCuda) {
     return Malformed(absl::StrFormat(
         "ELF machine %d is not EM_CUDA (190): this is not a cubin", e_machine));
   }
-  image->kind = ImageInfo::Kind::kCubin;
-  image->elf_class = 64;
-  image->abi_version = ei_abiversion;
-  image->e_flags = e_flags;
+  return h;
+}
 
-  // The SM, by ABI version.
+// The SM from e_flags, where it sits by ABI version; the old ABI also names the
+// virtual SM there.
+absl::Status ReadSmFromFlags(const ElfHeader& h, ImageInfo* image) {
   int sm_number;
   bool arch_specific;
-  if (ei_abiversion < kFirstAbiV2) {
-    sm_number = static_cast<int>(e_flags & kEfV1SmMask);
-    arch_specific = (e_flags & kEfV1Accelerators) != 0;
-    int virt = static_cast<int>((e_flags >> kEfV1VirtualSmShift) & 0xff);
+  if (h.abi_version < kFirstAbiV2) {
+    sm_number = static_cast<int>(h.flags & kEfV1SmMask);
+    arch_specific = (h.flags & kEfV1Accelerators) != 0;
+    int virt = static_cast<int>((h.flags >> kEfV1VirtualSmShift) & 0xff);
     if (virt != 0) image->virtual_sm = SmTarget{virt / 10, virt % 10};
   } else {
-    sm_number = static_cast<int>((e_flags >> kEfV2SmShift) & 0xff);
-    arch_specific = (e_flags & kEfV2Accelerators) != 0;
+    sm_number = static_cast<int>((h.flags >> kEfV2SmShift) & 0xff);
+    arch_specific = (h.flags & kEfV2Accelerators) != 0;
   }
   if (sm_number < 10) {
     return Malformed(absl::StrFormat(
-        "e_flags 0x%08x (ABI version %d) names no SM (%d)", e_flags, ei_abiversion,
+        "e_flags 0x%08x (ABI version %d) names no SM (%d)", h.flags, h.abi_version,
         sm_number));
   }
   image->sm = SmTarget{sm_number / 10, sm_number % 10,
                        arch_specific ? SmTarget::Variant::kArch
                                      : SmTarget::Variant::kPlain};
+  return absl::OkStatus();
+}
 
-  // Section headers.
-  uint64_t shnum = e_shnum;
-  uint32_t shstrndx = e_shstrndx;
-  if (e_shoff == 0) {
-    if (shnum != 0) return Malformed("section count without a section table");
-    return absl::OkStatus();  // no sections: nothing more to learn
-  }
-  if (e_shentsize != kElf64SectionHeaderSize) {
-    return Malformed(absl::StrFormat("section header size %d (expected %d)", e_shentsize,
+// Where the section table lies, with ELF's extended numbering resolved.
+struct SectionTable {
+  uint64_t offset = 0;
+  uint64_t count = 0;
+  uint32_t name_index = 0;  // of the section name table
+};
+
+// The table of a file that has one (e_shoff != 0), known to lie inside the file.
+absl::StatusOr<SectionTable> LocateSectionTable(const Bytes& b, const ElfHeader& h) {
+  SectionTable t{h.shoff, h.shnum, h.shstrndx};
+  if (h.shentsize != kElf64SectionHeaderSize) {
+    return Malformed(absl::StrFormat("section header size %d (expected %d)", h.shentsize,
                                      kElf64SectionHeaderSize));
   }
-  if (!b.Has(e_shoff, kElf64SectionHeaderSize)) {
+  if (!b.Has(t.offset, kElf64SectionHeaderSize)) {
     return Malformed(absl::StrFormat(
-        "section table at offset %d is past the end of the file (%d bytes)", e_shoff,
-        data.size()));
+        "section table at offset %d is past the end of the file (%d bytes)", t.offset,
+        b.size()));
   }
-  if (shnum == 0 || shstrndx == kShnXindex) {
+  if (t.count == 0 || t.name_index == kShnXindex) {
     // Extended numbering: the real values live in section 0.
     uint64_t size0 = 0;
     uint32_t link0 = 0;
-    b.Read(e_shoff + 32, &size0);
-    b.Read(e_shoff + 40, &link0);
-    if (shnum == 0) shnum = size0;
-    if (shstrndx == kShnXindex) shstrndx = link0;
+    b.Read(t.offset + 32, &size0);
+    b.Read(t.offset + 40, &link0);
+    if (t.count == 0) t.count = size0;
+    if (t.name_index == kShnXindex) t.name_index = link0;
   }
-  if (shnum > (data.size() - e_shoff) / kElf64SectionHeaderSize) {
+  if (t.count > (b.size() - t.offset) / kElf64SectionHeaderSize) {
     return Malformed(absl::StrFormat(
         "section table (%d entries at offset %d) extends past the end of the file "
         "(%d bytes)",
-        shnum, e_shoff, data.size()));
+        t.count, t.offset, b.size()));
   }
-  std::vector<Section> sections(shnum);
-  for (uint64_t i = 0; i < shnum; ++i) {
-    uint64_t h = e_shoff + i * kElf64SectionHeaderSize;
+  return t;
+}
+
+// Every section header, each section's bytes checked to lie inside the file, then the
+// names, once the name table is known to be in bounds.
+absl::StatusOr<std::vector<Section>> ReadSections(const Bytes& b, const SectionTable& t) {
+  std::vector<Section> sections(t.count);
+  for (uint64_t i = 0; i < t.count; ++i) {
+    uint64_t h = t.offset + i * kElf64SectionHeaderSize;
     Section& s = sections[i];
     b.Read(h + 4, &s.type);
     b.Read(h + 24, &s.offset);
@@ -338,38 +361,67 @@ absl::Status ParseElf(std::string_view data, ImageInfo* image) {
       if (!b.Has(s.offset, s.size)) {
         return Malformed(absl::StrFormat(
             "section %d extends past the end of the file: offset %d + size %d > %d", i,
-            s.offset, s.size, data.size()));
+            s.offset, s.size, b.size()));
       }
       s.data = b.Slice(s.offset, s.size);
     }
   }
-  // Names, once the string table section is known to be in bounds.
-  if (shstrndx >= shnum) {
+  if (t.name_index >= t.count) {
     return Malformed(absl::StrFormat("section name table index %d out of range (%d sections)",
-                                     shstrndx, shnum));
+                                     t.name_index, t.count));
   }
-  Bytes shstrtab(sections[shstrndx].data);
-  for (uint64_t i = 1; i < shnum; ++i) {
+  Bytes shstrtab(sections[t.name_index].data);
+  for (uint64_t i = 1; i < t.count; ++i) {
     uint32_t name_off = 0;
-    b.Read(e_shoff + i * kElf64SectionHeaderSize, &name_off);
+    b.Read(t.offset + i * kElf64SectionHeaderSize, &name_off);
     if (!shstrtab.CString(name_off, &sections[i].name)) {
       return Malformed(absl::StrFormat(
           "section %d: name offset %d is outside the section name table (%d bytes)", i,
           name_off, shstrtab.size()));
     }
   }
+  return sections;
+}
 
-  // Kernels: function symbols marked as CUDA entry points.
-  std::map<uint64_t, size_t> kernel_by_symbol;  // symbol index -> kernels[] index
-  std::vector<KernelInfo>& kernels = image->kernels;
-  for (uint64_t i = 1; i < shnum; ++i) {
+// The image's kernels: function symbols marked as CUDA entry points. .nv.info names a
+// kernel by its symbol index, the per-kernel sections by name (".text.<kernel>").
+class KernelTable {
+ public:
+  explicit KernelTable(std::vector<KernelInfo>* kernels) : kernels_(*kernels) {}
+
+  absl::Status AddEntryPoints(const std::vector<Section>& sections) {
+    for (uint64_t i = 1; i < sections.size(); ++i) {
+      if (sections[i].type != kShtSymtab) continue;
+      CUBIST_RETURN_IF_ERROR(AddSymbolTable(sections, i));
+    }
+    // Only now: kernels_ no longer grows, so views of its names stay valid.
+    for (size_t k = 0; k < kernels_.size(); ++k) by_name_[kernels_[k].name] = k;
+    return absl::OkStatus();
+  }
+
+  KernelInfo* BySymbol(uint32_t symbol) {
+    auto it = by_symbol_.find(symbol);
+    return it == by_symbol_.end() ? nullptr : &kernels_[it->second];
+  }
+
+  // The kernel a section named "<prefix><kernel>" belongs to, or null.
+  KernelInfo* ForSection(std::string_view section_name, std::string_view prefix) {
+    if (section_name.size() <= prefix.size() ||
+        section_name.substr(0, prefix.size()) != prefix) {
+      return nullptr;
+    }
+    auto it = by_name_.find(section_name.substr(prefix.size()));
+    return it == by_name_.end() ? nullptr : &kernels_[it->second];
+  }
+
+ private:
+  absl::Status AddSymbolTable(const std::vector<Section>& sections, uint64_t i) {
     const Section& s = sections[i];
-    if (s.type != kShtSymtab) continue;
     if (s.entsize != kElf64SymbolSize) {
       return Malformed(absl::StrFormat("section %d (%s): symbol size %d (expected %d)", i,
                                        Sv(s.name), s.entsize, kElf64SymbolSize));
     }
-    if (s.link >= shnum) {
+    if (s.link >= sections.size()) {
       return Malformed(absl::StrFormat("section %d (%s): string table index %d out of range",
                                        i, Sv(s.name), s.link));
     }
@@ -391,117 +443,165 @@ absl::Status ParseElf(std::string_view data, ImageInfo* image) {
             strtab.size()));
       }
       if (name.empty()) continue;
-      kernel_by_symbol[k] = kernels.size();
+      by_symbol_[k] = kernels_.size();
       KernelInfo info;
       info.name = std::string(name);
-      kernels.push_back(std::move(info));
+      kernels_.push_back(std::move(info));
     }
+    return absl::OkStatus();
   }
-  std::map<std::string_view, size_t> kernel_by_name;
-  for (size_t k = 0; k < kernels.size(); ++k) kernel_by_name[kernels[k].name] = k;
-  auto find_kernel = [&](std::string_view section_name,
-                         std::string_view prefix) -> KernelInfo* {
-    if (section_name.size() <= prefix.size() ||
-        section_name.substr(0, prefix.size()) != prefix) {
-      return nullptr;
-    }
-    auto it = kernel_by_name.find(section_name.substr(prefix.size()));
-    return it == kernel_by_name.end() ? nullptr : &kernels[it->second];
-  };
 
-  for (uint64_t i = 1; i < shnum; ++i) {
-    const Section& s = sections[i];
-    if (KernelInfo* k = find_kernel(s.name, ".nv.shared.")) {
-      k->static_shared_bytes = ClampToInt(s.size);
-    } else if (KernelInfo* k2 = find_kernel(s.name, ".text.")) {
-      k2->code_bytes = ClampToInt(s.size);
-    } else if (s.name == ".nv.info") {
-      std::vector<Record> records;
-      CUBIST_RETURN_IF_ERROR(ParseRecords(s, &records));
-      for (const Record& r : records) {
-        if (r.format != kEifmtSval || r.payload.size() < 8) continue;
-        auto it = kernel_by_symbol.find(U32At(r.payload, 0));
-        if (it == kernel_by_symbol.end()) continue;
-        KernelInfo& k3 = kernels[it->second];
-        if (r.attribute == kEiattrRegcount) k3.registers = ClampToInt(U32At(r.payload, 1));
-        if (r.attribute == kEiattrFrameSize) k3.frame_bytes = ClampToInt(U32At(r.payload, 1));
-      }
-    } else if (KernelInfo* k4 = find_kernel(s.name, ".nv.info.")) {
-      std::vector<Record> records;
-      CUBIST_RETURN_IF_ERROR(ParseRecords(s, &records));
-      int params = 0;
-      for (const Record& r : records) {
-        switch (r.attribute) {
-          case kEiattrMaxThreads:
-            if (r.format == kEifmtSval) k4->max_threads = Dim3Product(r.payload);
-            break;
-          case kEiattrReqntid:
-            if (r.format == kEifmtSval) k4->required_threads = Dim3Product(r.payload);
-            break;
-          case kEiattrCbankParamSize:
-            if (r.format == kEifmtHval) k4->param_bytes = static_cast<int>(r.small_value);
-            break;
-          case kEiattrKparamInfo:
-            ++params;
-            break;
-          default:
-            break;
-        }
-      }
-      k4->param_count = params;
-    } else if (s.name == ".nv.compat") {
-      std::vector<Record> records;
-      CUBIST_RETURN_IF_ERROR(ParseRecords(s, &records));
-      for (const Record& r : records) {
-        if (r.attribute == kCompatArchSpecific && r.format == kEifmtBval &&
-            r.small_value == 1) {
-          image->sm.variant = SmTarget::Variant::kArch;
-        }
-      }
-    } else if (s.type == kShtNote && s.name == ".note.nv.cuinfo") {
-      uint32_t type = 0;
-      std::string_view desc;
-      if (NoteDesc(s.data, &type, &desc) && desc.size() >= 8) {
-        Bytes d(desc);
-        uint16_t virt = 0;
-        uint32_t toolkit = 0;
-        d.Read(2, &virt);
-        d.Read(4, &toolkit);
-        if (virt >= 10) image->virtual_sm = SmTarget{virt / 10, virt % 10};
-        image->toolkit_version = ClampToInt(toolkit);
-      }
-    } else if (s.type == kShtNote && s.name == ".note.nv.tkinfo") {
-      uint32_t type = 0;
-      std::string_view desc;
-      if (NoteDesc(s.data, &type, &desc) && desc.size() >= 24) {
-        // Six u32 (version, reserved, then offsets of tool name, tool version, build
-        // and command-line options into the string blob that follows).
-        Bytes blob(desc.substr(24));
-        std::string_view tool, version, options;
-        if (blob.CString(U32At(desc, 2), &tool) && blob.CString(U32At(desc, 3), &version)) {
-          image->producer = absl::StrCat(Sv(tool), " ", Sv(version));
-        }
-        if (blob.CString(U32At(desc, 5), &options)) {
-          std::optional<SmTarget> arch = ArchFromOptions(options);
-          // Trust the command line for the variant only when it names the same SM.
-          if (arch && arch->number() == image->sm.number() &&
-              arch->variant != SmTarget::Variant::kPlain) {
-            image->sm.variant = arch->variant;
-          }
-        }
-      }
+  std::vector<KernelInfo>& kernels_;
+  std::map<uint64_t, size_t> by_symbol_;  // symbol index -> kernels_ index
+  std::map<std::string_view, size_t> by_name_;
+};
+
+// .nv.info: per-kernel records keyed by symbol index (registers, stack frame).
+absl::Status ReadNvInfo(const Section& s, KernelTable& kernels) {
+  std::vector<Record> records;
+  CUBIST_RETURN_IF_ERROR(ParseRecords(s, &records));
+  for (const Record& r : records) {
+    if (r.format != kEifmtSval || r.payload.size() < 8) continue;
+    KernelInfo* k = kernels.BySymbol(U32At(r.payload, 0));
+    if (k == nullptr) continue;
+    if (r.attribute == kEiattrRegcount) k->registers = ClampToInt(U32At(r.payload, 1));
+    if (r.attribute == kEiattrFrameSize) k->frame_bytes = ClampToInt(U32At(r.payload, 1));
+  }
+  return absl::OkStatus();
+}
+
+// .nv.info.<kernel>: launch bounds and the parameter block.
+absl::Status ReadKernelNvInfo(const Section& s, KernelInfo* k) {
+  std::vector<Record> records;
+  CUBIST_RETURN_IF_ERROR(ParseRecords(s, &records));
+  int params = 0;
+  for (const Record& r : records) {
+    switch (r.attribute) {
+      case kEiattrMaxThreads:
+        if (r.format == kEifmtSval) k->max_threads = Dim3Product(r.payload);
+        break;
+      case kEiattrReqntid:
+        if (r.format == kEifmtSval) k->required_threads = Dim3Product(r.payload);
+        break;
+      case kEiattrCbankParamSize:
+        if (r.format == kEifmtHval) k->param_bytes = static_cast<int>(r.small_value);
+        break;
+      case kEiattrKparamInfo:
+        ++params;
+        break;
+      default:
+        break;
     }
   }
-  std::sort(kernels.begin(), kernels.end(),
+  k->param_count = params;
+  return absl::OkStatus();
+}
+
+// .nv.compat: whether the image is for an `a` target.
+absl::Status ReadNvCompat(const Section& s, ImageInfo* image) {
+  std::vector<Record> records;
+  CUBIST_RETURN_IF_ERROR(ParseRecords(s, &records));
+  for (const Record& r : records) {
+    if (r.attribute == kCompatArchSpecific && r.format == kEifmtBval &&
+        r.small_value == 1) {
+      image->sm.variant = SmTarget::Variant::kArch;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// .note.nv.cuinfo: the virtual SM and the toolkit version. A short note says nothing.
+void ReadCuinfoNote(const Section& s, ImageInfo* image) {
+  uint32_t type = 0;
+  std::string_view desc;
+  if (!NoteDesc(s.data, &type, &desc) || desc.size() < 8) return;
+  Bytes d(desc);
+  uint16_t virt = 0;
+  uint32_t toolkit = 0;
+  d.Read(2, &virt);
+  d.Read(4, &toolkit);
+  if (virt >= 10) image->virtual_sm = SmTarget{virt / 10, virt % 10};
+  image->toolkit_version = ClampToInt(toolkit);
+}
+
+// .note.nv.tkinfo: the producer, and the variant ptxas was asked for. A short note says
+// nothing.
+void ReadTkinfoNote(const Section& s, ImageInfo* image) {
+  uint32_t type = 0;
+  std::string_view desc;
+  if (!NoteDesc(s.data, &type, &desc) || desc.size() < 24) return;
+  // Six u32 (version, reserved, then offsets of tool name, tool version, build
+  // and command-line options into the string blob that follows).
+  Bytes blob(desc.substr(24));
+  std::string_view tool, version, options;
+  if (blob.CString(U32At(desc, 2), &tool) && blob.CString(U32At(desc, 3), &version)) {
+    image->producer = absl::StrCat(Sv(tool), " ", Sv(version));
+  }
+  if (blob.CString(U32At(desc, 5), &options)) {
+    std::optional<SmTarget> arch = ArchFromOptions(options);
+    // Trust the command line for the variant only when it names the same SM.
+    if (arch && arch->number() == image->sm.number() &&
+        arch->variant != SmTarget::Variant::kPlain) {
+      image->sm.variant = arch->variant;
+    }
+  }
+}
+
+// What one section says about the image or one of its kernels; others are skipped.
+absl::Status ReadSection(const Section& s, KernelTable& kernels, ImageInfo* image) {
+  if (KernelInfo* k = kernels.ForSection(s.name, ".nv.shared.")) {
+    k->static_shared_bytes = ClampToInt(s.size);
+  } else if (KernelInfo* k2 = kernels.ForSection(s.name, ".text.")) {
+    k2->code_bytes = ClampToInt(s.size);
+  } else if (s.name == ".nv.info") {
+    return ReadNvInfo(s, kernels);
+  } else if (KernelInfo* k3 = kernels.ForSection(s.name, ".nv.info.")) {
+    return ReadKernelNvInfo(s, k3);
+  } else if (s.name == ".nv.compat") {
+    return ReadNvCompat(s, image);
+  } else if (s.type == kShtNote && s.name == ".note.nv.cuinfo") {
+    ReadCuinfoNote(s, image);
+  } else if (s.type == kShtNote && s.name == ".note.nv.tkinfo") {
+    ReadTkinfoNote(s, image);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseElf(std::string_view data, ImageInfo* image) {
+  CUBIST_ASSIGN_OR_RETURN(const ElfHeader header, ReadElfHeader(data));
+  image->kind = ImageInfo::Kind::kCubin;
+  image->elf_class = 64;
+  image->abi_version = header.abi_version;
+  image->e_flags = header.flags;
+  CUBIST_RETURN_IF_ERROR(ReadSmFromFlags(header, image));
+
+  if (header.shoff == 0) {
+    if (header.shnum != 0) return Malformed("section count without a section table");
+    return absl::OkStatus();  // no sections: nothing more to learn
+  }
+  const Bytes b(data);
+  CUBIST_ASSIGN_OR_RETURN(const SectionTable table, LocateSectionTable(b, header));
+  CUBIST_ASSIGN_OR_RETURN(const std::vector<Section> sections, ReadSections(b, table));
+  KernelTable kernels(&image->kernels);
+  CUBIST_RETURN_IF_ERROR(kernels.AddEntryPoints(sections));
+  for (uint64_t i = 1; i < sections.size(); ++i) {
+    CUBIST_RETURN_IF_ERROR(ReadSection(sections[i], kernels, image));
+  }
+  std::sort(image->kernels.begin(), image->kernels.end(),
             [](const KernelInfo& a, const KernelInfo& b) { return a.name < b.name; });
   return absl::OkStatus();
 }
 
-absl::Status ParseFatbin(std::string_view data, CubinInfo* info) {
-  Bytes b(data);
+// The byte range of a fatbin's entries, known to lie inside the buffer.
+struct FatbinEntries {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+absl::StatusOr<FatbinEntries> ReadFatbinHeader(const Bytes& b) {
   if (!b.Has(0, kFatbinHeaderSize)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "fatbin: truncated header: %d bytes, the header needs %d", data.size(),
+        "fatbin: truncated header: %d bytes, the header needs %d", b.size(),
         kFatbinHeaderSize));
   }
   uint16_t header_size = 0;
@@ -512,11 +612,85 @@ absl::Status ParseFatbin(std::string_view data, CubinInfo* info) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "fatbin: header (size %d) declares %d bytes of entries, but the file has %d "
         "bytes in all",
-        header_size, fat_size, data.size()));
+        header_size, fat_size, b.size()));
   }
+  return FatbinEntries{header_size, header_size + fat_size};
+}
+
+// An uncompressed cubin entry: the ELF's own description, which must name the SM the
+// entry declares.
+absl::Status ReadFatbinCubin(const Bytes& b, int index, uint64_t off, uint32_t arch,
+                             SmTarget::Variant variant, ImageInfo* image) {
+  absl::Status s = ParseElf(b.Slice(image->offset, image->size), image);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "fatbin: entry %d at offset %d: %s", index, off, Sv(s.message())));
+  }
+  if (image->sm.number() != static_cast<int>(arch)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "fatbin: entry %d at offset %d declares sm_%d but holds a cubin for %s",
+        index, off, arch, image->sm.ToString()));
+  }
+  // The container's flags are the authority on the variant: a standalone ABI-8
+  // cubin may not say `f` anywhere but in the ptxas command line.
+  if (variant != SmTarget::Variant::kPlain) image->sm.variant = variant;
+  return absl::OkStatus();
+}
+
+// The entry at `off` (at least an entry header's bytes before `end`), its header and
+// payload checked to end by `end`.
+absl::StatusOr<ImageInfo> ReadFatbinEntry(const Bytes& b, uint64_t off, uint64_t end,
+                                          int index) {
+  uint16_t kind = 0;
+  uint32_t entry_header_size = 0, arch = 0;
+  uint64_t payload_size = 0, flags = 0;
+  b.Read(off + 0, &kind);
+  b.Read(off + 4, &entry_header_size);
+  b.Read(off + 8, &payload_size);
+  b.Read(off + 28, &arch);
+  b.Read(off + 40, &flags);
+  if (entry_header_size < kFatbinEntryMinHeader ||
+      entry_header_size > end - off ||
+      payload_size > end - off - entry_header_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "fatbin: entry %d at offset %d: header size %d + payload size %d runs past the "
+        "end of the entries (offset %d)",
+        index, off, entry_header_size, payload_size, end));
+  }
+  ImageInfo image;
+  image.fatbin_kind = kind;
+  image.fatbin_flags = flags;
+  image.offset = off + entry_header_size;
+  image.size = payload_size;
+  image.compressed = (flags & (kFatbinFlagLz4 | kFatbinFlagZstd)) != 0;
+  SmTarget::Variant variant = (flags & kFatbinFlagArchSpecific) ? SmTarget::Variant::kArch
+                              : (flags & kFatbinFlagFamily) ? SmTarget::Variant::kFamily
+                                                            : SmTarget::Variant::kPlain;
+  if (arch > 0xffff) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "fatbin: entry %d at offset %d: architecture %d is out of range", index, off,
+        arch));
+  }
+  image.sm = SmTarget{static_cast<int>(arch) / 10, static_cast<int>(arch) % 10, variant};
+  if (kind == kFatbinKindElf) {
+    image.kind = ImageInfo::Kind::kCubin;
+    if (!image.compressed) {
+      CUBIST_RETURN_IF_ERROR(ReadFatbinCubin(b, index, off, arch, variant, &image));
+    }
+  } else if (kind == kFatbinKindPtx) {
+    image.kind = ImageInfo::Kind::kPtx;
+  } else {
+    image.kind = ImageInfo::Kind::kOther;
+  }
+  return image;
+}
+
+absl::Status ParseFatbin(std::string_view data, CubinInfo* info) {
+  const Bytes b(data);
+  CUBIST_ASSIGN_OR_RETURN(const FatbinEntries entries, ReadFatbinHeader(b));
   info->container = CubinInfo::Container::kFatbin;
-  uint64_t off = header_size;
-  const uint64_t end = header_size + fat_size;
+  const uint64_t end = entries.end;
+  uint64_t off = entries.begin;
   int index = 0;
   while (off < end) {
     if (end - off < kFatbinEntryMinHeader) {
@@ -529,61 +703,9 @@ absl::Status ParseFatbin(std::string_view data, CubinInfo* info) {
           "needs %d)",
           index, off, end - off, kFatbinEntryMinHeader));
     }
-    uint16_t kind = 0;
-    uint32_t entry_header_size = 0, arch = 0;
-    uint64_t payload_size = 0, flags = 0;
-    b.Read(off + 0, &kind);
-    b.Read(off + 4, &entry_header_size);
-    b.Read(off + 8, &payload_size);
-    b.Read(off + 28, &arch);
-    b.Read(off + 40, &flags);
-    if (entry_header_size < kFatbinEntryMinHeader ||
-        entry_header_size > end - off ||
-        payload_size > end - off - entry_header_size) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "fatbin: entry %d at offset %d: header size %d + payload size %d runs past the "
-          "end of the entries (offset %d)",
-          index, off, entry_header_size, payload_size, end));
-    }
-    ImageInfo image;
-    image.fatbin_kind = kind;
-    image.fatbin_flags = flags;
-    image.offset = off + entry_header_size;
-    image.size = payload_size;
-    image.compressed = (flags & (kFatbinFlagLz4 | kFatbinFlagZstd)) != 0;
-    SmTarget::Variant variant = (flags & kFatbinFlagArchSpecific) ? SmTarget::Variant::kArch
-                                : (flags & kFatbinFlagFamily) ? SmTarget::Variant::kFamily
-                                                              : SmTarget::Variant::kPlain;
-    if (arch > 0xffff) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "fatbin: entry %d at offset %d: architecture %d is out of range", index, off,
-          arch));
-    }
-    image.sm = SmTarget{static_cast<int>(arch) / 10, static_cast<int>(arch) % 10, variant};
-    if (kind == kFatbinKindElf) {
-      image.kind = ImageInfo::Kind::kCubin;
-      if (!image.compressed) {
-        absl::Status s = ParseElf(b.Slice(image.offset, image.size), &image);
-        if (!s.ok()) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "fatbin: entry %d at offset %d: %s", index, off, Sv(s.message())));
-        }
-        if (image.sm.number() != static_cast<int>(arch)) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "fatbin: entry %d at offset %d declares sm_%d but holds a cubin for %s",
-              index, off, arch, image.sm.ToString()));
-        }
-        // The container's flags are the authority on the variant: a standalone ABI-8
-        // cubin may not say `f` anywhere but in the ptxas command line.
-        if (variant != SmTarget::Variant::kPlain) image.sm.variant = variant;
-      }
-    } else if (kind == kFatbinKindPtx) {
-      image.kind = ImageInfo::Kind::kPtx;
-    } else {
-      image.kind = ImageInfo::Kind::kOther;
-    }
+    CUBIST_ASSIGN_OR_RETURN(ImageInfo image, ReadFatbinEntry(b, off, end, index));
+    off = image.offset + image.size;  // past this entry's header and payload
     info->images.push_back(std::move(image));
-    off += entry_header_size + payload_size;
     ++index;
   }
   return absl::OkStatus();

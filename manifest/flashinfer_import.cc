@@ -105,6 +105,120 @@ class EntryReader {
   std::string_view source_;
 };
 
+// The operands' dtypes, as trtllm-gen names them; with mTransposeMmaOutput, A holds the
+// weights and B the tokens.
+struct TrtllmGenDtypes {
+  const DtypeInfo* a = nullptr;
+  const DtypeInfo* b = nullptr;
+  const DtypeInfo* c = nullptr;
+  bool transposed = false;
+  bool deepseek = false;  // mUseDeepSeekFp8: fp8 with 128-element block scales
+  const DtypeInfo* weights() const { return transposed ? a : b; }
+  const DtypeInfo* tokens() const { return transposed ? b : a; }
+};
+
+absl::StatusOr<TrtllmGenDtypes> ReadDtypes(const EntryReader& r) {
+  TrtllmGenDtypes d;
+  CUBIST_ASSIGN_OR_RETURN(d.a, r.Dtype("mDtypeA"));
+  CUBIST_ASSIGN_OR_RETURN(d.b, r.Dtype("mDtypeB"));
+  CUBIST_ASSIGN_OR_RETURN(d.c, r.Dtype("mDtypeC"));
+  d.transposed = r.IntOr("mTransposeMmaOutput", 0) != 0;
+  d.deepseek = r.IntOr("mUseDeepSeekFp8", 0) != 0;
+  return d;
+}
+
+// The dispatcher's format name of one operand's dtype.
+absl::StatusOr<std::string> OperandFormat(const EntryReader& r, const TrtllmGenDtypes& d,
+                                          const DtypeInfo* dtype, std::string_view operand) {
+  if (dtype->format.empty()) {
+    return r.Error(absl::StrCat(Sv(operand), " dtype ", Sv(dtype->trtllm),
+                                " has no cubist format name"));
+  }
+  if (dtype->format == "fp8" && d.deepseek) return std::string("fp8-block");
+  return std::string(dtype->format);
+}
+
+// The epilogue: a gated activation when mFusedAct is set, else the element-wise one.
+absl::StatusOr<std::string> ReadActivation(const EntryReader& r, bool fused) {
+  if (fused) {
+    CUBIST_ASSIGN_OR_RETURN(int64_t act, r.Int("mActType"));
+    if (act < 0 || act >= static_cast<int64_t>(std::size(kGated))) {
+      return r.Error(absl::StrCat("option mActType: unknown gated activation ", act,
+                                  " (known: 0 SwiGlu, 1 GeGlu)"));
+    }
+    return std::string(kGated[act]);
+  }
+  const int64_t act = r.IntOr("mEltwiseActType", 0);
+  if (act < 0 || act >= static_cast<int64_t>(std::size(kEltwise))) {
+    return r.Error(absl::StrCat("option mEltwiseActType: unknown activation ", act,
+                                " (known: 0 None, 1 Gelu, 2 Relu2, 3 Silu)"));
+  }
+  return std::string(kEltwise[act]);
+}
+
+// trtllm-gen's tile in its own M/N/K order (M along weight rows when transposed).
+struct TrtllmGenTile {
+  int m = 0;
+  int n = 0;
+  int k = 0;
+};
+
+// Tile, cluster, stages and the launch shape; the tile in the dispatcher's order (M
+// along tokens).
+absl::StatusOr<TrtllmGenTile> ReadLaunchShape(const EntryReader& r, const TrtllmGenKernelMeta& m,
+                                              bool transposed, KernelSpec* k) {
+  constexpr int kMaxTile = 1 << 16;
+  TrtllmGenTile t;
+  CUBIST_ASSIGN_OR_RETURN(t.m, r.Dim("mTileM", kMaxTile));
+  CUBIST_ASSIGN_OR_RETURN(t.n, r.Dim("mTileN", kMaxTile));
+  CUBIST_ASSIGN_OR_RETURN(t.k, r.Dim("mTileK", kMaxTile));
+  k->tile_m = transposed ? t.n : t.m;  // along tokens
+  k->tile_n = transposed ? t.m : t.n;  // along weight rows
+  k->tile_k = t.k;
+  CUBIST_ASSIGN_OR_RETURN(k->cluster[0], r.Dim("mClusterDimX", 16));
+  CUBIST_ASSIGN_OR_RETURN(k->cluster[1], r.Dim("mClusterDimY", 16));
+  CUBIST_ASSIGN_OR_RETURN(k->cluster[2], r.Dim("mClusterDimZ", 16));
+  const MetaValue* stages = m.Find("mNumStages");
+  if (stages == nullptr) stages = m.Find("mNumStagesA");
+  k->stages = static_cast<int>(stages != nullptr ? stages->Int().value_or(1) : 1);
+  if (k->stages < 1 || k->stages > 1024) return r.Error("stages outside 1..1024");
+  k->threads = static_cast<int>(m.threads);
+  k->shared_mem_bytes = static_cast<int>(m.shared_mem_bytes);
+  return t;
+}
+
+// What FlashInfer's launcher matches on besides formats and tiles, so that a
+// trtllm-gen launcher can be added without re-importing.
+ExtraFields TrtllmGenExtras(const EntryReader& r, const TrtllmGenKernelMeta& m,
+                            const TrtllmGenDtypes& d, bool fused, const TrtllmGenTile& t) {
+  ExtraFields x;
+  x["gated"] = fused ? "true" : "false";
+  x["dtype_a"] = JsonString(d.a->trtllm);
+  x["dtype_b"] = JsonString(d.b->trtllm);
+  x["dtype_c"] = JsonString(d.c->trtllm);
+  if (!d.c->format.empty()) x["output_format"] = JsonString(d.c->format);
+  if (const DtypeInfo* acc = FindDtype(r.IntOr("mDtypeAcc", -1))) {
+    x["dtype_acc"] = JsonString(acc->trtllm);
+  }
+  x["transpose_mma_output"] = d.transposed ? "true" : "false";
+  x["deepseek_fp8"] = d.deepseek ? "true" : "false";
+  x["shuffled_matrix"] = r.IntOr("mUseShuffledMatrix", 0) != 0 ? "true" : "false";
+  x["trtllm_tile"] = absl::StrCat("[", t.m, ",", t.n, ",", t.k, "]");
+  x["mma"] = absl::StrCat("[", r.IntOr("mMmaM", 0), ",", r.IntOr("mMmaN", 0), ",",
+                          r.IntOr("mMmaK", 0), "]");
+  x["epilogue_tile"] = absl::StrCat("[", r.IntOr("mEpilogueTileM", 0), ",",
+                                    r.IntOr("mEpilogueTileN", 0), "]");
+  for (const char* layout : {"mLayoutA", "mLayoutB"}) {
+    const int64_t l = r.IntOr(layout, 0);
+    const std::string key = layout[7] == 'A' ? "layout_a" : "layout_b";
+    x[key] = l >= 0 && l < static_cast<int64_t>(std::size(kLayouts))
+                 ? JsonString(kLayouts[l])
+                 : absl::StrCat(l);
+  }
+  x["sm_version"] = JsonString(m.sm_version);
+  return x;
+}
+
 }  // namespace
 
 std::string TrtllmGenCubinName(std::string_view function) {
@@ -149,85 +263,14 @@ absl::StatusOr<KernelSpec> TrtllmGenKernelSpec(const TrtllmGenKernelMeta& m,
                                 " is not SmNN[a|f]"));
   }
   k.arch = absl::StrCat("sm_", m.sm_version.substr(2));
-
-  CUBIST_ASSIGN_OR_RETURN(const DtypeInfo* a, r.Dtype("mDtypeA"));
-  CUBIST_ASSIGN_OR_RETURN(const DtypeInfo* b, r.Dtype("mDtypeB"));
-  CUBIST_ASSIGN_OR_RETURN(const DtypeInfo* c, r.Dtype("mDtypeC"));
-  const int64_t acc_code = r.IntOr("mDtypeAcc", -1);
-  const bool transposed = r.IntOr("mTransposeMmaOutput", 0) != 0;
-  const bool deepseek = r.IntOr("mUseDeepSeekFp8", 0) != 0;
-  const DtypeInfo* weights = transposed ? a : b;
-  const DtypeInfo* tokens = transposed ? b : a;
-  auto format = [&](const DtypeInfo* d, std::string_view operand) -> absl::StatusOr<std::string> {
-    if (d->format.empty()) {
-      return r.Error(absl::StrCat(Sv(operand), " dtype ", Sv(d->trtllm),
-                                  " has no cubist format name"));
-    }
-    if (d->format == "fp8" && deepseek) return std::string("fp8-block");
-    return std::string(d->format);
-  };
-  CUBIST_ASSIGN_OR_RETURN(k.weight_format, format(weights, "weight"));
-  CUBIST_ASSIGN_OR_RETURN(k.activation_format, format(tokens, "activation"));
-
+  CUBIST_ASSIGN_OR_RETURN(const TrtllmGenDtypes dtypes, ReadDtypes(r));
+  CUBIST_ASSIGN_OR_RETURN(k.weight_format, OperandFormat(r, dtypes, dtypes.weights(), "weight"));
+  CUBIST_ASSIGN_OR_RETURN(k.activation_format,
+                          OperandFormat(r, dtypes, dtypes.tokens(), "activation"));
   const bool fused = r.IntOr("mFusedAct", 0) != 0;
-  if (fused) {
-    CUBIST_ASSIGN_OR_RETURN(int64_t act, r.Int("mActType"));
-    if (act < 0 || act >= static_cast<int64_t>(std::size(kGated))) {
-      return r.Error(absl::StrCat("option mActType: unknown gated activation ", act,
-                                  " (known: 0 SwiGlu, 1 GeGlu)"));
-    }
-    k.activation = std::string(kGated[act]);
-  } else {
-    const int64_t act = r.IntOr("mEltwiseActType", 0);
-    if (act < 0 || act >= static_cast<int64_t>(std::size(kEltwise))) {
-      return r.Error(absl::StrCat("option mEltwiseActType: unknown activation ", act,
-                                  " (known: 0 None, 1 Gelu, 2 Relu2, 3 Silu)"));
-    }
-    k.activation = std::string(kEltwise[act]);
-  }
-
-  constexpr int kMaxTile = 1 << 16;
-  CUBIST_ASSIGN_OR_RETURN(int tm, r.Dim("mTileM", kMaxTile));
-  CUBIST_ASSIGN_OR_RETURN(int tn, r.Dim("mTileN", kMaxTile));
-  CUBIST_ASSIGN_OR_RETURN(int tk, r.Dim("mTileK", kMaxTile));
-  k.tile_m = transposed ? tn : tm;  // along tokens
-  k.tile_n = transposed ? tm : tn;  // along weight rows
-  k.tile_k = tk;
-  CUBIST_ASSIGN_OR_RETURN(k.cluster[0], r.Dim("mClusterDimX", 16));
-  CUBIST_ASSIGN_OR_RETURN(k.cluster[1], r.Dim("mClusterDimY", 16));
-  CUBIST_ASSIGN_OR_RETURN(k.cluster[2], r.Dim("mClusterDimZ", 16));
-  const MetaValue* stages = m.Find("mNumStages");
-  if (stages == nullptr) stages = m.Find("mNumStagesA");
-  k.stages = static_cast<int>(stages != nullptr ? stages->Int().value_or(1) : 1);
-  if (k.stages < 1 || k.stages > 1024) return r.Error("stages outside 1..1024");
-  k.threads = static_cast<int>(m.threads);
-  k.shared_mem_bytes = static_cast<int>(m.shared_mem_bytes);
-
-  // What FlashInfer's launcher matches on besides formats and tiles, so that a
-  // trtllm-gen launcher can be added without re-importing.
-  ExtraFields& x = k.extras;
-  x["gated"] = fused ? "true" : "false";
-  x["dtype_a"] = JsonString(a->trtllm);
-  x["dtype_b"] = JsonString(b->trtllm);
-  x["dtype_c"] = JsonString(c->trtllm);
-  if (!c->format.empty()) x["output_format"] = JsonString(c->format);
-  if (const DtypeInfo* acc = FindDtype(acc_code)) x["dtype_acc"] = JsonString(acc->trtllm);
-  x["transpose_mma_output"] = transposed ? "true" : "false";
-  x["deepseek_fp8"] = deepseek ? "true" : "false";
-  x["shuffled_matrix"] = r.IntOr("mUseShuffledMatrix", 0) != 0 ? "true" : "false";
-  x["trtllm_tile"] = absl::StrCat("[", tm, ",", tn, ",", tk, "]");
-  x["mma"] = absl::StrCat("[", r.IntOr("mMmaM", 0), ",", r.IntOr("mMmaN", 0), ",",
-                          r.IntOr("mMmaK", 0), "]");
-  x["epilogue_tile"] = absl::StrCat("[", r.IntOr("mEpilogueTileM", 0), ",",
-                                    r.IntOr("mEpilogueTileN", 0), "]");
-  for (const char* layout : {"mLayoutA", "mLayoutB"}) {
-    const int64_t l = r.IntOr(layout, 0);
-    const std::string key = layout[7] == 'A' ? "layout_a" : "layout_b";
-    x[key] = l >= 0 && l < static_cast<int64_t>(std::size(kLayouts))
-                 ? JsonString(kLayouts[l])
-                 : absl::StrCat(l);
-  }
-  x["sm_version"] = JsonString(m.sm_version);
+  CUBIST_ASSIGN_OR_RETURN(k.activation, ReadActivation(r, fused));
+  CUBIST_ASSIGN_OR_RETURN(const TrtllmGenTile tile, ReadLaunchShape(r, m, dtypes.transposed, &k));
+  k.extras = TrtllmGenExtras(r, m, dtypes, fused, tile);
   return k;
 }
 

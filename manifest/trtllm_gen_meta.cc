@@ -345,6 +345,88 @@ absl::StatusOr<TrtllmGenKernelMeta> ToKernel(const std::vector<Item>& items, siz
   return k;
 }
 
+// `<name>ListLen = N` as the header declares it, checked against the entries at the end.
+struct DeclaredLength {
+  std::optional<int64_t> value;
+  size_t line = 0;
+};
+
+// Top level: skips to `<name>List[] = {`, noting `<name>ListLen = N` on the way; returns
+// the list's name with the parser on its '{'.
+absl::StatusOr<std::string> FindKernelList(Parser& p, const Lexer& lex, std::string_view source,
+                                           DeclaredLength* declared) {
+  CUBIST_RETURN_IF_ERROR(p.Advance());
+  for (;;) {
+    const Token& t = p.tok();
+    if (t.kind == Tok::kEnd) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Sv(source), ": no kernel list (`static const ... tllmGenBatchedGemmList[] = {`); "
+                      "is this a trtllm-gen flashinferMetaInfo.h?"));
+    }
+    if (t.kind != Tok::kIdent) {
+      CUBIST_RETURN_IF_ERROR(p.Advance());
+      continue;
+    }
+    const std::string ident = t.text;
+    const size_t line = t.line;
+    CUBIST_RETURN_IF_ERROR(p.Advance());
+    if (ident.size() > 7 && ident.compare(ident.size() - 7, 7, "ListLen") == 0 &&
+        p.IsPunct('=')) {
+      CUBIST_RETURN_IF_ERROR(p.Advance());
+      MetaValue v{p.tok().text, false};
+      if (p.tok().kind != Tok::kNumber || !v.Int().has_value()) {
+        return lex.Error(line, absl::StrCat(ident, ": expected a number, got ",
+                                            QuoteForMessage(p.tok().text)));
+      }
+      declared->value = v.Int();
+      declared->line = line;
+      continue;
+    }
+    if (ident.size() > 4 && ident.compare(ident.size() - 4, 4, "List") == 0 &&
+        p.IsPunct('[')) {
+      CUBIST_RETURN_IF_ERROR(p.Advance());
+      if (!p.IsPunct(']')) return lex.Error(line, absl::StrCat(ident, ": expected '[]'"));
+      CUBIST_RETURN_IF_ERROR(p.Advance());
+      if (!p.IsPunct('=')) return lex.Error(line, absl::StrCat(ident, "[]: expected '='"));
+      CUBIST_RETURN_IF_ERROR(p.Advance());
+      if (!p.IsPunct('{')) return lex.Error(line, absl::StrCat(ident, "[] = : expected '{'"));
+      return ident;
+    }
+  }
+}
+
+// The array after its '{': entries `{...}` separated by commas, closed by '}'; leaves
+// the parser on the '}'.
+absl::Status ParseKernelEntries(Parser& p, const Lexer& lex, const TrtllmGenMetaLimits& limits,
+                                std::vector<TrtllmGenKernelMeta>* kernels) {
+  CUBIST_RETURN_IF_ERROR(p.Advance());
+  for (;;) {
+    if (p.IsPunct('}')) return absl::OkStatus();
+    if (!p.IsPunct('{')) {
+      return lex.Error(p.tok().line, absl::StrCat("expected '{' (a kernel entry) or '}', got ",
+                                                  QuoteForMessage(p.tok().text)));
+    }
+    if (kernels->size() >= limits.max_entries) {
+      return lex.Error(p.tok().line,
+                       absl::StrCat("more than ", limits.max_entries, " kernel entries"));
+    }
+    const size_t line = p.tok().line;
+    std::vector<Item> items;
+    CUBIST_RETURN_IF_ERROR(p.ParseList(1, &items));
+    CUBIST_ASSIGN_OR_RETURN(TrtllmGenKernelMeta k, ToKernel(items, line, kernels->size(), lex));
+    kernels->push_back(std::move(k));
+    CUBIST_RETURN_IF_ERROR(p.Advance());
+    if (p.IsPunct(',')) {
+      CUBIST_RETURN_IF_ERROR(p.Advance());
+      continue;
+    }
+    if (!p.IsPunct('}')) {
+      return lex.Error(p.tok().line, absl::StrCat("expected ',' or '}' after an entry, got ",
+                                                  QuoteForMessage(p.tok().text)));
+    }
+  }
+}
+
 }  // namespace
 
 std::optional<int64_t> MetaValue::Int() const {
@@ -378,83 +460,16 @@ absl::StatusOr<TrtllmGenMetaInfo> ParseTrtllmGenMetaInfo(std::string_view bytes,
   Lexer lex(bytes, source);
   Parser p(lex, limits);
   TrtllmGenMetaInfo info;
-  std::optional<int64_t> declared;
-  size_t declared_line = 0;
-  // Top level: find `<name>ListLen = N` and `<name>List[] = {`.
-  CUBIST_RETURN_IF_ERROR(p.Advance());
-  std::string prev_ident;
-  for (;;) {
-    const Token& t = p.tok();
-    if (t.kind == Tok::kEnd) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Sv(source), ": no kernel list (`static const ... tllmGenBatchedGemmList[] = {`); "
-                      "is this a trtllm-gen flashinferMetaInfo.h?"));
-    }
-    if (t.kind == Tok::kIdent) {
-      const std::string ident = t.text;
-      const size_t line = t.line;
-      CUBIST_RETURN_IF_ERROR(p.Advance());
-      if (ident.size() > 7 && ident.compare(ident.size() - 7, 7, "ListLen") == 0 &&
-          p.IsPunct('=')) {
-        CUBIST_RETURN_IF_ERROR(p.Advance());
-        MetaValue v{p.tok().text, false};
-        if (p.tok().kind != Tok::kNumber || !v.Int().has_value()) {
-          return lex.Error(line, absl::StrCat(ident, ": expected a number, got ",
-                                              QuoteForMessage(p.tok().text)));
-        }
-        declared = v.Int();
-        declared_line = line;
-        continue;
-      }
-      if (ident.size() > 4 && ident.compare(ident.size() - 4, 4, "List") == 0 &&
-          p.IsPunct('[')) {
-        CUBIST_RETURN_IF_ERROR(p.Advance());
-        if (!p.IsPunct(']')) return lex.Error(line, absl::StrCat(ident, ": expected '[]'"));
-        CUBIST_RETURN_IF_ERROR(p.Advance());
-        if (!p.IsPunct('=')) return lex.Error(line, absl::StrCat(ident, "[]: expected '='"));
-        CUBIST_RETURN_IF_ERROR(p.Advance());
-        if (!p.IsPunct('{')) return lex.Error(line, absl::StrCat(ident, "[] = : expected '{'"));
-        info.list_name = ident;
-        break;
-      }
-      continue;
-    }
-    CUBIST_RETURN_IF_ERROR(p.Advance());
-  }
-  // The array: entries `{...}` separated by commas, closed by '}'.
-  CUBIST_RETURN_IF_ERROR(p.Advance());
-  for (;;) {
-    if (p.IsPunct('}')) break;
-    if (!p.IsPunct('{')) {
-      return lex.Error(p.tok().line, absl::StrCat("expected '{' (a kernel entry) or '}', got ",
-                                                  QuoteForMessage(p.tok().text)));
-    }
-    if (info.kernels.size() >= limits.max_entries) {
-      return lex.Error(p.tok().line,
-                       absl::StrCat("more than ", limits.max_entries, " kernel entries"));
-    }
-    const size_t line = p.tok().line;
-    std::vector<Item> items;
-    CUBIST_RETURN_IF_ERROR(p.ParseList(1, &items));
-    CUBIST_ASSIGN_OR_RETURN(TrtllmGenKernelMeta k,
-                            ToKernel(items, line, info.kernels.size(), lex));
-    info.kernels.push_back(std::move(k));
-    CUBIST_RETURN_IF_ERROR(p.Advance());
-    if (p.IsPunct(',')) {
-      CUBIST_RETURN_IF_ERROR(p.Advance());
-      continue;
-    }
-    if (!p.IsPunct('}')) {
-      return lex.Error(p.tok().line, absl::StrCat("expected ',' or '}' after an entry, got ",
-                                                  QuoteForMessage(p.tok().text)));
-    }
-  }
+  DeclaredLength declared;
+  CUBIST_ASSIGN_OR_RETURN(info.list_name, FindKernelList(p, lex, source, &declared));
+  CUBIST_RETURN_IF_ERROR(ParseKernelEntries(p, lex, limits, &info.kernels));
   if (info.kernels.empty()) {
     return lex.Error(p.tok().line, absl::StrCat(info.list_name, " lists no kernels"));
   }
-  if (declared.has_value() && *declared != static_cast<int64_t>(info.kernels.size())) {
-    return lex.Error(declared_line,
-                     absl::StrCat("the list declares ", *declared, " kernels but holds ",
+  if (declared.value.has_value() &&
+      *declared.value != static_cast<int64_t>(info.kernels.size())) {
+    return lex.Error(declared.line,
+                     absl::StrCat("the list declares ", *declared.value, " kernels but holds ",
                                   info.kernels.size(), "; the header is truncated or edited"));
   }
   info.export_version = lex.export_version();
