@@ -350,12 +350,15 @@ def gated_weights(w, layout):
         up_gate               rows 0..I-1 the linear (up) half, I..2I-1 the gate: cubist's
         gate_up               rows 0..I-1 the gate, I..2I-1 up (vLLM's w13 = [w1; w3])
         gate_up_interleaved   even rows gate, odd rows up (gpt-oss's checkpoint)
+    Everything indexed by GEMM1's rows moves the same way: the block scales [E, 2I, K/b]
+    and the bias [E, 2I] (gpt-oss's gate_up_proj_bias) go through this function too.
     Returns a new contiguous tensor (the input when it is already in cubist's order and
     contiguous), so a layout never runs silently wrong."""
     if layout not in GATED_LAYOUTS:
         raise _bad("layout", f"{layout!r} is not one of {', '.join(GATED_LAYOUTS)}")
-    if len(w.shape) != 3 or w.shape[1] % 2:
-        raise _bad("w", f"expected [E, 2I, H] with an even row count, got {list(w.shape)}")
+    if len(w.shape) not in (2, 3) or w.shape[1] % 2:
+        raise _bad("w", f"expected [E, 2I, H] (weights, scales) or [E, 2I] (a bias) with an "
+                        f"even row count, got {list(w.shape)}")
     torch = sys.modules["torch"]
     inter = w.shape[1] // 2
     if layout == "up_gate":

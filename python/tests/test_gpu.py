@@ -426,8 +426,16 @@ def test_gated_weights_turn_checkpoint_layouts_into_cubists():
     assert torch.equal(cubist.gated_weights(torch.cat((gate, up), dim=1), "gate_up"), ours)
     interleaved = torch.stack((gate, up), dim=2).reshape(e, 2 * inter, h)  # g0 u0 g1 u1 ...
     assert torch.equal(cubist.gated_weights(interleaved, "gate_up_interleaved"), ours)
+    # A bias [E, 2I] (gpt-oss's gate_up_proj_bias) moves with its rows.
+    bias_ours = ours[:, :, 0]
+    assert torch.equal(cubist.gated_weights(interleaved[:, :, 0], "gate_up_interleaved"),
+                       bias_ours)
+    assert torch.equal(cubist.gated_weights(torch.cat((gate, up), dim=1)[:, :, 0], "gate_up"),
+                       bias_ours)
     with pytest.raises(cubist.InvalidArgumentError, match="layout: 'w13'"):
         cubist.gated_weights(ours, "w13")
+    with pytest.raises(cubist.InvalidArgumentError, match=r"even row count, got \[2, 5\]"):
+        cubist.gated_weights(ours[:, :5, 0], "gate_up")
 
 
 # The quantized pairs of the layer (dispatch/moe_layer.h): weights from
