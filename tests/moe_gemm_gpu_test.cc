@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,9 +32,11 @@
 #include "gtest/gtest.h"
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_check.h"
+#include "dispatch/moe_gemm.h"
 #include "dispatch/moe_gemm_launch.h"
 #include "dispatch/moe_types.h"
 #include "dispatch/reference.h"
+#include "dispatch/runtime.h"
 #include "loader/context.h"
 #include "loader/device_memory.h"
 #include "loader/driver_api.h"
@@ -450,6 +453,99 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
   }
   std::printf("moe_gemm: %d of %d launches within tolerance\n", passed, launched);
   if (results) *results << "moe_gemm: " << passed << " of " << launched << " passed\n";
+}
+
+// More experts than one generation-2 launch schedules (1,024): MoeGemm runs them as
+// launches over groups of experts (dispatch/moe_gemm_launch.h MoeGemmExpertGroup), each
+// with its own offsets, B, scales, activation parameters and bias. Through the dispatcher
+// (pinned to each version-3 SwiGLU kernel in turn), against the reference; rows in every
+// group and on the groups' edges (experts 1023/1024 and 2047/2048).
+TEST(MoeGemmGpuTest, ManyExpertsRunAsLaunchesOverGroupsOfExperts) {
+  CUBIST_REQUIRE_GPU();
+  GpuEnv& env = Env();
+  DriverApi& d = *env.driver;
+  TempDir dir;
+  RuntimeOptions o;
+  o.manifest = env.dir + "/manifest.json";
+  o.cache_dir = dir.Join("cache");
+  o.tuning_file = "none";
+  auto rt = Runtime::Open(o);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  ASSERT_TRUE((*rt)->MakeCurrent().ok());
+  std::vector<int> counts(2500, 0);
+  for (auto [e, rows] : {std::pair{0, 5}, {700, 64}, {1023, 3}, {1024, 17}, {1500, 130},
+                         {2047, 1}, {2048, 40}, {2499, 70}}) {
+    counts[e] = rows;
+  }
+  std::map<std::pair<MoeFormat, MoeFormat>, std::vector<const KernelSpec*>> by_pair;
+  for (const KernelSpec& k : env.manifest.kernels) {
+    if (k.op == kMoeGemmOp && k.abi >= kMoeGemmAbiV3 && k.activation == "swiglu") {
+      by_pair[{*ParseFormat(k.weight_format), *ParseFormat(k.activation_format)}].push_back(&k);
+    }
+  }
+  ASSERT_FALSE(by_pair.empty()) << "the family has no version-3 swiglu kernel";
+  int launched = 0, passed = 0;
+  uint64_t seed = 7000;
+  for (const auto& [pair, kernels] : by_pair) {
+    MoeProblemData prob =
+        MakeRandomProblem({pair.first, pair.second, 256, 256, counts, true, true, true}, ++seed);
+    AddBias(&prob);
+    const std::vector<double> c = ReferenceGemm(prob);
+    const std::vector<double> ref = ApplyActivation(prob, c, kSwiglu);
+    DeviceProblem dev;
+    ASSERT_TRUE(dev.Init(d, prob).ok());
+    const MoeGemmParams p = dev.Params(prob, kSwiglu);
+    MoeGemmArgs args;
+    args.weight_format = pair.first;
+    args.activation_format = pair.second;
+    args.activation = kSwiglu;
+    args.experts = p.num_experts;
+    args.tokens = p.num_tokens;
+    args.n = p.n;
+    args.k = p.k;
+    auto at = [](const void* q) { return reinterpret_cast<CUdeviceptr>(q); };
+    args.a = at(p.a);
+    args.b = at(p.b);
+    args.a_scale = at(p.a_scale);
+    args.b_scale = at(p.b_scale);
+    args.a_global_scale = at(p.a_global_scale);
+    args.b_global_scale = at(p.b_global_scale);
+    args.offsets = at(p.offsets);
+    args.alpha = at(p.alpha);
+    args.beta = at(p.beta);
+    args.limit = at(p.limit);
+    args.bias = at(p.bias);
+    args.out = at(p.out);
+    for (const KernelSpec* k : kernels) {
+      SCOPED_TRACE(k->name);
+      MoeGemmOptions go;
+      go.pinned_kernel = k->name;
+      auto gemm = MoeGemm::Create(**rt, go);
+      ASSERT_TRUE(gemm.ok()) << gemm.status();
+      const absl::Status can = (*gemm)->CanImplement(args);
+      ASSERT_TRUE(can.ok()) << can;
+      ASSERT_TRUE(dev.out.FillAsync(0xFF, env.stream.get()).ok());
+      const absl::Status run = (*gemm)->Run(args, env.stream.get());
+      ASSERT_TRUE(run.ok()) << run;
+      const absl::Status sync = env.stream.Synchronize();
+      ASSERT_TRUE(sync.ok()) << sync;
+      ++launched;
+      std::vector<uint16_t> out(ref.size());
+      std::vector<uint8_t> guard(DeviceProblem::kGuard);
+      ASSERT_TRUE(dev.out.CopyToHost(out.data(), dev.out_bytes).ok());
+      ASSERT_TRUE(dev.out.CopyToHost(guard.data(), guard.size(), dev.out_bytes).ok());
+      EXPECT_EQ(std::count(guard.begin(), guard.end(), 0xFF), int(guard.size()))
+          << "wrote past the end of out";
+      const Comparison cmp =
+          CompareBf16(out, ref, ToleranceFor(pair.first, pair.second), MaxAbs(c));
+      EXPECT_TRUE(cmp.ok) << cmp.summary;
+      passed += cmp.ok;
+      std::printf("%-48s E=2500 %s %s\n", k->name.c_str(), cmp.ok ? "PASS" : "FAIL",
+                  cmp.summary.c_str());
+    }
+  }
+  std::printf("moe_gemm, E = 2500 in groups: %d of %d kernels within tolerance\n", passed,
+              launched);
 }
 
 // A problem whose every expert is empty launches (the grid is never empty) and writes
