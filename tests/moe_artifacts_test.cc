@@ -366,6 +366,8 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   const std::string path = dir.Join("art/manifest.json");
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
+  // Without --version: the family's version, raised when its set of kernels changed.
+  EXPECT_EQ(m->version, 2);
   ASSERT_EQ(m->kernels.size(), 4u);
   for (const KernelSpec& k : m->kernels) {
     EXPECT_EQ(k.extras.count("exact"), 0u) << k.name;
