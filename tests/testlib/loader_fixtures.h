@@ -1,4 +1,4 @@
-// Where the loader's nvcc-built test cubins live (tests/loader.cmake), and a reader
+// Where the loader's nvcc-built test cubins live (tests/loader/CMakeLists.txt), and a reader
 // that lets a test skip when they were not built (no nvcc).
 #ifndef CUBIST_TESTS_TESTLIB_LOADER_FIXTURES_H_
 #define CUBIST_TESTS_TESTLIB_LOADER_FIXTURES_H_

@@ -1,7 +1,7 @@
 // A stand-in for libFuzzer's driver: runs LLVMFuzzerTestOneInput once on every file
 // named on the command line (directories are walked, in sorted order). Lets every
 // build, gcc included, replay the committed fuzz corpora as a regression test; a crash,
-// an abort or a sanitizer report fails it. Built by tests/fuzz.cmake.
+// an abort or a sanitizer report fails it. Built by tests/fuzz/CMakeLists.txt.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>

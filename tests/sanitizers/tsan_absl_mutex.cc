@@ -1,5 +1,5 @@
 // ThreadSanitizer annotations for Debian's abseil, linked into every executable of a
-// CUBIST_SANITIZE=thread build (tests/tsan.cmake). Never part of a normal build.
+// CUBIST_SANITIZE=thread build (tests/sanitizers/CMakeLists.txt). Never part of a normal build.
 //
 // Why: Debian builds libabsl_synchronization without TSan, and absl::Mutex synchronises
 // with its own atomics and futex calls, which TSan cannot see. Without help every
