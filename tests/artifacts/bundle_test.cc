@@ -10,18 +10,19 @@
 #include <cstring>
 #include <optional>
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
 #include "artifacts/gc.h"
 #include "artifacts/keep.h"
 #include "artifacts/version_guard.h"
 #include "base/file_util.h"
-#include "base/unique_fd.h"
 #include "base/sha256.h"
+#include "base/unique_fd.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "manifest/manifest_parser.h"
 #include "manifest/manifest_writer.h"
-#include "tests/test_util.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

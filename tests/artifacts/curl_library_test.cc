@@ -7,8 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "artifacts/curl_library.h"
 #include "base/shared_library.h"
-#include "tests/test_util.h"
+#include "tests/testlib/build_paths.h"
+#include "tests/testlib/child_process.h"
 #include "tests/testlib/sample_repo.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -21,8 +21,9 @@
 #include "artifacts/store.h"
 #include "base/sha256.h"
 #include "manifest/signature.h"
-#include "tests/test_util.h"
 #include "tests/testlib/fault_http_server.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

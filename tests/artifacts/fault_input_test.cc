@@ -18,9 +18,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/sha256.h"
-#include "tests/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testlib/build_paths.h"
 #include "tests/testlib/child_process.h"
 #include "tests/testlib/fault_http_server.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

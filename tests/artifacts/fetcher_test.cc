@@ -10,9 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "artifacts/sources.h"
 #include "base/sha256.h"
-#include "tests/test_util.h"
 #include "tests/testlib/nginx_server.h"
 #include "tests/testlib/sample_repo.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -7,7 +7,8 @@
 #include <atomic>
 #include <thread>
 
-#include "tests/test_util.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

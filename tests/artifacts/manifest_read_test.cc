@@ -10,7 +10,7 @@
 #include "artifacts/manifest_source.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
+#include "tests/testlib/status_matchers.h"
 
 namespace cubist {
 namespace {

@@ -16,7 +16,8 @@
 #include "artifacts/oci_push.h"
 #include "artifacts/oci_reference.h"
 #include "base/sha256.h"
-#include "tests/test_util.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

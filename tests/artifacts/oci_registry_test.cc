@@ -22,11 +22,13 @@
 #include "artifacts/oci_push.h"
 #include "artifacts/oci_reference.h"
 #include "base/sha256.h"
-#include "tests/test_util.h"
+#include "tests/testlib/build_paths.h"
 #include "tests/testlib/child_process.h"
 #include "tests/testlib/nginx_server.h"
 #include "tests/testlib/registry_server.h"
 #include "tests/testlib/sample_repo.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

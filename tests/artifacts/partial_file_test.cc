@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "base/sha256.h"
-#include "tests/test_util.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "artifacts/cache_dir.h"
 #include "manifest/manifest.h"
-#include "tests/test_util.h"
+#include "tests/testlib/status_matchers.h"
 
 namespace cubist {
 namespace {

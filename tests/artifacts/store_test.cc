@@ -10,7 +10,8 @@
 #include "artifacts/keep.h"
 #include "base/sha256.h"
 #include "manifest/manifest.h"
-#include "tests/test_util.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

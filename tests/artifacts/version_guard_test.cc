@@ -11,7 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
 #include "manifest/manifest.h"
-#include "tests/test_util.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "artifacts/curl_transport.h"
-#include "artifacts/http_headers.h"
 #include "artifacts/gc.h"
+#include "artifacts/http_headers.h"
 #include "artifacts/manifest_source.h"
 #include "artifacts/parsed_manifest_cache.h"
 #include "artifacts/store.h"
@@ -25,9 +25,11 @@
 #include "manifest/checksums.h"
 #include "manifest/manifest_binary.h"
 #include "manifest/signature.h"
-#include "tests/test_util.h"
+#include "tests/testlib/child_process.h"
 #include "tests/testlib/nginx_server.h"
 #include "tests/testlib/sample_repo.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -17,10 +17,13 @@
 #include "absl/time/clock.h"
 #include "artifacts/store.h"
 #include "base/sha256.h"
-#include "tests/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testlib/build_paths.h"
 #include "tests/testlib/child_process.h"
 #include "tests/testlib/nginx_server.h"
 #include "tests/testlib/sample_repo.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -5,12 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "absl/strings/str_cat.h"
-#include "tests/test_util.h"
+#include "tests/testlib/build_paths.h"
+#include "tests/testlib/child_process.h"
 #include "tests/testlib/flashinfer_pin.h"
 #include "tests/testlib/nginx_server.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -4,9 +4,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testlib/build_paths.h"
+#include "tests/testlib/child_process.h"
 #include "tests/testlib/cubin_builder.h"
 #include "tests/testlib/loader_fixtures.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

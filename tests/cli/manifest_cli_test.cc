@@ -7,7 +7,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "manifest/manifest_parser.h"
-#include "tests/test_util.h"
+#include "tests/testlib/build_paths.h"
+#include "tests/testlib/child_process.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -3,7 +3,9 @@
 // any runtime is opened, so the manifest need not even exist.
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
+#include "tests/testlib/build_paths.h"
+#include "tests/testlib/child_process.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -3,8 +3,10 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/dispatch_test_util.h"
-#include "tests/test_util.h"
+#include "tests/testlib/build_paths.h"
+#include "tests/testlib/child_process.h"
+#include "tests/testlib/dispatch_manifests.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

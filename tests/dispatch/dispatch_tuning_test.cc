@@ -13,8 +13,9 @@
 #include "dispatch/tuning_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/dispatch_test_util.h"
-#include "tests/test_util.h"
+#include "tests/testlib/dispatch_manifests.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

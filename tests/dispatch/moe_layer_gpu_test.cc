@@ -32,7 +32,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "loader/device_memory.h"
-#include "tests/test_util.h"
+#include "tests/testlib/build_paths.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

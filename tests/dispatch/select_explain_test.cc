@@ -1,9 +1,8 @@
 // Explain: every kernel's verdict for a problem, and its text (dispatch/selector.h).
+#include "dispatch/selector.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "dispatch/selector.h"
-#include "tests/dispatch_test_util.h"
-#include "tests/test_util.h"
+#include "tests/testlib/dispatch_manifests.h"
 
 namespace cubist {
 namespace {

@@ -3,8 +3,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/dispatch_test_util.h"
-#include "tests/test_util.h"
+#include "tests/testlib/dispatch_manifests.h"
+#include "tests/testlib/status_matchers.h"
 
 namespace cubist {
 namespace {

@@ -25,7 +25,9 @@
 #include "kernels/moe_layer_abi.h"
 #include "loader/cubin.h"
 #include "manifest/manifest_parser.h"
-#include "tests/test_util.h"
+#include "tests/testlib/build_paths.h"
+#include "tests/testlib/child_process.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist::testing {
 namespace {

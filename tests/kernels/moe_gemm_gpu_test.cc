@@ -27,20 +27,21 @@
 
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "dispatch/moe_gemm_launch.h"
+#include "dispatch/moe_types.h"
+#include "dispatch/reference.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_check.h"
-#include "dispatch/moe_gemm_launch.h"
-#include "dispatch/moe_types.h"
-#include "dispatch/reference.h"
 #include "loader/context.h"
 #include "loader/device_memory.h"
 #include "loader/driver_api.h"
 #include "loader/module_cache.h"
 #include "manifest/manifest_parser.h"
-#include "tests/test_util.h"
+#include "tests/testlib/build_paths.h"
 #include "tests/testlib/random_problem.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist::testing {
 namespace {

@@ -3,9 +3,10 @@
 #include <algorithm>
 
 #include "loader/cubin.h"
-#include "tests/test_util.h"
 #include "tests/testlib/cubin_builder.h"
 #include "tests/testlib/loader_fixtures.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -5,9 +5,9 @@
 #include <random>
 
 #include "loader/cubin.h"
-#include "tests/test_util.h"
 #include "tests/testlib/cubin_builder.h"
 #include "tests/testlib/loader_fixtures.h"
+#include "tests/testlib/status_matchers.h"
 
 namespace cubist {
 namespace {

@@ -1,9 +1,9 @@
 // SM compatibility rules and the messages that refuse an image before any driver call.
 #include "loader/compat.h"
 
-#include "tests/test_util.h"
 #include "tests/testlib/cubin_builder.h"
 #include "tests/testlib/loader_fixtures.h"
+#include "tests/testlib/status_matchers.h"
 
 namespace cubist {
 namespace {

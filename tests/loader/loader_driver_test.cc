@@ -3,8 +3,9 @@
 
 #include <cstdlib>
 
-#include "tests/test_util.h"
 #include "tests/testlib/loader_fixtures.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -17,8 +17,9 @@
 #include "loader/device_memory.h"
 #include "loader/driver_api.h"
 #include "loader/module_cache.h"
-#include "tests/test_util.h"
 #include "tests/testlib/loader_fixtures.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

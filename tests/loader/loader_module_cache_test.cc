@@ -8,10 +8,11 @@
 #include "absl/synchronization/barrier.h"
 #include "base/sha256.h"
 #include "loader/context.h"
-#include "tests/test_util.h"
-#include "tests/testlib/loader_fixtures.h"
 #include "tests/testlib/cubin_builder.h"
 #include "tests/testlib/fake_driver.h"
+#include "tests/testlib/loader_fixtures.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -2,16 +2,17 @@
 // among its kernels (op trtllm_bmm).
 #include "manifest/flashinfer_import.h"
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "base/sha256.h"
 #include "dispatch/registry.h"
 #include "dispatch/selector.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "manifest/checksums.h"
 #include "manifest/manifest_parser.h"
 #include "manifest/manifest_writer.h"
-#include "tests/test_util.h"
 #include "tests/testlib/flashinfer_pin.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

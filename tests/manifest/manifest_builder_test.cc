@@ -10,7 +10,8 @@
 #include "base/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -8,7 +8,7 @@
 #include "base/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
+#include "tests/testlib/status_matchers.h"
 
 namespace cubist {
 namespace {

@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "manifest/checksums.h"
 #include "manifest/manifest_parser.h"
-#include "tests/test_util.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
+#include "tests/testlib/status_matchers.h"
 
 namespace cubist {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
-#include "tests/test_util.h"
+#include "tests/testlib/status_matchers.h"
 
 namespace cubist {
 namespace {

@@ -2,12 +2,12 @@
 // generator's syntax.
 #include "manifest/trtllm_gen_meta.h"
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
-#include "tests/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "tests/testlib/flashinfer_pin.h"
+#include "tests/testlib/status_matchers.h"
 
 namespace cubist {
 namespace {

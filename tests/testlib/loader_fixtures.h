@@ -8,7 +8,8 @@
 #include <string>
 
 #include "base/file_util.h"
-#include "tests/test_util.h"
+#include "tests/testlib/build_paths.h"
+#include "tests/testlib/status_matchers.h"
 
 namespace cubist::testing {
 

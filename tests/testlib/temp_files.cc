@@ -1,14 +1,15 @@
-#include "tests/test_util.h"
+#include "tests/testlib/temp_files.h"
 
-#include <sys/wait.h>
+#include <stdlib.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
+#include "absl/status/statusor.h"
 #include "base/file_util.h"
+#include "gtest/gtest.h"
 
 namespace cubist::testing {
 
@@ -62,21 +63,6 @@ std::string RandomBytes(size_t n, uint64_t seed) {
   std::string out(n, '\0');
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>(rng() & 0xff);
   return out;
-}
-
-int RunCommand(const std::string& command, std::string* output) {
-  std::string full = command + " 2>&1";
-  FILE* p = ::popen(full.c_str(), "r");
-  if (p == nullptr) return -1;
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = ::pclose(p);
-  if (output != nullptr) *output = std::move(out);
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return -1;
 }
 
 }  // namespace cubist::testing

@@ -1,7 +1,7 @@
 // Hand-written manifests for the dispatcher's tests (registry, selection, CLI, runtime):
 // kernels described by a few fields, rendered as the JSON a publisher would write.
-#ifndef CUBIST_TESTS_DISPATCH_TEST_UTIL_H_
-#define CUBIST_TESTS_DISPATCH_TEST_UTIL_H_
+#ifndef CUBIST_TESTS_TESTLIB_DISPATCH_MANIFESTS_H_
+#define CUBIST_TESTS_TESTLIB_DISPATCH_MANIFESTS_H_
 
 #include <array>
 #include <optional>
@@ -53,4 +53,4 @@ std::optional<TestKernel> InexactCopy(const std::vector<TestKernel>& kernels,
 
 }  // namespace cubist::testing
 
-#endif  // CUBIST_TESTS_DISPATCH_TEST_UTIL_H_
+#endif  // CUBIST_TESTS_TESTLIB_DISPATCH_MANIFESTS_H_

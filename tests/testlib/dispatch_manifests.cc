@@ -1,4 +1,4 @@
-#include "tests/dispatch_test_util.h"
+#include "tests/testlib/dispatch_manifests.h"
 
 #include <set>
 

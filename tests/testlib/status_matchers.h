@@ -1,9 +1,10 @@
-// Shared helpers for cubist's tests: status matchers, temporary directories, files.
-#ifndef CUBIST_TESTS_TEST_UTIL_H_
-#define CUBIST_TESTS_TEST_UTIL_H_
+// Status assertions for cubist's tests: a matcher on code and message, and OK checks
+// that print the status when they fail.
+#ifndef CUBIST_TESTS_TESTLIB_STATUS_MATCHERS_H_
+#define CUBIST_TESTS_TESTLIB_STATUS_MATCHERS_H_
 
 #include <string>
-#include <string_view>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -47,37 +48,6 @@ const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
     EXPECT_TRUE(_st.ok()) << ::cubist::testing::StatusOf(_st);           \
   } while (0)
 
-// A fresh directory under $TMPDIR, removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string Join(std::string_view rel) const { return path_ + "/" + std::string(rel); }
-
- private:
-  std::string path_;
-};
-
-// Writes `data` to `path`, creating parent directories. Aborts the test on failure.
-void WriteFileOrDie(const std::string& path, std::string_view data);
-// Reads a whole file; aborts the test on failure.
-std::string ReadFileOrDie(const std::string& path);
-bool FileExists(const std::string& path);
-// Deterministic pseudo-random bytes (seeded), for artifact contents.
-std::string RandomBytes(size_t n, uint64_t seed);
-
-// Runs a shell command; returns its exit status (0-255, or 128+signal) and captures
-// stdout and stderr together into *output when given.
-int RunCommand(const std::string& command, std::string* output = nullptr);
-
-// Absolute path of the built `cubist` command.
-inline std::string CliPath() { return CUBIST_CLI_PATH; }
-inline std::string SourceDir() { return CUBIST_SOURCE_DIR; }
-inline std::string BinaryDir() { return CUBIST_BINARY_DIR; }
-
 }  // namespace cubist::testing
 
-#endif  // CUBIST_TESTS_TEST_UTIL_H_
+#endif  // CUBIST_TESTS_TESTLIB_STATUS_MATCHERS_H_
