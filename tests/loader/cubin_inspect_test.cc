@@ -38,7 +38,7 @@ std::vector<std::string> Names(const ImageInfo& image) {
 TEST(CubinInspectNvcc, Sm80KernelsAndMetadata) {
   CUBIST_FIXTURE_OR_SKIP(bytes, "kernels_sm_80.cubin");
   absl::StatusOr<CubinInfo> info = InspectCubin(bytes);
-  LOADER_ASSERT_OK(info);
+  CUBIST_ASSERT_OK(info);
   EXPECT_EQ(info->container, CubinInfo::Container::kCubin);
   ASSERT_EQ(info->images.size(), 1u);
   const ImageInfo& img = info->images[0];
@@ -93,7 +93,7 @@ TEST(CubinInspectNvcc, VariantsFromNvcc) {
     auto bytes = ::cubist::testing::ReadCubinFixture(c.file);
     if (!bytes) continue;
     absl::StatusOr<CubinInfo> info = InspectCubin(*bytes);
-    LOADER_ASSERT_OK(info);
+    CUBIST_ASSERT_OK(info);
     ASSERT_EQ(info->images.size(), 1u);
     EXPECT_EQ(info->images[0].sm.ToString(), c.sm) << c.file;
     EXPECT_EQ(info->images[0].kernels.size(), 3u) << c.file;
@@ -105,7 +105,7 @@ TEST(CubinInspectNvcc, VariantsFromNvcc) {
 TEST(CubinInspectNvcc, Sm90StaticSharedIncludesReservedKiB) {
   CUBIST_FIXTURE_OR_SKIP(bytes, "kernels_sm_90a.cubin");
   absl::StatusOr<CubinInfo> info = InspectCubin(bytes);
-  LOADER_ASSERT_OK(info);
+  CUBIST_ASSERT_OK(info);
   const KernelInfo* add_one = Find(info->images[0], "add_one");
   ASSERT_NE(add_one, nullptr);
   // 256 bytes of tile plus the 1 KiB that sm_90 code reserves for the system.
@@ -115,7 +115,7 @@ TEST(CubinInspectNvcc, Sm90StaticSharedIncludesReservedKiB) {
 TEST(CubinInspectNvcc, Fatbin) {
   CUBIST_FIXTURE_OR_SKIP(bytes, "kernels.fatbin");
   absl::StatusOr<CubinInfo> info = InspectCubin(bytes);
-  LOADER_ASSERT_OK(info);
+  CUBIST_ASSERT_OK(info);
   EXPECT_EQ(info->container, CubinInfo::Container::kFatbin);
   EXPECT_TRUE(info->HasPtx());
   std::vector<std::string> cubins, ptx;
@@ -154,7 +154,7 @@ TEST(CubinInspectSynthetic, KernelFields) {
   spec.kernels = {FakeKernel{"k_one", 40, 256, 48, 5, 2048, 512},
                   FakeKernel{"a_first", 8, 0, 8, 1, 0, 64}};
   absl::StatusOr<CubinInfo> info = InspectCubin(BuildCubin(spec));
-  LOADER_ASSERT_OK(info);
+  CUBIST_ASSERT_OK(info);
   const ImageInfo& img = info->images[0];
   EXPECT_EQ(img.sm.ToString(), "sm_90");
   EXPECT_EQ(img.abi_version, 8);
@@ -179,7 +179,7 @@ TEST(CubinInspectSynthetic, ArchVariantFromCompatAttributeAlone) {
   spec.variant = 'a';
   spec.with_notes = false;  // only .nv.compat says `a`
   absl::StatusOr<CubinInfo> info = InspectCubin(BuildCubin(spec));
-  LOADER_ASSERT_OK(info);
+  CUBIST_ASSERT_OK(info);
   EXPECT_EQ(info->images[0].sm.ToString(), "sm_90a");
 }
 
@@ -188,7 +188,7 @@ TEST(CubinInspectSynthetic, FamilyVariantFromPtxasCommandLine) {
   spec.sm = 100;
   spec.variant = 'f';
   absl::StatusOr<CubinInfo> info = InspectCubin(BuildCubin(spec));
-  LOADER_ASSERT_OK(info);
+  CUBIST_ASSERT_OK(info);
   EXPECT_EQ(info->images[0].sm.ToString(), "sm_100f");
   EXPECT_EQ(info->images[0].e_flags, 0x06006402u);
 }
@@ -201,7 +201,7 @@ TEST(CubinInspectSynthetic, OldAbiLayout) {
   spec.with_notes = false;
   std::string bytes = BuildCubin(spec);
   absl::StatusOr<CubinInfo> info = InspectCubin(bytes);
-  LOADER_ASSERT_OK(info);
+  CUBIST_ASSERT_OK(info);
   EXPECT_EQ(info->images[0].abi_version, 7);
   EXPECT_EQ(info->images[0].sm.ToString(), "sm_90a");
   ASSERT_TRUE(info->images[0].virtual_sm.has_value());
@@ -210,7 +210,7 @@ TEST(CubinInspectSynthetic, OldAbiLayout) {
   spec.variant = 0;
   spec.sm = 86;
   info = InspectCubin(BuildCubin(spec));
-  LOADER_ASSERT_OK(info);
+  CUBIST_ASSERT_OK(info);
   EXPECT_EQ(info->images[0].sm.ToString(), "sm_86");
 }
 
@@ -224,7 +224,7 @@ TEST(CubinInspectSynthetic, CommandLineForAnotherSmIsIgnored) {
   ASSERT_NE(pos, std::string::npos);
   bytes.replace(pos, 12, "-arch sm_80f");
   absl::StatusOr<CubinInfo> info = InspectCubin(bytes);
-  LOADER_ASSERT_OK(info);
+  CUBIST_ASSERT_OK(info);
   EXPECT_EQ(info->images[0].sm.ToString(), "sm_90");
 }
 
@@ -241,7 +241,7 @@ TEST(CubinInspectSynthetic, FatbinVariantsFromEntryFlags) {
       FakeFatbinEntry{1, 80, 0x11, std::string(".version 9.0\n.target sm_80\n\0\0\0", 30)},
   });
   absl::StatusOr<CubinInfo> info = InspectCubin(fat);
-  LOADER_ASSERT_OK(info);
+  CUBIST_ASSERT_OK(info);
   ASSERT_EQ(info->images.size(), 3u);
   EXPECT_EQ(info->images[0].sm.ToString(), "sm_90a");
   EXPECT_EQ(info->images[1].sm.ToString(), "sm_100f");
@@ -263,7 +263,7 @@ TEST(CubinInspectSynthetic, FatbinEntryThatDisagreesWithItsElfIsRefused) {
 TEST(CubinInspectSynthetic, CompressedEntriesAreReportedNotParsed) {
   std::string fat = BuildFatbin({FakeFatbinEntry{2, 90, 0x2011, std::string(100, '\x5a')}});
   absl::StatusOr<CubinInfo> info = InspectCubin(fat);
-  LOADER_ASSERT_OK(info);
+  CUBIST_ASSERT_OK(info);
   ASSERT_EQ(info->images.size(), 1u);
   EXPECT_TRUE(info->images[0].compressed);
   EXPECT_TRUE(info->images[0].kernels.empty());
@@ -285,7 +285,7 @@ TEST(SmTargetTest, ParseAndPrint) {
   };
   for (const Case& c : cases) {
     absl::StatusOr<SmTarget> sm = SmTarget::Parse(c.text);
-    LOADER_ASSERT_OK(sm);
+    CUBIST_ASSERT_OK(sm);
     EXPECT_EQ(sm->major, c.major) << c.text;
     EXPECT_EQ(sm->minor, c.minor) << c.text;
     EXPECT_EQ(sm->variant, c.variant) << c.text;

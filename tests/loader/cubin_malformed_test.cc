@@ -53,7 +53,7 @@ std::string Good() {
   return BuildCubin(spec);
 }
 
-TEST(CubinMalformed, GoodInputParses) { LOADER_EXPECT_OK(InspectCubin(Good())); }
+TEST(CubinMalformed, GoodInputParses) { CUBIST_EXPECT_OK(InspectCubin(Good())); }
 
 TEST(CubinMalformed, EmptyAndGarbage) {
   EXPECT_THAT(InspectCubin(""), StatusIs(kInvalid, HasSubstr("empty")));
@@ -231,7 +231,7 @@ TEST(CubinMalformed, FatbinProblems) {
   FakeCubinSpec spec;
   std::string elf = BuildCubin(spec);
   std::string fat = BuildFatbin({FakeFatbinEntry{2, 90, 0x11, elf}});
-  LOADER_EXPECT_OK(InspectCubin(fat));
+  CUBIST_EXPECT_OK(InspectCubin(fat));
 
   for (size_t n = 4; n < 16 + 64; ++n) {
     ASSERT_THAT(InspectCubin(fat.substr(0, n)), StatusIs(kInvalid, HasSubstr("fatbin")))

@@ -69,8 +69,8 @@ TEST(LoaderCompat, RefusalNamesBothSms) {
   EXPECT_THAT(CheckCompatible(OneCubin("sm_86"), {8, 0}),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("needs a device of the same major with minor >= 6")));
-  LOADER_EXPECT_OK(CheckCompatible(OneCubin("sm_90a"), {9, 0}));
-  LOADER_EXPECT_OK(CheckCompatible(OneCubin("sm_100f"), {10, 3}));
+  CUBIST_EXPECT_OK(CheckCompatible(OneCubin("sm_90a"), {9, 0}));
+  CUBIST_EXPECT_OK(CheckCompatible(OneCubin("sm_100f"), {10, 3}));
 }
 
 TEST(LoaderCompat, FatbinNeedsOneRunnableImage) {
@@ -81,8 +81,8 @@ TEST(LoaderCompat, FatbinNeedsOneRunnableImage) {
   ImageInfo b;
   b.sm = Sm("sm_90a");
   fat.images = {a, b};
-  LOADER_EXPECT_OK(CheckCompatible(fat, {8, 6}));
-  LOADER_EXPECT_OK(CheckCompatible(fat, {9, 0}));
+  CUBIST_EXPECT_OK(CheckCompatible(fat, {8, 6}));
+  CUBIST_EXPECT_OK(CheckCompatible(fat, {9, 0}));
   EXPECT_THAT(CheckCompatible(fat, {10, 0}),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("fatbin has no image for this sm_100 device"),
@@ -96,7 +96,7 @@ TEST(LoaderCompat, FatbinNeedsOneRunnableImage) {
   ptx.kind = ImageInfo::Kind::kPtx;
   ptx.sm = Sm("compute_80");
   fat.images.push_back(ptx);
-  LOADER_EXPECT_OK(CheckCompatible(fat, {10, 0}));
+  CUBIST_EXPECT_OK(CheckCompatible(fat, {10, 0}));
   EXPECT_EQ(BestImageFor(fat, {10, 0})->kind, ImageInfo::Kind::kPtx);
   EXPECT_EQ(BestImageFor(fat, {9, 0})->sm.ToString(), "sm_90a");  // SASS beats PTX
 }
@@ -104,10 +104,10 @@ TEST(LoaderCompat, FatbinNeedsOneRunnableImage) {
 TEST(LoaderCompat, NvccFatbinOnDevices) {
   CUBIST_FIXTURE_OR_SKIP(bytes, "kernels.fatbin");
   absl::StatusOr<CubinInfo> info = InspectCubin(bytes);
-  LOADER_ASSERT_OK(info);
-  LOADER_EXPECT_OK(CheckCompatible(*info, {9, 0}));
-  LOADER_EXPECT_OK(CheckCompatible(*info, {8, 0}));
-  LOADER_EXPECT_OK(CheckCompatible(*info, {10, 0}));  // through compute_90 PTX
+  CUBIST_ASSERT_OK(info);
+  CUBIST_EXPECT_OK(CheckCompatible(*info, {9, 0}));
+  CUBIST_EXPECT_OK(CheckCompatible(*info, {8, 0}));
+  CUBIST_EXPECT_OK(CheckCompatible(*info, {10, 0}));  // through compute_90 PTX
   EXPECT_THAT(CheckCompatible(*info, {7, 5}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("sm_75")));
 }

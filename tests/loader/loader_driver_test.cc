@@ -38,7 +38,7 @@ TEST(LoaderDriver, ResolvesEverythingFromAFakeLibcuda) {
   if (!HaveFake()) GTEST_SKIP() << "fake libcuda not built";
   unsetenv("FAKE_LIBCUDA_MISSING");
   absl::StatusOr<std::unique_ptr<DriverApi>> driver = OpenDriverLibrary(CUBIST_FAKE_LIBCUDA);
-  LOADER_ASSERT_OK(driver);
+  CUBIST_ASSERT_OK(driver);
   int version = 0;
   EXPECT_EQ((*driver)->DriverGetVersion(&version), CUDA_SUCCESS);
   EXPECT_EQ(version, 13000);
@@ -60,7 +60,7 @@ TEST(LoaderDriver, MissingEntryPointIsNamed) {
   // The library API is optional: without it the table still opens.
   setenv("FAKE_LIBCUDA_MISSING", "cuLibraryLoadData,cuKernelGetFunction", 1);
   absl::StatusOr<std::unique_ptr<DriverApi>> driver = OpenDriverLibrary(CUBIST_FAKE_LIBCUDA);
-  LOADER_ASSERT_OK(driver);
+  CUBIST_ASSERT_OK(driver);
   EXPECT_FALSE((*driver)->HasLibraryApi());
   unsetenv("FAKE_LIBCUDA_MISSING");
 }
@@ -93,7 +93,7 @@ TEST(LoaderDriver, ErrorMapping) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
   EXPECT_THAT(CuCheck(fake, static_cast<CUresult>(1000), "x"),
               StatusIs(absl::StatusCode::kInternal, "x: CUresult 1000"));
-  LOADER_EXPECT_OK(CuCheck(fake, CUDA_SUCCESS, "x"));
+  CUBIST_EXPECT_OK(CuCheck(fake, CUDA_SUCCESS, "x"));
   int v = 0;
   EXPECT_EQ(fake.DriverGetVersion(&v), CUDA_ERROR_NOT_SUPPORTED);
   EXPECT_FALSE(fake.HasLibraryApi());

@@ -59,7 +59,7 @@ void RunKernelsOn(DriverApi& driver, const PrimaryContext& ctx, bool prefer_libr
   ModuleCache::Options o;
   o.prefer_library_api = prefer_library;
   auto cache_or = ModuleCache::Create(driver, ctx.get(), o);
-  LOADER_ASSERT_OK(cache_or);
+  CUBIST_ASSERT_OK(cache_or);
   auto& cache = *cache_or;
   ImageOptions io;
   io.skip_hash_check = true;
@@ -68,18 +68,18 @@ void RunKernelsOn(DriverApi& driver, const PrimaryContext& ctx, bool prefer_libr
   FunctionId add_one = *cache->AddFunction(img, "add_one");
   FunctionId scale = *cache->AddFunction(img, "scale");
   FunctionId stage = *cache->AddFunction(img, "smem_stage", kSmem);
-  LOADER_ASSERT_OK(cache->Preload({add_one, scale, stage}));
+  CUBIST_ASSERT_OK(cache->Preload({add_one, scale, stage}));
 
   constexpr int n = 1 << 20;
   std::vector<float> in = RandomFloats(n, seed);
   auto x = DeviceBuffer::Allocate(driver, n * sizeof(float));
   auto y = DeviceBuffer::Allocate(driver, n * sizeof(float));
-  LOADER_ASSERT_OK(x);
-  LOADER_ASSERT_OK(y);
+  CUBIST_ASSERT_OK(x);
+  CUBIST_ASSERT_OK(y);
   auto stream = Stream::Create(driver);
-  LOADER_ASSERT_OK(stream);
-  LOADER_ASSERT_OK(x->CopyFromHost(in.data(), n * sizeof(float)));
-  LOADER_ASSERT_OK(y->Fill(0xff));  // poison: NaNs everywhere
+  CUBIST_ASSERT_OK(stream);
+  CUBIST_ASSERT_OK(x->CopyFromHost(in.data(), n * sizeof(float)));
+  CUBIST_ASSERT_OK(y->Fill(0xff));  // poison: NaNs everywhere
 
   // add_one: x += 1, 64 threads a block (its shared tile holds 64 floats).
   int count = n;
@@ -105,10 +105,10 @@ void RunKernelsOn(DriverApi& driver, const PrimaryContext& ctx, bool prefer_libr
   config.hStream = stream->get();
   CUresult r = driver.LaunchKernelEx(&config, *cache->GetFunction(stage), stage_args, nullptr);
   ASSERT_EQ(r, CUDA_SUCCESS) << CuResultToString(driver, r);
-  LOADER_ASSERT_OK(stream->Synchronize());
+  CUBIST_ASSERT_OK(stream->Synchronize());
 
   std::vector<float> out(n);
-  LOADER_ASSERT_OK(y->CopyToHost(out.data(), n * sizeof(float)));
+  CUBIST_ASSERT_OK(y->CopyToHost(out.data(), n * sizeof(float)));
   int bad = 0;
   for (int i = 0; i < n; ++i) {
     float want = ((in[i] + 1.0f) * 0.5f) * 2.0f + 100.0f;
@@ -128,7 +128,7 @@ void RunKernelsOn(DriverApi& driver, const PrimaryContext& ctx, bool prefer_libr
 TEST(LoaderGpu, LoadLookupLaunch) {
   DRIVER_OR_SKIP(driver);
   auto ctx = PrimaryContext::Retain(driver, 0);
-  LOADER_ASSERT_OK(ctx);
+  CUBIST_ASSERT_OK(ctx);
   int version = 0;
   (void)driver.DriverGetVersion(&version);
   char name[256] = {};
@@ -140,14 +140,14 @@ TEST(LoaderGpu, LoadLookupLaunch) {
 TEST(LoaderGpu, ModuleApiPathToo) {
   DRIVER_OR_SKIP(driver);
   auto ctx = PrimaryContext::Retain(driver, 0);
-  LOADER_ASSERT_OK(ctx);
+  CUBIST_ASSERT_OK(ctx);
   RunKernelsOn(driver, *ctx, /*prefer_library=*/false, 2);
 }
 
 TEST(LoaderGpu, SixteenThreadsLoadOnce) {
   DRIVER_OR_SKIP(driver);
   auto ctx = PrimaryContext::Retain(driver, 0);
-  LOADER_ASSERT_OK(ctx);
+  CUBIST_ASSERT_OK(ctx);
   std::string path = ImageFor(ctx->sm());
   if (!::cubist::testing::FileExists(path)) GTEST_SKIP() << path << " not built";
   auto cache = *ModuleCache::Create(driver, ctx->get());
@@ -186,7 +186,7 @@ TEST(LoaderGpu, SixteenThreadsLoadOnce) {
 TEST(LoaderGpu, Sm80CubinRefusedOnHopper) {
   DRIVER_OR_SKIP(driver);
   auto ctx = PrimaryContext::Retain(driver, 0);
-  LOADER_ASSERT_OK(ctx);
+  CUBIST_ASSERT_OK(ctx);
   if (ctx->sm().major != 9) GTEST_SKIP() << "needs an sm_9x device";
   std::string path = CubinPath("kernels_sm_80.cubin");
   if (!::cubist::testing::FileExists(path)) GTEST_SKIP() << path << " not built";
@@ -201,7 +201,7 @@ TEST(LoaderGpu, Sm80CubinRefusedOnHopper) {
   EXPECT_EQ(cache->stats().images_loaded, 0u);
   // What the driver itself says when asked anyway (for the record, not for the API).
   std::string bytes = ::cubist::testing::ReadFileOrDie(path);
-  LOADER_ASSERT_OK(ctx->MakeCurrent());
+  CUBIST_ASSERT_OK(ctx->MakeCurrent());
   CUmodule module = nullptr;
   CUresult r = driver.ModuleLoadData(&module, bytes.data());
   std::printf("[gpu] raw cuModuleLoadData(sm_80 cubin) on %s: %s\n",
@@ -218,7 +218,7 @@ TEST(LoaderGpu, ContextPerDeviceInOneProcess) {
   std::vector<PrimaryContext> contexts;
   for (int d = 0; d < count; ++d) {
     auto ctx = PrimaryContext::Retain(driver, d);
-    LOADER_ASSERT_OK(ctx);
+    CUBIST_ASSERT_OK(ctx);
     contexts.push_back(std::move(*ctx));
   }
   // One thread per device, each with its own cache, at the same time.
@@ -262,22 +262,22 @@ TEST(LoaderGpu, ProcessPerGpu) {
 TEST(LoaderGpu, EventsTimeAKernel) {
   DRIVER_OR_SKIP(driver);
   auto ctx = PrimaryContext::Retain(driver, 0);
-  LOADER_ASSERT_OK(ctx);
-  LOADER_ASSERT_OK(ctx->MakeCurrent());
+  CUBIST_ASSERT_OK(ctx);
+  CUBIST_ASSERT_OK(ctx->MakeCurrent());
   auto stream = Stream::Create(driver);
   auto a = Event::Create(driver);
   auto b = Event::Create(driver);
   auto buf = DeviceBuffer::Allocate(driver, 256 << 20);
-  LOADER_ASSERT_OK(buf);
-  LOADER_ASSERT_OK(a->Record(stream->get()));
-  LOADER_ASSERT_OK(buf->FillAsync(7, stream->get()));
-  LOADER_ASSERT_OK(b->Record(stream->get()));
-  LOADER_ASSERT_OK(b->Synchronize());
+  CUBIST_ASSERT_OK(buf);
+  CUBIST_ASSERT_OK(a->Record(stream->get()));
+  CUBIST_ASSERT_OK(buf->FillAsync(7, stream->get()));
+  CUBIST_ASSERT_OK(b->Record(stream->get()));
+  CUBIST_ASSERT_OK(b->Synchronize());
   absl::StatusOr<float> ms = Event::ElapsedMs(*a, *b);
-  LOADER_ASSERT_OK(ms);
+  CUBIST_ASSERT_OK(ms);
   EXPECT_GT(*ms, 0.0f);
   unsigned char probe = 0;
-  LOADER_ASSERT_OK(buf->CopyToHost(&probe, 1, (256 << 20) - 1));
+  CUBIST_ASSERT_OK(buf->CopyToHost(&probe, 1, (256 << 20) - 1));
   EXPECT_EQ(probe, 7);
   std::printf("[gpu] memset 256 MiB: %.3f ms (%.0f GB/s)\n", *ms,
               (256.0 * (1 << 20)) / (*ms * 1e6));

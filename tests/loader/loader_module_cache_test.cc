@@ -56,14 +56,14 @@ TEST_F(ModuleCacheTest, RegistrationIsLazy) {
   EXPECT_EQ(cache->device_sm(), (DeviceSm{9, 0}));
   std::string bytes = Cubin();
   absl::StatusOr<ImageId> img = cache->AddImage("k.cubin", bytes, Checked(bytes));
-  LOADER_ASSERT_OK(img);
+  CUBIST_ASSERT_OK(img);
   absl::StatusOr<FunctionId> fn = cache->AddFunction(*img, "gemm");
-  LOADER_ASSERT_OK(fn);
+  CUBIST_ASSERT_OK(fn);
   EXPECT_EQ(driver_.load_calls(), 0);
   EXPECT_EQ(driver_.lookups(), 0);
 
   absl::StatusOr<CUfunction> f = cache->GetFunction(*fn);
-  LOADER_ASSERT_OK(f);
+  CUBIST_ASSERT_OK(f);
   EXPECT_NE(*f, nullptr);
   EXPECT_EQ(driver_.loads(), 1);
   EXPECT_EQ(driver_.library_loads(), 1);  // the library API is preferred
@@ -147,8 +147,8 @@ TEST_F(ModuleCacheTest, UnloadsOnDestruction) {
     ImageId b = *cache->AddImage("b.cubin", bytes, Checked(bytes));
     ImageId never = *cache->AddImage("never.cubin", bytes, Checked(bytes));
     (void)never;
-    LOADER_ASSERT_OK(cache->LoadImage(a));
-    LOADER_ASSERT_OK(cache->GetFunction(b, "gemm").status());
+    CUBIST_ASSERT_OK(cache->LoadImage(a));
+    CUBIST_ASSERT_OK(cache->GetFunction(b, "gemm").status());
     EXPECT_EQ(driver_.live_images(), 2);
     EXPECT_EQ(driver_.unloads(), 0);
   }
@@ -162,7 +162,7 @@ TEST_F(ModuleCacheTest, ModuleApiFallback) {
     auto cache = *ModuleCache::Create(old_driver, old_driver.context_of(0));
     std::string bytes = Cubin();
     ImageId img = *cache->AddImage("k.cubin", bytes, Checked(bytes));
-    LOADER_ASSERT_OK(cache->GetFunction(img, "gemm").status());
+    CUBIST_ASSERT_OK(cache->GetFunction(img, "gemm").status());
     EXPECT_EQ(old_driver.module_loads(), 1);
     EXPECT_EQ(old_driver.library_loads(), 0);
   }
@@ -174,7 +174,7 @@ TEST_F(ModuleCacheTest, ModuleApiFallback) {
   auto cache = NewCache(o);
   std::string bytes = Cubin();
   ImageId img = *cache->AddImage("k.cubin", bytes, Checked(bytes));
-  LOADER_ASSERT_OK(cache->GetFunction(img, "gemm").status());
+  CUBIST_ASSERT_OK(cache->GetFunction(img, "gemm").status());
   EXPECT_EQ(driver_.module_loads(), 1);
 }
 
@@ -244,8 +244,8 @@ TEST_F(ModuleCacheTest, HashRequiredUnlessOptedOut) {
   ImageOptions skip;
   skip.skip_hash_check = true;
   ImageId b = *cache->AddImage("b", Cubin(), skip);
-  LOADER_EXPECT_OK(cache->LoadImage(a));
-  LOADER_EXPECT_OK(cache->LoadImage(b));
+  CUBIST_EXPECT_OK(cache->LoadImage(a));
+  CUBIST_EXPECT_OK(cache->LoadImage(b));
   EXPECT_EQ(cache->stats().bytes_hashed, 0u);
 }
 
@@ -267,7 +267,7 @@ TEST_F(ModuleCacheTest, IncompatibleImageRefusedBeforeTheDriver) {
 
   std::string sm90a = Cubin(90, 'a');
   ImageId ok = *cache->AddImage("b90a", sm90a, Checked(sm90a));
-  LOADER_EXPECT_OK(cache->LoadImage(ok));
+  CUBIST_EXPECT_OK(cache->LoadImage(ok));
 }
 
 TEST_F(ModuleCacheTest, MalformedImageRefusedBeforeTheDriver) {
@@ -288,7 +288,7 @@ TEST_F(ModuleCacheTest, MissingFunctionNamesWhatTheImageHas) {
                        AllOf(HasSubstr("function gemn: not found in k.cubin"),
                              HasSubstr("it has gemm, gemm_big_smem, other"))));
   // The image itself stays usable.
-  LOADER_EXPECT_OK(cache->GetFunction(img, "gemm").status());
+  CUBIST_EXPECT_OK(cache->GetFunction(img, "gemm").status());
   EXPECT_EQ(driver_.loads(), 1);
 }
 
@@ -316,7 +316,7 @@ TEST_F(ModuleCacheTest, FileImagesReadLazilyAndRetryWhileMissing) {
   EXPECT_THAT(cache->LoadImage(img),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
   ::cubist::testing::WriteFileOrDie(path, bytes);  // e.g. a fetch finished
-  LOADER_EXPECT_OK(cache->LoadImage(img));
+  CUBIST_EXPECT_OK(cache->LoadImage(img));
   EXPECT_EQ(driver_.loads(), 1);
 }
 
@@ -326,14 +326,14 @@ TEST_F(ModuleCacheTest, PreloadResolvesEverythingUpFront) {
   ImageId img = *cache->AddImage("k.cubin", bytes, Checked(bytes));
   FunctionId a = *cache->AddFunction(img, "gemm");
   FunctionId b = *cache->AddFunction(img, "other", 100000);
-  LOADER_ASSERT_OK(cache->Preload({a}));
+  CUBIST_ASSERT_OK(cache->Preload({a}));
   EXPECT_EQ(driver_.lookups(), 1);
-  LOADER_ASSERT_OK(cache->PreloadAll());
+  CUBIST_ASSERT_OK(cache->PreloadAll());
   EXPECT_EQ(driver_.lookups(), 2);
   EXPECT_EQ(driver_.set_attribute_calls(), 1);
   int calls_before = driver_.load_calls() + driver_.lookups() + driver_.set_attribute_calls();
-  LOADER_EXPECT_OK(cache->GetFunction(a).status());
-  LOADER_EXPECT_OK(cache->GetFunction(b).status());
+  CUBIST_EXPECT_OK(cache->GetFunction(a).status());
+  CUBIST_EXPECT_OK(cache->GetFunction(b).status());
   EXPECT_EQ(driver_.load_calls() + driver_.lookups() + driver_.set_attribute_calls(),
             calls_before);
 
@@ -350,7 +350,7 @@ TEST_F(ModuleCacheTest, RestoresTheCallersContext) {
   ASSERT_EQ(two.CtxSetCurrent(two.context_of(1)), CUDA_SUCCESS);
   std::string bytes = Cubin(90, 'a');
   ImageId img = *cache0->AddImage("k.cubin", bytes, Checked(bytes));
-  LOADER_ASSERT_OK(cache0->GetFunction(img, "gemm").status());
+  CUBIST_ASSERT_OK(cache0->GetFunction(img, "gemm").status());
   CUcontext now = nullptr;
   ASSERT_EQ(two.CtxGetCurrent(&now), CUDA_SUCCESS);
   EXPECT_EQ(now, two.context_of(1));
@@ -381,7 +381,7 @@ TEST(PrimaryContextTest, RetainReleaseAndRange) {
   FakeDriver driver({FakeDriver::Device{}, FakeDriver::Device{10, 0}});
   {
     absl::StatusOr<PrimaryContext> c1 = PrimaryContext::Retain(driver, 1);
-    LOADER_ASSERT_OK(c1);
+    CUBIST_ASSERT_OK(c1);
     EXPECT_EQ(c1->get(), driver.context_of(1));
     EXPECT_EQ(c1->sm(), (DeviceSm{10, 0}));
     PrimaryContext moved = std::move(*c1);
