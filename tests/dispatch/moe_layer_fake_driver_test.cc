@@ -4,13 +4,11 @@
 // record every launch with its parameter struct. What the layer computes is checked on
 // the H200 (tests/dispatch/moe_layer_gpu_test.cc); this checks how the steps are wired: which kernels run
 // in which order, and that each reads what the previous one wrote.
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "base/sha256.h"
 #include "base/strings.h"
 #include "dispatch/moe_layer.h"
@@ -19,13 +17,14 @@
 #include "gtest/gtest.h"
 #include "tests/testlib/dispatch_manifests.h"
 #include "tests/testlib/fake_driver.h"
+#include "tests/testlib/launch_recording_driver.h"
 #include "tests/testlib/status_matchers.h"
 #include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {
 
-using ::cubist::testing::FakeDriver;
+using ::cubist::testing::LaunchRecordingDriver;
 using ::cubist::testing::KernelJson;
 using ::cubist::testing::ReadFileOrDie;
 using ::cubist::testing::StatusIs;
@@ -35,53 +34,15 @@ using ::cubist::testing::WriteFileOrDie;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// Every launch: the kernel's name and a copy of its parameter struct.
-class LayerRecordingDriver : public FakeDriver {
- public:
-  struct Launch {
-    std::string name;
-    CUlaunchConfig config;
-    std::string params;
-    template <typename T>
-    T As() const {
-      T t;
-      EXPECT_EQ(params.size(), sizeof(T)) << name;
-      std::memcpy(&t, params.data(), std::min(params.size(), sizeof(T)));
-      return t;
-    }
-  };
-  CUresult LaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
-                          void** extra) override {
-    if (extra != nullptr || params == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    Launch l;
-    l.name = FunctionName(f);
-    l.config = *config;
-    l.params.assign(static_cast<const char*>(params[0]), ParamBytes(l.name));
-    absl::MutexLock lock(&mu_);
-    launches_.push_back(l);
-    return CUDA_SUCCESS;
-  }
-  std::vector<Launch> launches() const {
-    absl::MutexLock lock(&mu_);
-    return launches_;
-  }
-  void Clear() {
-    absl::MutexLock lock(&mu_);
-    launches_.clear();
-  }
-
- private:
-  static size_t ParamBytes(std::string_view name) {
-    if (name == "cubist_moe_route") return sizeof(moe::MoeRouteParams);
-    if (name.starts_with("cubist_moe_sort_")) return sizeof(moe::MoeSortParams);
-    if (name == "cubist_moe_gather_bf16") return sizeof(moe::MoeGatherParams);
-    if (name == "cubist_moe_finalize") return sizeof(moe::MoeFinalizeParams);
-    if (name.starts_with("cubist_moe_quantize_")) return sizeof(moe::MoeQuantizeParams);
-    return sizeof(moe::MoeGemmParams);  // the GEMM stubs (version 1)
-  }
-  mutable absl::Mutex mu_;
-  std::vector<Launch> launches_;
-};
+// The parameter struct of each kernel the layer launches, by its published name.
+size_t LayerParamBytes(std::string_view name) {
+  if (name == "cubist_moe_route") return sizeof(moe::MoeRouteParams);
+  if (name.starts_with("cubist_moe_sort_")) return sizeof(moe::MoeSortParams);
+  if (name == "cubist_moe_gather_bf16") return sizeof(moe::MoeGatherParams);
+  if (name == "cubist_moe_finalize") return sizeof(moe::MoeFinalizeParams);
+  if (name.starts_with("cubist_moe_quantize_")) return sizeof(moe::MoeQuantizeParams);
+  return sizeof(moe::MoeGemmParams);  // the GEMM stubs (version 1)
+}
 
 constexpr char kStubPath[] = "cubins/sm_90a/moe_stub.cubin";
 
@@ -220,14 +181,14 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
     return a;
   }
 
-  static std::vector<std::string> Names(const std::vector<LayerRecordingDriver::Launch>& v) {
+  static std::vector<std::string> Names(const std::vector<LaunchRecordingDriver::Launch>& v) {
     std::vector<std::string> out;
     for (const auto& l : v) out.push_back(l.name);
     return out;
   }
 
   TempDir dir_;
-  LayerRecordingDriver driver_;
+  LaunchRecordingDriver driver_{LayerParamBytes};
   std::unique_ptr<Runtime> runtime_;
 };
 
