@@ -113,10 +113,13 @@ CUBIST_HD constexpr MoeGemmLayout MakeLayout(MoeFormat w, MoeFormat a, int tile_
     l.error = "unsupported weight x activation format pair";
   } else if (tile_m != 64 && tile_m != 128) {
     l.error = "tile_m must be 64 or 128";
-  } else if (tile_n != 64 && tile_n != 128 && tile_n != 256) {
-    l.error = "tile_n must be 64, 128 or 256";
-  } else if (l.fp8_mma && tile_n > 128) {
-    l.error = "fp8 kernels keep two accumulators: tile_n at most 128";
+  } else if (tile_n != 64 && tile_n != 128 && tile_n != 192 && tile_n != 256) {
+    l.error = "tile_n must be 64, 128, 192 or 256";
+  } else if (tile_n == 192 && !(w == kFp8 && tile_m == 128)) {
+    l.error = "tile_n 192 is for fp8 per-tensor kernels of 128 rows (an accumulator and one "
+              "partial of 96 registers per consumer; fp8-block's scale loop spills there)";
+  } else if (l.fp8_mma && tile_n > 192) {
+    l.error = "fp8 kernels keep an accumulator and partials: tile_n at most 192";
   } else if ((l.fp8_mma || !(l.a.direct && l.b.direct)) && tile_k != 128) {
     l.error = "fp8 and decoded (fp4, mxfp8) kernels need tile_k 128";
   } else if (tile_k != 64 && tile_k != 128) {
@@ -195,10 +198,13 @@ CUBIST_HD constexpr MoeGemmTmaLayout MakeTmaLayout(MoeFormat w, MoeFormat a, int
     l.error = "TMA kernels take bf16 x bf16, fp8 x fp8 or fp8-block x fp8-block";
   } else if (tile_m != 64 && tile_m != 128) {
     l.error = "tile_m must be 64 or 128";
-  } else if (tile_n != 64 && tile_n != 128 && tile_n != 256) {
-    l.error = "tile_n must be 64, 128 or 256";
-  } else if (l.fp8_mma && tile_n > 128) {
-    l.error = "fp8 kernels keep two accumulators: tile_n at most 128";
+  } else if (tile_n != 64 && tile_n != 128 && tile_n != 192 && tile_n != 256) {
+    l.error = "tile_n must be 64, 128, 192 or 256";
+  } else if (tile_n == 192 && !(w == kFp8 && tile_m == 128)) {
+    l.error = "tile_n 192 is for fp8 per-tensor kernels of 128 rows (an accumulator and one "
+              "partial of 96 registers per consumer; fp8-block's scale loop spills there)";
+  } else if (l.fp8_mma && tile_n > 192) {
+    l.error = "fp8 kernels keep an accumulator and partials: tile_n at most 192";
   } else if (l.consumers == 2 &&
              !SetMaxNRegFits(l.threads, l.consumers, l.consumer_regs, l.producer_regs)) {
     l.error = "setmaxnreg targets exceed the CTA's register pool";

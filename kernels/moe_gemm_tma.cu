@@ -178,6 +178,22 @@ struct MoeGemmTma {
           BlockLoop<false>(p, t, ci, hi_mask, smem_base, a_off, full_bar, signals, release, pipe,
                            num_kt, acc);
         }
+      } else if constexpr (TN > 128) {
+        // fp8 per tensor, 192 columns: an accumulator and one partial of 96 registers fill
+        // the consumer's budget (a second partial would spill), so each k-tile's wgmma are
+        // waited for before its promotion; the other consumer's wgmma keep the tensor
+        // cores busy meanwhile, as in the fp8-block loop.
+        float part[kRegs];
+        for (int kt = 0; kt < num_kt; ++kt) {
+          MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+          Issue(smem_base + pipe.s * L.stage_bytes, a_off, part, false);
+          WgmmaWait<0>();
+          FenceRegs(part);
+          if (signals) release(pipe.s);
+#pragma unroll
+          for (int i = 0; i < kRegs; ++i) acc[i] += part[i];
+          pipe.Advance();
+        }
       } else {
         // fp8 per tensor: as fp8-block without block scales (the tensor cores' fp8
         // accumulation keeps fewer bits than fp32), each k-tile into a fresh partial. Two

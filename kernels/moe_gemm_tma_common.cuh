@@ -231,8 +231,13 @@ __device__ __forceinline__ void StoreStaged(const MoeGemmParams& p, const MoeTil
                                             const float (&acc)[R], uint8_t* buf) {
   constexpr bool kGated = IsGated(ACT);
   constexpr int kTileCols = kGated ? TN / 2 : TN;
-  constexpr int kChunkCols =
-      kTileCols < kMoeGemmTmaEpilogueCols ? kTileCols : kMoeGemmTmaEpilogueCols;
+  // Chunks of 64 columns, or 32 where 64 do not divide the tile's columns (gated 192-row
+  // tiles: 96 output columns).
+  constexpr int kChunkCols = kTileCols < kMoeGemmTmaEpilogueCols ? kTileCols
+                             : kTileCols % kMoeGemmTmaEpilogueCols == 0
+                                 ? kMoeGemmTmaEpilogueCols
+                                 : kMoeGemmTmaEpilogueCols / 2;
+  static_assert(kTileCols % kChunkCols == 0, "whole chunks per tile");
   constexpr int kGroups = kChunkCols / 8;  // 8-column groups (16-byte pieces) per row
   constexpr int kRowB = kMoeGemmTmaEpilogueRowBytes;
   static_assert(64 * kGroups % 128 == 0, "whole pieces per thread");
