@@ -301,13 +301,13 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_tma_mxfp4_mxfp8_geglu_m64n128k256\n" +
                 std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
-  // The whole family: 95 generation-1 kernels, 115 generation-2 (TMA) ones; then the
+  // The whole family: 95 generation-1 kernels, 135 generation-2 (TMA) ones; then the
   // layer's 11, which the GEMM selection flags do not filter.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 221);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 241);
   EXPECT_TRUE(out.ends_with(kLayerList)) << out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --no-layer 2>&1", &out),
             0);
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 210);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 230);
   EXPECT_THAT(out, ::testing::Not(HasSubstr("cubist_moe_")));
   // mxfp4 x mxfp8 of generation 2: the bf16-MMA kernels up to 64 tokens
   // (kernels/moe_gemm_fp4.cu), then the fp8-MMA one of 128 tokens, weights decoded by
@@ -324,8 +324,10 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --generation 2 "
                        "--formats fp8 --activations relu2 --no-layer 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
+            "moe_gemm_tma_fp8_fp8_relu2_m64n64k128\n"
             "moe_gemm_tma_fp8_fp8_relu2_m64n128k128\n"
-            "moe_gemm_tma_fp8_fp8_relu2_m128n128k128\n");
+            "moe_gemm_tma_fp8_fp8_relu2_m128n128k128\n"
+            "moe_gemm_tma_fp8_fp8_relu2_m128n192k128\n");
   EXPECT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats fp16 2>&1",
                        &out), 2);
   EXPECT_THAT(out, HasSubstr("--formats: unknown 'fp16'"));
