@@ -120,7 +120,7 @@ TEST(MoeGemmCheckTest, RejectsMissingScalesMisalignmentAndAbi) {
   p = ValidParams();
   p.abi = 0;
   EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128}),
-              HasSubstr("has abi 0, the kernels expect 1"));
+              HasSubstr("has abi 0, this build fills 3"));
 }
 
 TEST(MoeGemmCheckTest, OnlyVersionThreeKernelsTakeABias) {
@@ -136,21 +136,26 @@ TEST(MoeGemmCheckTest, OnlyVersionThreeKernelsTakeABias) {
               HasSubstr("(scales, alpha, beta, limit, bias) must be 4-byte aligned"));
 }
 
-TEST(MoeGemmCheckTest, VersionTwoKernelsBoundExpertsAndRows) {
+TEST(MoeGemmCheckTest, OneLaunchBoundsExpertsAndRows) {
   MoeGemmParams p = ValidParams();
   const MoeGemmKernelDesc tma{kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV2};
   EXPECT_EQ(MoeGemmCheck(p, tma), "");
   p.num_experts = kMoeGemmTmaMaxExperts + 1;
   EXPECT_THAT(MoeGemmCheck(p, tma),
-              HasSubstr("E = 1025 exceeds the 1024 experts a TMA (abi 2) kernel schedules"));
-  EXPECT_EQ(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256}), "");  // version 1
+              HasSubstr("E = 1025 exceeds the 1024 experts one launch schedules; launch "
+                        "groups of at most that many experts"));
   p.num_experts = 1000;
   p.n = 4 * 1024 * 1024;  // 4e9 weight rows: past a TMA coordinate
   EXPECT_THAT(MoeGemmCheck(p, tma), HasSubstr("weight rows exceed a TMA coordinate"));
   p = ValidParams();
   EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, 4}),
               HasSubstr("the kernel takes parameter struct version 4, this build fills "
-                        "versions 1 to 3"));
+                        "versions 2 to 3"));
+  // Generation 1's version is retired: the check names the fix.
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128, 1}),
+              HasSubstr("moe_gemm: the kernel takes parameter struct version 1 (generation "
+                        "1) is retired and no longer launched; rebuild the family with "
+                        "scripts/build-artifacts"));
 }
 
 TEST(MoeGemmAbiTest, PersistentGridIsCappedBySmsAndTiles) {
@@ -176,10 +181,11 @@ TEST(MoeGemmAbiTest, GridIsAnUpperBoundOnTiles) {
   p.num_tokens = 130;  // e.g. 1 + 64 + 65 rows: 1 + 1 + 2 = 4 tiles of 64
   p.n = 512;
   EXPECT_EQ(MoeGemmMaxMTiles(130, 3, 64), 4);  // (130 + 3*63) / 64
-  EXPECT_EQ(MoeGemmGridFor(p, kIdentity, 64, 128).x, 4u * 4u);
-  EXPECT_EQ(MoeGemmGridFor(p, kSwiglu, 64, 128).x, 4u * 4u);  // 256 out cols / 64
-  p.num_tokens = 0;
-  EXPECT_GE(MoeGemmGridFor(p, kIdentity, 128, 128).x, 1u);
+  EXPECT_EQ(MoeGemmNTiles(512, kIdentity, 128), 4);
+  EXPECT_EQ(MoeGemmNTiles(512, kSwiglu, 128), 4);  // 256 out cols / 64
+  // With room for every tile, the persistent grid is the bound itself.
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kIdentity, 64, 128, 132, 1).x, 4u * 4u);
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kSwiglu, 64, 128, 132, 1).x, 4u * 4u);
 }
 
 // ---- GPU. ----
@@ -347,7 +353,7 @@ std::vector<ProblemCase> Problems(MoeFormat w, MoeFormat a) {
   out.push_back({"ragged", {w, a, 384, 320, RaggedCounts(12, 0), true, true, true}});
   out.push_back({"gptoss", {w, a, 1152, 2880, {40, 0, 300, 17, 128, 256}, false, false, false}});
   out.push_back({"last", {w, a, 128, 256, {0, 0, 0, 0, 0, 0, 0, 77}, false, true, false}});
-  // A bias row per expert (parameter struct version 3: generation-2 kernels only).
+  // A bias row per expert (parameter struct version 3).
   out.push_back({"bias", {w, a, 384, 320, RaggedCounts(12, 3), true, true, true}, AddBias});
   if (w == kFp8Block) {
     // N/2 = 224: a gated tile's 64 gate rows (224.., 288.., ...) straddle two 128-row
@@ -374,7 +380,7 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
     if (k.op != kMoeGemmOp) continue;
     auto w = ParseFormat(k.weight_format), a = ParseFormat(k.activation_format);
     ASSERT_TRUE(w && a && ParseAct(k.activation)) << k.name;
-    EXPECT_TRUE(k.abi == kMoeGemmAbiV1 || k.abi == kMoeGemmAbiV3) << k.name;
+    EXPECT_EQ(k.abi, kMoeGemmAbiV3) << k.name;
     by_pair[{*w, *a}].push_back(&k);
   }
 
@@ -494,6 +500,91 @@ TEST(MoeGemmGpuTest, NoTokensWritesNothing) {
     std::vector<uint8_t> guard(DeviceProblem::kGuard);
     ASSERT_TRUE(dev.out.CopyToHost(guard.data(), guard.size()).ok());
     EXPECT_EQ(std::count(guard.begin(), guard.end(), 0xFF), int(guard.size()));
+  }
+}
+
+// More experts than one launch schedules (kMoeGemmTmaMaxExperts): E = 2048 and 4096 run
+// as launches over groups of experts (MoeGemmExpertGroup, as MoeGemm::Run does), one
+// kernel per format pair, with a bias and per-expert alpha/beta/limit so that every
+// per-expert array moves with its group. Tokens sit in experts on both sides of each group
+// boundary and in a scattering of others; the rest are empty.
+TEST(MoeGemmGpuTest, ManyExpertsRunAsLaunchesOverExpertGroups) {
+  CUBIST_REQUIRE_GPU();
+  GpuEnv& env = Env();
+  DriverApi& d = *env.driver;
+  std::map<std::pair<MoeFormat, MoeFormat>, const KernelSpec*> first_of_pair;
+  for (const KernelSpec& k : env.manifest.kernels) {
+    if (k.op != kMoeGemmOp) continue;
+    first_of_pair.try_emplace({*ParseFormat(k.weight_format), *ParseFormat(k.activation_format)},
+                              &k);
+  }
+  ASSERT_FALSE(first_of_pair.empty());
+  uint64_t seed = 5000;
+  for (const int experts : {2048, 4096}) {
+    std::vector<int> counts(experts, 0);
+    for (int e = 0; e < experts; e += 37) counts[e] = 1 + e % 5;
+    for (int b = kMoeGemmTmaMaxExperts; b < experts; b += kMoeGemmTmaMaxExperts) {
+      counts[b - 1] = 70;  // the last expert of a group, past one 64-row tile
+      counts[b] = 9;       // the first of the next
+    }
+    counts[experts - 1] = 3;
+    for (const auto& [pair, k] : first_of_pair) {
+      SCOPED_TRACE(absl::StrFormat("%s, E = %d", k->name, experts));
+      MoeProblemData prob = MakeRandomProblem(
+          {pair.first, pair.second, 128, 128, counts, true, true, true}, ++seed);
+      AddBias(&prob);
+      const MoeActivation act = *ParseAct(k->activation);
+      const std::vector<double> c = ReferenceGemm(prob);
+      const std::vector<double> ref = ApplyActivation(prob, c, act);
+      DeviceProblem dev;
+      ASSERT_TRUE(dev.Init(d, prob).ok());
+      auto img = env.cache->AddImageFile(
+          env.dir + "/" + k->artifact,
+          {.expected_sha256 = env.manifest.FindArtifact(k->artifact)->sha256});
+      ASSERT_TRUE(img.ok()) << img.status();
+      auto fid = env.cache->AddFunction(*img, k->function, k->shared_mem_bytes);
+      ASSERT_TRUE(fid.ok()) << fid.status();
+      auto fn = env.cache->GetFunction(*fid);
+      ASSERT_TRUE(fn.ok()) << fn.status();
+      auto info = MoeGemmKernelInfoOf(*k);
+      ASSERT_TRUE(info.ok()) << info.status();
+      const MoeGemmParams all = dev.Params(prob, act);
+      const MoeGemmKernelDesc desc{pair.first, pair.second, act, k->tile_m, k->tile_n,
+                                   info->abi};
+      ASSERT_NE(MoeGemmCheck(all, desc), "") << "one launch cannot take E = " << experts;
+      ASSERT_TRUE(dev.out.FillAsync(0xFF, env.stream.get()).ok());  // bf16 NaN
+      const int32_t per_launch = MoeGemmExpertsPerLaunch(*info);
+      int launches = 0;
+      for (int32_t first = 0; first < experts; first += per_launch) {
+        const MoeGemmParams p =
+            MoeGemmExpertGroup(all, *info, first, std::min(per_launch, experts - first));
+        ASSERT_EQ(MoeGemmCheck(p, desc), "");
+        MoeGemmLaunch launch;
+        const absl::Status prep = PrepareMoeGemmLaunch(d, *info, p, env.sm_count, &launch);
+        ASSERT_TRUE(prep.ok()) << prep;
+        ASSERT_TRUE(CuCheck(d,
+                            d.LaunchKernel(*fn, launch.grid.x, 1, 1, k->threads, 1, 1,
+                                           k->shared_mem_bytes, env.stream.get(),
+                                           launch.kernel_params(), nullptr),
+                            "launch " + k->name)
+                        .ok());
+        ++launches;
+      }
+      EXPECT_EQ(launches, experts / kMoeGemmTmaMaxExperts);
+      const absl::Status sync = env.stream.Synchronize();
+      ASSERT_TRUE(sync.ok()) << sync;
+      std::vector<uint16_t> out(ref.size());
+      std::vector<uint8_t> guard(DeviceProblem::kGuard);
+      ASSERT_TRUE(dev.out.CopyToHost(out.data(), dev.out_bytes).ok());
+      ASSERT_TRUE(dev.out.CopyToHost(guard.data(), guard.size(), dev.out_bytes).ok());
+      EXPECT_EQ(std::count(guard.begin(), guard.end(), 0xFF), int(guard.size()))
+          << "wrote past the end of out";
+      const Comparison cmp =
+          CompareBf16(out, ref, ToleranceFor(pair.first, pair.second), MaxAbs(c));
+      EXPECT_TRUE(cmp.ok) << cmp.summary;
+      std::printf("%-48s E=%-5d %s %s\n", k->name.c_str(), experts, cmp.ok ? "PASS" : "FAIL",
+                  cmp.summary.c_str());
+    }
   }
 }
 

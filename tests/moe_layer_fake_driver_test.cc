@@ -76,7 +76,7 @@ class LayerRecordingDriver : public FakeDriver {
     if (name == "cubist_moe_gather_bf16") return sizeof(moe::MoeGatherParams);
     if (name == "cubist_moe_finalize") return sizeof(moe::MoeFinalizeParams);
     if (name.starts_with("cubist_moe_quantize_")) return sizeof(moe::MoeQuantizeParams);
-    return sizeof(moe::MoeGemmParams);  // the GEMM stubs (version 1)
+    return sizeof(moe::MoeGemmParamsV2);  // the GEMM stubs (version 3)
   }
   mutable absl::Mutex mu_;
   std::vector<Launch> launches_;
@@ -100,7 +100,7 @@ constexpr Pair kPairs[] = {
     {"nvfp4", "nvfp4", DataFormat::kNvfp4, DataFormat::kNvfp4, "nvfp4_nvfp4"},
 };
 
-// The glue kernels as scripts/build-artifacts publishes them, and one version-1 GEMM stub
+// The glue kernels as scripts/build-artifacts publishes them, and one version-3 GEMM stub
 // per pair and activation (GEMM1 SwiGLU, GEMM2 identity).
 std::vector<TestKernel> LayerKernels() {
   std::vector<TestKernel> v;
