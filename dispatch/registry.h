@@ -77,9 +77,10 @@ struct KernelEntry {
   double mma_efficiency = 1.0;
   double memory_efficiency = 1.0;
   // Whether the kernel multiplies exactly the decoded operands (extras "exact", true when
-  // absent). A kernel that rounds an operand on purpose (docs/kernels.md: the tile_k 256
-  // mxfp4 x mxfp8 kernels regrid activations) says "exact": false, and the selector leaves
-  // it out unless asked (SelectOptions::allow_inexact, or the kernel pinned by name).
+  // absent). A kernel that rounds an operand on purpose (none of our family: docs/kernels.md
+  // "Numerics and exactness"; a manifest may carry one from elsewhere) says "exact": false,
+  // and the selector leaves it out unless asked (SelectOptions::allow_inexact, or the
+  // kernel pinned by name).
   bool exact = true;
 
   const std::string& name() const { return spec.name; }

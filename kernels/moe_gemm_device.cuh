@@ -140,8 +140,7 @@ __device__ __forceinline__ __nv_bfloat162 E4m3ToBf16x2(uint32_t s) {
 }
 
 // ---------------------------------------------------------------------------------
-// e2m1 weights as e4m3 (the mxfp4 x mxfp8 kernels on fp8 wgmma: kernels/moe_gemm_fp4_fp8.cu
-// and the 128-token tile of kernels/moe_gemm_fp4.cu).
+// e2m1 weights as e4m3 (the mxfp4 x mxfp8 kernels on fp8 wgmma: kernels/moe_gemm_fp4_fp8.cu).
 
 // ue8m0 byte s -> 2^(s-127) in fp32: 0 is 2^-127 (an fp32 subnormal), 0xFF NaN.
 __device__ __forceinline__ float Ue8m0ToFloat(uint32_t s) {

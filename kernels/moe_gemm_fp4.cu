@@ -1,13 +1,14 @@
-// The fp4-weight moe_gemm kernels of ABI version 2 for sm_90a (mxfp4 x bf16, mxfp4 x mxfp8,
-// nvfp4 x nvfp4): packed weights decoded straight into wgmma's A registers. One kernel per
-// cubin, built by scripts/build-artifacts with
+// The fp4-weight moe_gemm kernels of ABI version 2 for sm_90a (mxfp4 x bf16, mxfp4 x mxfp8
+// up to 64 tokens, nvfp4 x nvfp4): packed weights decoded straight into wgmma's A
+// registers (mxfp4 x mxfp8 tiles of 128 tokens: kernels/moe_gemm_fp4_fp8.cu). One kernel
+// per cubin, built by scripts/build-artifacts with
 //   -DMOE_WFMT=kMxfp4 -DMOE_AFMT=kBf16 -DMOE_ACT=kSwiglu -DMOE_TM=8 -DMOE_TN=128
 //   -DMOE_STAGES=6 -DMOE_NAME=moe_gemm_tma_mxfp4_bf16_swiglu_m8n128k256
 // and -gencode=arch=compute_90a,code=sm_90a. Contract: kernels/moe_gemm_abi.h (version 2);
 // shared memory: MakeFp4Layout in kernels/moe_gemm_layout.h; docs/kernels.md explains it.
 //
 // Operands are swapped against the problem: the weight rows (N) are the MMA's M, 64 per
-// consumer warpgroup, and the tokens of the tile (tile_m, 8 to 64) its N. That makes a
+// consumer warpgroup, and the tokens of the tile (tile_m, 8 to 128) its N. That makes a
 // decode step with 8 tokens per expert a full-width MMA instead of 1/8 of one, and it lets
 // each consumer thread decode exactly the weight elements its A fragment holds:
 //   - the producer (one thread) copies each k-tile's packed weights (128 bytes of K per row)
@@ -29,15 +30,6 @@
 //     16 bytes of a token's row at a time; nvfp4's global scales are applied there.
 // Scheduling is generation 2's persistent one (kernels/moe_gemm_tma_common.cuh) over
 // (token tile, weight-row tile).
-//
-// mxfp4 x mxfp8 with 128 tokens (kF8: MakeFp4Layout's fp8_mma) multiplies in e4m3 instead
-// (wgmma m64n128k32, A from registers): the weights are decoded to e4m3 with their block
-// scales folded in relative to each row's largest scale of the k-tile, the converters
-// regrid every token row's activations onto one scale per k-tile (rounding the blocks
-// below it), and a k-tile's eight blocks are one chain of wgmma promoted once
-// (MainLoopF8, ProduceF8, ConvertF8; docs/kernels.md "MXFP4 x MXFP8 in e4m3 from
-// registers", where the measurements are: correct, and slower than the kernel of
-// kernels/moe_gemm_fp4_fp8.cu, which the dispatcher prefers).
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -64,11 +56,6 @@ __device__ __forceinline__ void PinRegs(uint32_t (&a)[4], uint32_t (&b)[4], uint
   asm volatile("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3]), "+r"(b[0]), "+r"(b[1]),
                     "+r"(b[2]), "+r"(b[3]), "+l"(d0), "+l"(d1)::"memory");
 }
-__device__ __forceinline__ uint2 LdShared64(uint32_t addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
-  return v;
-}
 __device__ __forceinline__ uint32_t LdShared32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
@@ -88,42 +75,6 @@ __device__ __forceinline__ uint4 LoadScales16(const uint8_t* row, int first, int
   const uint32_t sh = 8u * lead;
   return make_uint4(__funnelshift_r(w[0], w[1], sh), __funnelshift_r(w[1], w[2], sh),
                     __funnelshift_r(w[2], w[3], sh), __funnelshift_r(w[3], w[4], sh));
-}
-__device__ __forceinline__ void PinRegs(uint32_t (&a)[4], uint64_t& d) {
-  asm volatile("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3]), "+l"(d)::"memory");
-}
-// Whether `bad` holds in any thread of consumer warpgroup ci (named barrier 2 + ci).
-__device__ __forceinline__ bool WarpgroupAny(int ci, bool bad) {
-  uint32_t any;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\n"
-      "barrier.cta.red.or.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(any)
-      : "r"(bad ? 1u : 0u), "r"(2 + ci)
-      : "memory");
-  return any != 0;
-}
-// 2^d (d < 0) as an f16 pair: 0 below f16's smallest subnormal.
-__device__ __forceinline__ uint32_t Pow2F16x2(int d) {
-  const uint32_t h = d >= -14 ? static_cast<uint32_t>(d + 15) << 10
-                     : d >= -24 ? 1u << (d + 24)
-                                : 0u;
-  return h | (h << 16);
-}
-// Four e4m3 times 2^d (the f16 pair m), rounded to nearest even into e4m3. The f16 product
-// is exact wherever the result can round to a nonzero e4m3 (e4m3 carries four significant
-// bits, f16 eleven down to 2^-14), so this is one rounding of the exact value. NaN stays
-// NaN; d < 0, so nothing saturates.
-__device__ __forceinline__ uint32_t RegridE4m3x4(uint32_t w, uint32_t m) {
-  uint32_t out;
-  asm("{\n.reg .b16 l, h;\n.reg .b32 x, y;\nmov.b32 {l, h}, %1;\n"
-      "cvt.rn.f16x2.e4m3x2 x, l;\ncvt.rn.f16x2.e4m3x2 y, h;\n"
-      "mul.rn.f16x2 x, x, %2;\nmul.rn.f16x2 y, y, %2;\n"
-      "cvt.rn.satfinite.e4m3x2.f16x2 l, x;\ncvt.rn.satfinite.e4m3x2.f16x2 h, y;\n"
-      "mov.b32 %0, {l, h};\n}\n"
-      : "=r"(out)
-      : "r"(w), "r"(m));
-  return out;
 }
 // Synchronises the consumer warpgroups (not the producer): named barrier 1.
 template <int kThreads>
@@ -155,12 +106,6 @@ struct MoeGemmFp4 {
   // each row's block instead of gathering a byte from each of four words. bf16
   // activations of larger tiles arrive by TMA in natural order and keep the gather.
   static constexpr bool kPermuted = kRawBoxes > 0;
-  // mxfp4 x mxfp8 with 128 tokens: e4m3 wgmma (MainLoopF8, ConvertF8).
-  static constexpr bool kF8 = L.fp8_mma;
-  using MmaF8 = WgmmaRsE4m3<TT>;
-  // A weight row's block scales within a k-tile may span this many binades for the folded
-  // loop (e2m1 x 2^v is a normal e4m3 for v in [-5, 6]: TableFor).
-  static constexpr int kMaxSpan = 11;
 
   __device__ static void Run(const MoeGemmParamsV2& pv) {
     const MoeGemmParams& p = pv.g;
@@ -182,32 +127,20 @@ struct MoeGemmFp4 {
         for (int s = 0; s < ST; ++s) MbarInit(conv_bar + 8 * s, kConverters);
       }
     }
-    // The fp8 loop's consumer warps release a stage each (their factor loads are their own).
-    const int64_t m_tiles = PipelinePrologue<ST>(pv, full_bar, empty_bar,
-                                                 kF8 ? 4 * kConsumers : kConsumers, TT, off, pre);
+    const int64_t m_tiles =
+        PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers, TT, off, pre);
     const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, W);
     const int64_t tiles = m_tiles * n_tiles;
     const int num_kt = (p.k + kMoeGemmFp4KTile - 1) / kMoeGemmFp4KTile;
     const int wg = threadIdx.x / 128;
 
     if (wg == 0 || wg > kConsumers) {
-      if constexpr (L.producer_regs > 0) SetMaxRegsDec<L.producer_regs>();
       if (threadIdx.x >= 32) {
         // Converters: warps 1-3 of warpgroup 0, then the extra warpgroup if any.
         const int ct = wg == 0 ? threadIdx.x - 32 : threadIdx.x - 128 * kConsumers - 32;
-        if constexpr (kF8) {
-          ConvertF8(p, tiles, num_kt, smem_base, full_bar, conv_bar, ct);
-        } else if constexpr (kRawBoxes > 0) {
+        if constexpr (kRawBoxes > 0) {
           Convert(p, tiles, m_tiles, n_tiles, num_kt, off, pre, smem_base, full_bar, conv_bar,
                   ct);
-        }
-        return;
-      }
-      if constexpr (kF8) {
-        // The whole producer warp: lane 0 copies, every lane stages scale bytes.
-        if (threadIdx.x < 32) {
-          ProduceF8(pv, tiles, m_tiles, n_tiles, num_kt, off, pre, smem_base, full_bar,
-                    empty_bar);
         }
         return;
       }
@@ -225,7 +158,6 @@ struct MoeGemmFp4 {
       return;
     }
 
-    if constexpr (L.consumer_regs > 0) SetMaxRegsInc<L.consumer_regs>();
     const int ci = wg - 1;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
     const bool signals = threadIdx.x % 128 == 0;
@@ -252,126 +184,121 @@ struct MoeGemmFp4 {
       };
       const uint8_t* sc_a = scale_row(r_a);
       const uint8_t* sc_b = scale_row(r_b);
-      if constexpr (kF8) {
-        MainLoopF8(acc, sc_a, sc_b, kb, num_kt, smem_base, full_bar, empty_bar, conv_bar, ring,
-                   r_a, r_b, quad, lane, ci);
+      // The scale bytes of k-tile 0, then each k-tile loads the next one's: mxfp4 one
+      // ue8m0 byte per 32-element block, nvfp4 two e4m3 bytes (16 per k-tile, as words).
+      uint32_t sa[8], sb[8];
+      uint4 sa4, sb4;
+      if constexpr (kNv) {
+        sa4 = LoadScales16(sc_a, 0, kb16);
+        sb4 = LoadScales16(sc_b, 0, kb16);
       } else {
-        // The scale bytes of k-tile 0, then each k-tile loads the next one's: mxfp4 one
-        // ue8m0 byte per 32-element block, nvfp4 two e4m3 bytes (16 per k-tile, as words).
-        uint32_t sa[8], sb[8];
-        uint4 sa4, sb4;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          sa[j] = j < kb ? __ldg(sc_a + j) : 0u;
+          sb[j] = j < kb ? __ldg(sc_b + j) : 0u;
+        }
+      }
+
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
+      int prev = -1;
+      for (int kt = 0; kt < num_kt; ++kt) {
+        uint32_t na[8], nb[8];
+        uint4 na4, nb4;
         if constexpr (kNv) {
-          sa4 = LoadScales16(sc_a, 0, kb16);
-          sb4 = LoadScales16(sc_b, 0, kb16);
+          const bool more = kt + 1 < num_kt;
+          na4 = more ? LoadScales16(sc_a, (kt + 1) * 16, kb16) : make_uint4(0, 0, 0, 0);
+          nb4 = more ? LoadScales16(sc_b, (kt + 1) * 16, kb16) : make_uint4(0, 0, 0, 0);
         } else {
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
-            sa[j] = j < kb ? __ldg(sc_a + j) : 0u;
-            sb[j] = j < kb ? __ldg(sc_b + j) : 0u;
+            const int blk = (kt + 1) * 8 + j;
+            na[j] = blk < kb ? __ldg(sc_a + blk) : 0u;
+            nb[j] = blk < kb ? __ldg(sc_b + blk) : 0u;
           }
         }
-
+        MbarWait(full_bar + 8 * ring.s, ring.phase);
+        if constexpr (kRawBoxes > 0) MbarWait(conv_bar + 8 * ring.s, ring.phase);
+        const uint32_t w_base = smem_base + ring.s * L.stage_bytes;
+        const uint32_t a_base = w_base + L.w_stage_bytes;
 #pragma unroll
-        for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
-        int prev = -1;
-        for (int kt = 0; kt < num_kt; ++kt) {
-          uint32_t na[8], nb[8];
-          uint4 na4, nb4;
-          if constexpr (kNv) {
-            const bool more = kt + 1 < num_kt;
-            na4 = more ? LoadScales16(sc_a, (kt + 1) * 16, kb16) : make_uint4(0, 0, 0, 0);
-            nb4 = more ? LoadScales16(sc_b, (kt + 1) * 16, kb16) : make_uint4(0, 0, 0, 0);
-          } else {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const int blk = (kt + 1) * 8 + j;
-              na[j] = blk < kb ? __ldg(sc_a + blk) : 0u;
-              nb[j] = blk < kb ? __ldg(sc_b + blk) : 0u;
-            }
-          }
-          MbarWait(full_bar + 8 * ring.s, ring.phase);
-          if constexpr (kRawBoxes > 0) MbarWait(conv_bar + 8 * ring.s, ring.phase);
-          const uint32_t w_base = smem_base + ring.s * L.stage_bytes;
-          const uint32_t a_base = w_base + L.w_stage_bytes;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {  // 32-element k blocks
-            // Blocks past K are skipped whole (the producer copied no activations there).
-            if (kt * 8 + j >= kb) break;
-            uint4 d_a, d_b;  // the A fragment's rows g and g + 8, decoded
-            if constexpr (kPermuted) {
-              __nv_bfloat162 s_a, s_b;
-              if constexpr (kNv) {
-                // Byte 2j + quad / 2 of the k-tile's 16.
-                const int sh = nv_shift + 16 * (j % 2);
-                s_a = E4m3ToBf16x2(((&sa4.x)[j / 2] >> sh) & 0xFFu);
-                s_b = E4m3ToBf16x2(((&sb4.x)[j / 2] >> sh) & 0xFFu);
-              } else {
-                s_a = Ue8m0ToBf16x2(sa[j]);
-                s_b = Ue8m0ToBf16x2(sb[j]);
-              }
-              const uint32_t wa = PackedWord(w_base, r_a, j, quad);
-              const uint32_t wb = PackedWord(w_base, r_b, j, quad);
-              d_a = DecodeE2m1Pairs(wa, s_a);
-              d_b = DecodeE2m1Pairs(wb, s_b);
+        for (int j = 0; j < 8; ++j) {  // 32-element k blocks
+          // Blocks past K are skipped whole (the producer copied no activations there).
+          if (kt * 8 + j >= kb) break;
+          uint4 d_a, d_b;  // the A fragment's rows g and g + 8, decoded
+          if constexpr (kPermuted) {
+            __nv_bfloat162 s_a, s_b;
+            if constexpr (kNv) {
+              // Byte 2j + quad / 2 of the k-tile's 16.
+              const int sh = nv_shift + 16 * (j % 2);
+              s_a = E4m3ToBf16x2(((&sa4.x)[j / 2] >> sh) & 0xFFu);
+              s_b = E4m3ToBf16x2(((&sb4.x)[j / 2] >> sh) & 0xFFu);
             } else {
-              __nv_bfloat162 s_a0, s_a1, s_b0, s_b1;
-              if constexpr (kNv) {
-                // Bytes 2j and 2j+1: the blocks of elements 0-15 and 16-31.
-                const uint32_t wa = (&sa4.x)[j / 2] >> (16 * (j % 2));
-                const uint32_t wb = (&sb4.x)[j / 2] >> (16 * (j % 2));
-                const __nv_bfloat162 va = E4m3x2ToBf16x2(wa), vb = E4m3x2ToBf16x2(wb);
-                s_a0 = __low2bfloat162(va);
-                s_a1 = __high2bfloat162(va);
-                s_b0 = __low2bfloat162(vb);
-                s_b1 = __high2bfloat162(vb);
-              } else {
-                s_a0 = s_a1 = Ue8m0ToBf16x2(sa[j]);
-                s_b0 = s_b1 = Ue8m0ToBf16x2(sb[j]);
-              }
-              const uint4 q_a = LdShared128(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4));
-              const uint4 q_b = LdShared128(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4));
-              // The gathered word holds elements 2c, 2c+1 of words 0-3: words 0-1 are the
-              // block's elements 0-15, words 2-3 its elements 16-31.
-              d_a = DecodeE2m1x8(GatherByte(q_a, sel), s_a0, s_a1);
-              d_b = DecodeE2m1x8(GatherByte(q_b, sel), s_b0, s_b1);
+              s_a = Ue8m0ToBf16x2(sa[j]);
+              s_b = Ue8m0ToBf16x2(sb[j]);
             }
-            // k16 steps 2j and 2j+1 of the k-tile: elements 2c.., 8+2c.. of each half.
-            uint32_t f0[4] = {d_a.x, d_b.x, d_a.y, d_b.y};
-            uint32_t f1[4] = {d_a.z, d_b.z, d_a.w, d_b.w};
-            const uint32_t b_addr = a_base + (j / 2) * TT * kMoeGemmTmaBoxBytes + (j % 2) * 64;
-            uint64_t desc0 = Desc(b_addr), desc1 = Desc(b_addr + 32);
-            PinRegs(f0, f1, desc0, desc1);
-            WgmmaFence();
-            Mma::Mma(acc, f0, desc0, 1);
-            Mma::Mma(acc, f1, desc1, 1);
-            WgmmaCommit();
-            // One group in flight: the previous block's A registers are free again, and
-            // after block 0 every wgmma of the previous k-tile has read its stage.
-            WgmmaWait<1>();
-            if (j == 0 && prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
-          }
-          // No wgmma in flight across the loop's back edge: with the last block's group left
-          // running into the next k-tile, whose first decode writes A registers, ptxas
-          // serialized every wgmma of the kernel (C7513, a wait after each; docs/kernels.md
-          // "fp8 per tensor"). Within the k-tile one group stays in flight.
-          WgmmaWait<0>();
-          prev = ring.s;
-          ring.Advance();
-          if constexpr (kNv) {
-            sa4 = na4;
-            sb4 = nb4;
+            const uint32_t wa = PackedWord(w_base, r_a, j, quad);
+            const uint32_t wb = PackedWord(w_base, r_b, j, quad);
+            d_a = DecodeE2m1Pairs(wa, s_a);
+            d_b = DecodeE2m1Pairs(wb, s_b);
           } else {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              sa[j] = na[j];
-              sb[j] = nb[j];
+            __nv_bfloat162 s_a0, s_a1, s_b0, s_b1;
+            if constexpr (kNv) {
+              // Bytes 2j and 2j+1: the blocks of elements 0-15 and 16-31.
+              const uint32_t wa = (&sa4.x)[j / 2] >> (16 * (j % 2));
+              const uint32_t wb = (&sb4.x)[j / 2] >> (16 * (j % 2));
+              const __nv_bfloat162 va = E4m3x2ToBf16x2(wa), vb = E4m3x2ToBf16x2(wb);
+              s_a0 = __low2bfloat162(va);
+              s_a1 = __high2bfloat162(va);
+              s_b0 = __low2bfloat162(vb);
+              s_b1 = __high2bfloat162(vb);
+            } else {
+              s_a0 = s_a1 = Ue8m0ToBf16x2(sa[j]);
+              s_b0 = s_b1 = Ue8m0ToBf16x2(sb[j]);
             }
+            const uint4 q_a = LdShared128(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4));
+            const uint4 q_b = LdShared128(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4));
+            // The gathered word holds elements 2c, 2c+1 of words 0-3: words 0-1 are the
+            // block's elements 0-15, words 2-3 its elements 16-31.
+            d_a = DecodeE2m1x8(GatherByte(q_a, sel), s_a0, s_a1);
+            d_b = DecodeE2m1x8(GatherByte(q_b, sel), s_b0, s_b1);
+          }
+          // k16 steps 2j and 2j+1 of the k-tile: elements 2c.., 8+2c.. of each half.
+          uint32_t f0[4] = {d_a.x, d_b.x, d_a.y, d_b.y};
+          uint32_t f1[4] = {d_a.z, d_b.z, d_a.w, d_b.w};
+          const uint32_t b_addr = a_base + (j / 2) * TT * kMoeGemmTmaBoxBytes + (j % 2) * 64;
+          uint64_t desc0 = Desc(b_addr), desc1 = Desc(b_addr + 32);
+          PinRegs(f0, f1, desc0, desc1);
+          WgmmaFence();
+          Mma::Mma(acc, f0, desc0, 1);
+          Mma::Mma(acc, f1, desc1, 1);
+          WgmmaCommit();
+          // One group in flight: the previous block's A registers are free again, and
+          // after block 0 every wgmma of the previous k-tile has read its stage.
+          WgmmaWait<1>();
+          if (j == 0 && prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
+        }
+        // No wgmma in flight across the loop's back edge: with the last block's group left
+        // running into the next k-tile, whose first decode writes A registers, ptxas
+        // serialized every wgmma of the kernel (C7513, a wait after each; docs/kernels.md
+        // "fp8 per tensor"). Within the k-tile one group stays in flight.
+        WgmmaWait<0>();
+        prev = ring.s;
+        ring.Advance();
+        if constexpr (kNv) {
+          sa4 = na4;
+          sb4 = nb4;
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            sa[j] = na[j];
+            sb[j] = nb[j];
           }
         }
-        WgmmaWait<0>();
-        FenceRegs(acc);
-        if (prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
       }
+      WgmmaWait<0>();
+      FenceRegs(acc);
+      if (prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
 
       // 3. Epilogue: accumulators (weight rows x tokens) into shared memory as
       //    [token][tile row], at most 64 tokens at a time, then each consumer thread
@@ -417,11 +344,6 @@ struct MoeGemmFp4 {
     return LdShared32(w_base + r * 128 + ((j ^ (r & 7)) << 4) + 4 * quad);
   }
 
-  // wgmma's descriptor of 32-element block j of the e4m3 panel (box j / 4, k-step j % 4).
-  __device__ __forceinline__ static uint64_t PanelDesc(uint32_t a_base, int j) {
-    return Desc(a_base + (j / 4) * TT * kMoeGemmTmaBoxBytes + (j % 4) * 32);
-  }
-
   // The producer's copies of one stage: expect its bytes on `full`, then the weights (128
   // bytes = 256 elements of K per row; the gate half N/2 rows down) and the activations.
   // w_row: the tile's first weight row (t.e * N + t.n_tile * kWRows).
@@ -464,338 +386,6 @@ struct MoeGemmFp4 {
         if (box >= boxes) break;
         TmaLoad2d(raw_dst + box * TT * kMoeGemmTmaBoxBytes, &pv.a_map,
                   (kt * kRawBoxes + box) * kBoxElems, t.row_begin, full);
-      }
-    }
-  }
-
-  // The fp8 main loop of one tile (kF8: mxfp4 x mxfp8, 128 tokens). Per k-tile each weight
-  // row's ue8m0 block scales are folded into its e4m3 weights relative to the row's largest
-  // scale in the k-tile (the converters stage the fold: WeightFold), and the converters
-  // have regridded every token row's activations onto one scale per k-tile (ConvertF8), so
-  // the k-tile's eight blocks are one chain of wgmma m64n128k32 into a partial, promoted
-  // once: acc += partial * 2^(ref - 133) * token factor. A warpgroup with a row whose
-  // valid scales span more than kMaxSpan binades in the k-tile takes the exact per-block
-  // loop instead (weights e2m1 x 2^6, each block's partial promoted with its own scale,
-  // read from global memory). A NaN scale (0xFF) makes the row's factor NaN, as the
-  // reference's products are.
-  __device__ __forceinline__ static void MainLoopF8(float (&acc)[kRegs], const uint8_t* sc_a,
-                                                    const uint8_t* sc_b, int kb, int num_kt,
-                                                    uint32_t smem_base, uint32_t full_bar,
-                                                    uint32_t empty_bar, uint32_t conv_bar,
-                                                    StageRing<ST>& ring, int r_a, int r_b,
-                                                    int quad, int lane, int ci) {
-#pragma unroll
-    for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
-    for (int kt = 0; kt < num_kt; ++kt) {
-      MbarWait(full_bar + 8 * ring.s, ring.phase);
-      MbarWait(conv_bar + 8 * ring.s, ring.phase);
-      const uint32_t w_base = smem_base + ring.s * L.stage_bytes;
-      const uint32_t a_base = w_base + L.w_stage_bytes;
-      const uint32_t f_base = w_base + L.factor_offset + quad * TT;  // this quad's TT / 4 tokens
-      const uint2 fa = LdShared64(w_base + L.fold_offset + 8 * r_a);
-      const uint2 fb = LdShared64(w_base + L.fold_offset + 8 * r_b);
-      const uint32_t rfa = LdShared32(w_base + L.factor_offset + 4 * TT + 4 * r_a);
-      const uint32_t rfb = LdShared32(w_base + L.factor_offset + 4 * TT + 4 * r_b);
-      const bool exact_loop = WarpgroupAny(ci, ((rfa | rfb) >> 31) != 0);
-      float part[kRegs];
-      float tf[TT / 8];  // token factors of half this thread's columns: tokens 8g + 2 quad + i
-      if (!exact_loop) {
-        // All eight blocks decoded first, then their wgmmas issued back to back as one
-        // group: the tensor cores run the chain without waiting on this warpgroup.
-        uint32_t fr[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t wa = LdShared32(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4) + 4 * quad);
-          const uint32_t wb = LdShared32(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4) + 4 * quad);
-          const int va = static_cast<int8_t>(((j < 4 ? fa.x : fa.y) >> (8 * (j % 4))) & 0xFFu);
-          const int vb = static_cast<int8_t>(((j < 4 ? fb.x : fb.y) >> (8 * (j % 4))) & 0xFFu);
-          const uint2 da = DecodeE2m1ToE4m3x8(wa, TableFor(va));
-          const uint2 db = DecodeE2m1ToE4m3x8(wb, TableFor(vb));
-          fr[j][0] = da.x;
-          fr[j][1] = db.x;
-          fr[j][2] = da.y;
-          fr[j][3] = db.y;
-        }
-        WgmmaFence();
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          uint64_t desc = PanelDesc(a_base, j);
-          PinRegs(fr[j], desc);
-          MmaF8::Mma(part, fr[j], desc, j > 0 ? 1 : 0);
-        }
-        WgmmaCommit();
-        const float rf_a = __uint_as_float(rfa), rf_b = __uint_as_float(rfb);
-        LoadFactors(f_base, tf);
-        // None in flight across the back edge (ptxas would serialize every wgmma).
-        WgmmaWait<0>();
-        FenceRegs(part);
-        // The factors in two halves (16 registers each), the stage released after both.
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (h == 1) {
-            LoadFactors(f_base + TT / 2, tf);
-            __syncwarp();
-            if (lane == 0) MbarArrive(empty_bar + 8 * ring.s);
-          }
-          PromoteHalf(acc, part, h, rf_a, rf_b, tf);
-        }
-      } else {
-        const E4m3Table t6 = TableFor(6);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int blk = kt * 8 + j;
-          const uint32_t s_a = blk < kb ? __ldg(sc_a + blk) : 0u;
-          const uint32_t s_b = blk < kb ? __ldg(sc_b + blk) : 0u;
-          const uint32_t wa = LdShared32(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4) + 4 * quad);
-          const uint32_t wb = LdShared32(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4) + 4 * quad);
-          const uint2 da = DecodeE2m1ToE4m3x8(wa, t6), db = DecodeE2m1ToE4m3x8(wb, t6);
-          uint32_t f[4] = {da.x, db.x, da.y, db.y};
-          uint64_t desc = PanelDesc(a_base, j);
-          PinRegs(f, desc);
-          WgmmaFence();
-          MmaF8::Mma(part, f, desc, 0);
-          WgmmaCommit();
-          WgmmaWait<0>();
-          FenceRegs(part);
-          // e2m1 x 2^6 carries 2^6 of the block scale's 2^(s - 127).
-          const float ja = Ue8m0ToFloat(s_a) * 0x1p-6f, jb = Ue8m0ToFloat(s_b) * 0x1p-6f;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            LoadFactors(f_base + h * TT / 2, tf);
-            PromoteHalf(acc, part, h, ja, jb, tf);
-          }
-        }
-        __syncwarp();
-        if (lane == 0) MbarArrive(empty_bar + 8 * ring.s);
-      }
-      ring.Advance();
-    }
-    FenceRegs(acc);
-  }
-  // A weight row's fold for one k-tile, as the converters stage it: two words of the eight
-  // blocks' v = scale - ref + 6 (int8; blocks past K 6, their weights are zeros), and the
-  // fp32 factor 2^(ref - 133) (NaN if a scale is NaN) whose sign bit says that the row's
-  // valid scales span more than kMaxSpan binades (the exact loop).
-  __device__ __forceinline__ static uint3 WeightFold(const uint32_t (&s)[8], int valid) {
-    int ref = 0, lo = 255;
-    bool nan = false;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int x = static_cast<int>(s[j]);
-      if (j < valid) {
-        nan |= x == 0xFF;
-        if (x != 0xFF) ref = max(ref, x), lo = min(lo, x);
-      }
-    }
-    uint32_t v[2] = {0, 0};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int x = j < valid ? static_cast<int>(s[j]) - ref + 6 : 6;
-      v[j / 4] |= (static_cast<uint32_t>(x) & 0xFFu) << (8 * (j % 4));
-    }
-    const float rf = nan ? __int_as_float(0x7FC00000) : Pow2(ref - 133);
-    return make_uint3(v[0], v[1], __float_as_uint(rf) | (ref - lo > kMaxSpan ? 1u << 31 : 0u));
-  }
-  // acc += part * (row factor * token factor) over half h of this thread's token columns
-  // (tokens 8g + 2 quad + i, g in that half): rows g and g + 8 of its A fragment take f_a
-  // and f_b, tf holds the half's token factors.
-  __device__ __forceinline__ static void PromoteHalf(float (&acc)[kRegs],
-                                                     const float (&part)[kRegs], int h,
-                                                     float f_a, float f_b,
-                                                     const float (&tf)[TT / 8]) {
-#pragma unroll
-    for (int g = 0; g < TT / 16; ++g) {
-      const int x = h * TT / 16 + g;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        acc[4 * x + i] = fmaf(part[4 * x + i], f_a * tf[2 * g + i], acc[4 * x + i]);
-        acc[4 * x + 2 + i] = fmaf(part[4 * x + 2 + i], f_b * tf[2 * g + i], acc[4 * x + 2 + i]);
-      }
-    }
-  }
-  // TT / 8 token factors of a quad: half its tokens (ConvertF8 stores them quad-major).
-  __device__ __forceinline__ static void LoadFactors(uint32_t addr, float (&tf)[TT / 8]) {
-#pragma unroll
-    for (int i = 0; i < TT / 32; ++i) {
-      const uint4 v = LdShared128(addr + 16 * i);
-      tf[4 * i] = __uint_as_float(v.x);
-      tf[4 * i + 1] = __uint_as_float(v.y);
-      tf[4 * i + 2] = __uint_as_float(v.z);
-      tf[4 * i + 3] = __uint_as_float(v.w);
-    }
-  }
-
-  // The fp8 loop's producer warp (kF8): lane 0 issues each stage's copies; before that
-  // every lane stages the k-tile's scale bytes of four token rows and four weight rows (8
-  // bytes each, blocks past K as 0) in the stage's two scale areas, loaded before the wait
-  // for the stage to come back. Scale rows need no alignment: each row's eight bytes are
-  // read as three aligned words (a word starting past the row is not read) and shifted
-  // into place. Rows past T read the last row; weight rows past the last expert the last
-  // row (their outputs are never stored).
-  __device__ static void ProduceF8(const MoeGemmParamsV2& pv, int64_t tiles, int64_t m_tiles,
-                                   int64_t n_tiles, int num_kt, const int* off, const int* pre,
-                                   uint32_t smem_base, uint32_t full_bar, uint32_t empty_bar) {
-    const MoeGemmParams& p = pv.g;
-    constexpr int kRows = (TT + W) / 32;  // rows per lane: token rows first, then weight rows
-    const int lane = threadIdx.x % 32;
-    const int sk = p.k / 32;  // scale bytes per token row, and per weight row
-    const uint8_t* a_scale = static_cast<const uint8_t*>(p.a_scale);
-    const uint8_t* b_scale = static_cast<const uint8_t*>(p.b_scale);
-    const int64_t weight_rows = static_cast<int64_t>(p.num_experts) * p.n;
-    StageRing<ST> ring;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const MoeTile t = TileAt(tile, m_tiles, n_tiles, p.num_experts, TT, off, pre);
-      const int w_row = t.e * p.n + t.n_tile * kWRows;
-      const uint8_t* rows[kRows];
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const int r = lane + 32 * i;
-        if (r < TT) {
-          rows[i] = a_scale + static_cast<int64_t>(min(t.row_begin + r, p.num_tokens - 1)) * sk;
-        } else {
-          rows[i] = WeightScaleRow(p, t, r - TT, b_scale, sk, weight_rows);
-        }
-      }
-      for (int kt = 0; kt < num_kt; ++kt) {
-        const int avail = sk - kt * 8;  // bytes of each row from this k-tile's first
-        uint32_t w[kRows][3];
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-          const uintptr_t addr = reinterpret_cast<uintptr_t>(rows[i] + kt * 8);
-          const uint32_t* wp = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
-          const int lead = static_cast<int>(addr & 3);
-#pragma unroll
-          for (int j = 0; j < 3; ++j) w[i][j] = 4 * j < avail + lead ? __ldg(wp + j) : 0u;
-        }
-        MbarWait(empty_bar + 8 * ring.s, ring.phase ^ 1);
-        const uint32_t stage = smem_base + ring.s * L.stage_bytes;
-        // Bytes past the row's end (blocks past K) become 0.
-        const uint32_t keep_lo = avail >= 4 ? 0xFFFFFFFFu : (1u << (8 * avail)) - 1;
-        const uint32_t keep_hi = avail >= 8 ? 0xFFFFFFFFu
-                                 : avail <= 4 ? 0u
-                                              : (1u << (8 * (avail - 4))) - 1;
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-          const int r = lane + 32 * i;
-          const uint32_t sh = 8 * static_cast<uint32_t>(reinterpret_cast<uintptr_t>(rows[i]) & 3);
-          const uint32_t lo = __funnelshift_r(w[i][0], w[i][1], sh) & keep_lo;
-          const uint32_t hi = __funnelshift_r(w[i][1], w[i][2], sh) & keep_hi;
-          const uint32_t dst = r < TT ? stage + L.factor_offset + 8 * r
-                                      : stage + L.fold_offset + 8 * (r - TT);
-          asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(dst), "r"(lo), "r"(hi));
-        }
-        // Every lane's bytes before lane 0's arrival: the converters' wait on the full
-        // barrier then sees them.
-        __syncwarp();
-        if (lane == 0) IssueStage(pv, t, w_row, kt, full_bar + 8 * ring.s, stage);
-        ring.Advance();
-      }
-    }
-  }
-
-  // The fp8 loop's converters (kF8; ct = 0 .. kConverters - 1, three warps): every stage's
-  // raw e4m3 activations become, in place, the panel wgmma reads. A unit of work is a
-  // quarter of a token row's k-tile (two 32-element blocks): each block is multiplied by
-  // 2^(scale - E), E the row's largest block scale of the k-tile, and rounded to nearest
-  // even into e4m3 (RegridE4m3x4; blocks at E are copied). Within each block the words are
-  // permuted to the order of wgmma's register A fragment: slot words c and 4 + c (k 4c..
-  // and 16 + 4c..) take elements 8c..8c+3 and 8c+4..8c+7, the eight elements a consumer
-  // thread of quad position c decodes from one word of packed weights. Blocks past K
-  // become zeros (their weights are zeros too, and stale bytes could hold NaN). Converters
-  // also turn weight rows' scale bytes into folds (WeightFold). Once all have read the
-  // token scale bytes, the area takes the tokens' factors 2^(E - 127) (NaN for a NaN scale,
-  // quad-major for the consumers' loads) and the rows' factors.
-  __device__ static void ConvertF8(const MoeGemmParams& p, int64_t tiles, int num_kt,
-                                   uint32_t smem_base, uint32_t full_bar, uint32_t conv_bar,
-                                   int ct) {
-    constexpr int kUnits = TT * 4;
-    constexpr int kPer = (kUnits + kConverters - 1) / kConverters;
-    constexpr int kFolds = (W + kConverters - 1) / kConverters;
-    static_assert(kConverters % 4 == 0, "a thread keeps its quarter in every unit");
-    const int q4 = ct % 4;
-    const int sk = p.k / 32;
-    StageRing<ST> ring;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      for (int kt = 0; kt < num_kt; ++kt) {
-        const int valid = sk - kt * 8;  // valid blocks of the k-tile (8 or more: all)
-        MbarWait(full_bar + 8 * ring.s, ring.phase);
-        const uint32_t stage = smem_base + ring.s * L.stage_bytes;
-        const uint32_t raw_base = stage + L.w_stage_bytes;
-        const uint32_t tok_area = stage + L.factor_offset;
-        uint32_t rf[kFolds];
-#pragma unroll
-        for (int i = 0; i < kFolds; ++i) {
-          const int r = ct + i * kConverters;
-          if (r >= W) break;
-          const uint2 b = LdShared64(stage + L.fold_offset + 8 * r);
-          uint32_t ws[8];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) ws[j] = ((j < 4 ? b.x : b.y) >> (8 * (j % 4))) & 0xFFu;
-          const uint3 fold = WeightFold(ws, valid);
-          asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(stage + L.fold_offset + 8 * r),
-                       "r"(fold.x), "r"(fold.y));
-          rf[i] = fold.z;
-        }
-        uint32_t e[kPer];
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-          const int u = ct + i * kConverters;
-          if (u >= kUnits) break;
-          const int r = u / 4;
-          const uint2 b = LdShared64(tok_area + 8 * r);  // blocks past K read 0
-          const uint32_t m4 = __vmaxu4(b.x, b.y);
-          const uint32_t m2 = __vmaxu4(m4, m4 >> 16);
-          e[i] = max(m2 & 0xFFu, (m2 >> 8) & 0xFFu);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int blk = 2 * q4 + h;  // block of the k-tile
-            const uint32_t box = raw_base + (blk / 4) * TT * kMoeGemmTmaBoxBytes + r * 128;
-            const uint32_t c0 = box + (((2 * (blk % 4)) ^ (r & 7)) << 4);
-            const uint32_t c1 = box + (((2 * (blk % 4) + 1) ^ (r & 7)) << 4);
-            uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
-            if (blk < valid) {
-              lo = LdShared128(c0);
-              hi = LdShared128(c1);
-              const uint32_t s = ((blk < 4 ? b.x : b.y) >> (8 * (blk % 4))) & 0xFFu;
-              const int d = static_cast<int>(s) - static_cast<int>(e[i]);
-              if (d != 0) {
-                const uint32_t m = Pow2F16x2(d);
-                lo = make_uint4(RegridE4m3x4(lo.x, m), RegridE4m3x4(lo.y, m),
-                                RegridE4m3x4(lo.z, m), RegridE4m3x4(lo.w, m));
-                hi = make_uint4(RegridE4m3x4(hi.x, m), RegridE4m3x4(hi.y, m),
-                                RegridE4m3x4(hi.z, m), RegridE4m3x4(hi.w, m));
-              }
-            }
-            // Element words 0..7 are lo.x .. hi.w; slot word c takes element word 2c, slot
-            // word 4 + c element word 2c + 1.
-            StShared128(c0, make_uint4(lo.x, lo.z, hi.x, hi.z));
-            StShared128(c1, make_uint4(lo.y, lo.w, hi.y, hi.w));
-          }
-        }
-        // Every converter has read the token scale bytes: the area takes the factors.
-        asm volatile("bar.sync 4, %0;\n" ::"n"(kConverters) : "memory");
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) {
-          const int u = ct + i * kConverters;
-          if (u >= kUnits) break;
-          const int r = u / 4;
-          if (q4 == 0) {
-            // Token r's factor at quad-major position: quad (r % 8) / 2, group r / 8.
-            const float f = e[i] == 0xFFu ? __int_as_float(0x7FC00000) : Ue8m0ToFloat(e[i]);
-            const int pos = ((r % 8) / 2) * (TT / 4) + (r / 8) * 2 + r % 2;
-            asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(tok_area + 4 * pos), "f"(f));
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < kFolds; ++i) {
-          const int r = ct + i * kConverters;
-          if (r >= W) break;
-          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tok_area + 4 * TT + 4 * r), "r"(rf[i]));
-        }
-        // The panel is read next by wgmma (the async proxy), the factors by the consumers.
-        FenceProxyAsync();
-        MbarArrive(conv_bar + 8 * ring.s);
-        ring.Advance();
       }
     }
   }

@@ -153,24 +153,8 @@ struct MoeGemmFp4Layout {
   int barrier_offset = 0, sched_offset = 0, epilogue_offset = 0;
   int epilogue_tokens = 0;  // tokens the epilogue stages at a time (at most 64, or 32)
   int smem_bytes = 0;
-  // mxfp4 x mxfp8 with 128 tokens multiplies in e4m3 (Fp4Fp8Mma): the raw activations are
-  // regridded in place into the panel wgmma reads, and each stage ends with two areas the
-  // producer warp fills with the k-tile's scale bytes (8 per row) and the converters
-  // overwrite: the tokens' (tile_m x 8 bytes at factor_offset; then tile_m fp32 token
-  // factors and tile_n fp32 row factors) and the weight rows' (tile_n x 8 bytes at
-  // fold_offset; then their folds: kernels/moe_gemm_fp4.cu WeightFold); setmaxnreg
-  // targets (0: none).
-  bool fp8_mma = false;
-  int factor_offset = 0, fold_offset = 0;
-  int consumer_regs = 0, producer_regs = 0;
   const char* error = nullptr;
 };
-
-// mxfp4 x mxfp8 tiles of 128 tokens multiply on fp8 wgmma (kernels/moe_gemm_fp4.cu,
-// docs/kernels.md "MXFP4 x MXFP8 in e4m3 from registers"); smaller tiles in bf16.
-CUBIST_HD constexpr bool Fp4Fp8Mma(MoeFormat w, MoeFormat a, int tile_m) {
-  return w == kMxfp4 && a == kMxfp8 && tile_m == 128;
-}
 
 CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int tile_m,
                                                    int tile_n, int stages) {
@@ -180,17 +164,10 @@ CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int
   l.stages = stages;
   l.consumers = tile_n / 64;
   l.threads = 128 * (l.consumers + 1);
-  l.fp8_mma = Fp4Fp8Mma(w, a, tile_m);
   l.w_stage_bytes = tile_n * kMoeGemmTmaBoxBytes;
-  l.a_stage_bytes = l.fp8_mma ? 0 : 4 * tile_m * kMoeGemmTmaBoxBytes;
+  l.a_stage_bytes = 4 * tile_m * kMoeGemmTmaBoxBytes;
   l.raw_stage_bytes = Fp4RawBoxes(a, tile_m) * tile_m * kMoeGemmTmaBoxBytes;
   l.stage_bytes = l.w_stage_bytes + l.a_stage_bytes + l.raw_stage_bytes;
-  if (l.fp8_mma) {
-    // Stages stay 1024-byte aligned (the 128-byte swizzle's period).
-    l.factor_offset = l.stage_bytes;
-    l.fold_offset = l.factor_offset + tile_m * 8;
-    l.stage_bytes = RoundUp(l.fold_offset + tile_n * 8, 1024);
-  }
   l.barrier_offset = stages * l.stage_bytes;
   // bf16 activations need no converted barrier.
   l.sched_offset = l.barrier_offset + RoundUp((l.raw_stage_bytes > 0 ? 3 : 2) * stages * 8, 128);
@@ -209,28 +186,18 @@ CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int
     l.converters = extra ? 96 + 128 : 96;
     l.threads += extra ? 128 : 0;
   }
-  if (l.fp8_mma) {
-    // Two consumer warpgroups hold a 64-register partial and eight blocks' A fragments
-    // besides the accumulators; the producer warpgroup and the converters' warpgroup give
-    // up registers for them. The CTA's pool is what the launch bounds give each thread (128
-    // at 512 threads): 2 x 192 + 2 x 64 = 4 x 128. Three converter warps at 88 registers
-    // (208 for the consumers) measured 0.82-0.90x of this (docs/kernels.md).
-    l.consumer_regs = 192;
-    l.producer_regs = 64;
-  }
   if (!((w == kMxfp4 && (a == kBf16 || a == kMxfp8)) || (w == kNvfp4 && a == kNvfp4))) {
     l.error = "fp4 TMA kernels take mxfp4 x bf16, mxfp4 x mxfp8 or nvfp4 x nvfp4";
   } else if (tile_m != 8 && tile_m != 16 && tile_m != 32 && tile_m != 64 && tile_m != 128) {
     l.error = "tile_m (tokens) must be 8, 16, 32, 64 or 128";
+  } else if (a == kMxfp8 && tile_m > 64) {
+    // Two stages of 128 tokens' bf16 panels and raw boxes do not fit.
+    l.error = "mxfp4 x mxfp8 takes at most 64 tokens here; 128-token tiles are "
+              "MakeFp4Fp8Layout's (kernels/moe_gemm_fp4_fp8.cu, tile_k 128)";
   } else if (tile_n != 64 && tile_n != 128) {
     l.error = "tile_n must be 64 or 128";
   } else if (stages < 2) {
     l.error = "stages must be at least 2";
-  } else if (l.consumer_regs > 0 &&
-             !SetMaxNRegFits(l.threads, l.consumers, l.consumer_regs, l.producer_regs)) {
-    l.error = "setmaxnreg targets exceed the CTA's register pool";
-  } else if (l.fp8_mma && tile_n > tile_m) {
-    l.error = "the e4m3 tile's row factors share the token area: tile_n <= tile_m";
   } else if (l.smem_bytes > kMaxDynamicSmem) {
     l.error = "shared memory exceeds 227 KB; use fewer stages";
   }

@@ -11,9 +11,10 @@
 //   kernels/moe_gemm_fp4_fp8.cu.
 // Output, one line each: {"ok":true,"stages":5,"threads":128,"shared_mem_bytes":...,
 //   "k_align":32,"n_align":8,"gated":true,"mma":"wgmma.bf16","decode_a":false,
-//   "decode_b":true,"ctas_per_sm":2,"max_experts":1024} or {"ok":false,"error":"..."};
-//   kernels that round an operand on purpose add "exact":false. Exit status 0 unless
-//   input is garbled.
+//   "decode_b":true,"ctas_per_sm":2,"max_experts":1024} or {"ok":false,"error":"..."}.
+//   No kernel of this family rounds an operand on purpose, so none says "exact":false (a
+//   manifest may still carry such kernels from elsewhere: dispatch/registry.h
+//   KernelEntry::exact). Exit status 0 unless input is garbled.
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -90,12 +91,8 @@ void PrintFp4(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int 
   }
   if (l.error != nullptr) return PrintError(l.error);
   PrintOk(wf, af, ac,
-          {l.stages, l.threads, l.smem_bytes,
-           l.fp8_mma ? "wgmma.e4m3 (A in registers)" : "wgmma.bf16 (A in registers)",
-           af != kBf16, true,
-           // The e4m3 tile regrids activations (rounding them): "exact":false keeps the
-           // selector from choosing it unless asked (dispatch/registry.h KernelEntry::exact).
-           l.ctas_per_sm, l.fp8_mma ? ",\"fp4\":true,\"exact\":false" : ",\"fp4\":true"});
+          {l.stages, l.threads, l.smem_bytes, "wgmma.bf16 (A in registers)", af != kBf16, true,
+           l.ctas_per_sm, ",\"fp4\":true"});
 }
 
 // An mxfp4 x mxfp8 configuration on fp8 wgmma (kernels/moe_gemm_fp4_fp8.cu): tile_k 128;

@@ -1,15 +1,17 @@
 // The generation-2 shared-memory layout (kernels/moe_gemm_layout.h) without a GPU: which
 // kernels stage their epilogue, where the buffer lies, and that its padding keeps both of
-// the epilogue's access patterns free of bank conflicts; the fp4 kernels' e4m3 tile (its
-// stage areas and register targets).
+// the epilogue's access patterns free of bank conflicts; which tiles the fp4 kernels take.
 #include <set>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "kernels/moe_gemm_layout.h"
 
 namespace cubist::moe {
 namespace {
+
+using ::testing::HasSubstr;
 
 TEST(MoeGemmTmaLayoutTest, OneCtaPerSmKernelsStageTheirEpilogue) {
   struct Case {
@@ -66,48 +68,27 @@ TEST(MoeGemmTmaLayoutTest, EpilogueRowsAvoidBankConflicts) {
   }
 }
 
-// mxfp4 x mxfp8 with 128 tokens multiplies in e4m3 (kernels/moe_gemm_fp4.cu MainLoopF8):
-// its stage is the packed weights, the raw activations regridded in place, and the two
-// scale areas; its setmaxnreg targets must fit the CTA's register pool, or
-// setmaxnreg.inc waits forever (a build that asked 2 x 216 + 80 of 3 x 168 hung on the
-// H200).
-TEST(MoeGemmFp4LayoutTest, E4m3TileStagesAndRegisters) {
-  EXPECT_TRUE(Fp4Fp8Mma(kMxfp4, kMxfp8, 128));
-  EXPECT_FALSE(Fp4Fp8Mma(kMxfp4, kMxfp8, 64));
-  EXPECT_FALSE(Fp4Fp8Mma(kMxfp4, kBf16, 128));
-  EXPECT_FALSE(Fp4Fp8Mma(kNvfp4, kNvfp4, 128));
-
-  const MoeGemmFp4Layout l = MakeFp4Layout(kMxfp4, kMxfp8, 128, 128, 4);
-  ASSERT_EQ(l.error, nullptr);
-  EXPECT_TRUE(l.fp8_mma);
-  EXPECT_EQ(l.a_stage_bytes, 0);                      // no bf16 panel: regridded in place
-  EXPECT_EQ(l.raw_stage_bytes, 2 * 128 * 128);        // two 128-byte boxes per token row
-  EXPECT_EQ(l.factor_offset, 128 * 128 + 2 * 128 * 128);
-  EXPECT_EQ(l.fold_offset, l.factor_offset + 128 * 8);  // 8 scale bytes per token row
-  EXPECT_EQ(l.stage_bytes, 51200);                    // + 8 per weight row, 1024-aligned
-  EXPECT_EQ(l.stage_bytes % 1024, 0);
-  // The token area later holds 128 token factors and 128 row factors (fp32).
-  EXPECT_LE(4 * l.tile_m + 4 * l.tile_n, 8 * l.tile_m);
-  EXPECT_EQ(l.threads, 512);
-  EXPECT_EQ(l.converters, 96 + 128);
-  EXPECT_EQ(l.ctas_per_sm, 1);
-  EXPECT_LE(l.smem_bytes, kMaxDynamicSmem);
-  const int pool = 65536 / l.threads / 8 * 8;  // what the launch bounds give each thread
-  EXPECT_EQ(pool, 128);
-  EXPECT_LE(l.consumers * l.consumer_regs + (l.threads / 128 - l.consumers) * l.producer_regs,
-            (l.threads / 128) * pool);
-  EXPECT_EQ(l.consumer_regs % 8, 0);
-  EXPECT_EQ(l.producer_regs % 8, 0);
-  EXPECT_NE(MakeFp4Layout(kMxfp4, kMxfp8, 128, 128, 5).error, nullptr);  // 5 stages: too big
-
-  // The bf16-MMA fp4 tiles keep their layout: no scale areas, no register targets.
-  for (int tm : {8, 64}) {
-    const MoeGemmFp4Layout b = MakeFp4Layout(kMxfp4, kMxfp8, tm, 128, 2);
-    ASSERT_EQ(b.error, nullptr) << tm;
-    EXPECT_FALSE(b.fp8_mma);
-    EXPECT_EQ(b.a_stage_bytes, 4 * tm * 128);
-    EXPECT_EQ(b.consumer_regs, 0);
+// kernels/moe_gemm_fp4.cu multiplies in bf16 from registers for every tile it builds:
+// its stage is the packed weights, the bf16 panels and the raw activation boxes. 128
+// tokens of mxfp8 do not fit two such stages; that tile is kernels/moe_gemm_fp4_fp8.cu's
+// (MakeFp4Fp8Layout), and the fp4 layout refuses it naming that kernel.
+TEST(MoeGemmFp4LayoutTest, Mxfp8TakesUpTo64TokensAndNamesTheFp8Kernel) {
+  for (int tm : {8, 16, 32, 64}) {
+    const MoeGemmFp4Layout l = MakeFp4Layout(kMxfp4, kMxfp8, tm, 128, 2);
+    ASSERT_EQ(l.error, nullptr) << tm;
+    EXPECT_EQ(l.w_stage_bytes, 128 * 128) << tm;
+    EXPECT_EQ(l.a_stage_bytes, 4 * tm * 128) << tm;    // four bf16 panels
+    EXPECT_EQ(l.raw_stage_bytes, 2 * tm * 128) << tm;  // two 128-byte boxes per token row
+    EXPECT_EQ(l.stage_bytes, l.w_stage_bytes + l.a_stage_bytes + l.raw_stage_bytes) << tm;
   }
+  const MoeGemmFp4Layout big = MakeFp4Layout(kMxfp4, kMxfp8, 128, 128, 2);
+  ASSERT_NE(big.error, nullptr);
+  EXPECT_THAT(big.error, HasSubstr("at most 64 tokens"));
+  EXPECT_THAT(big.error, HasSubstr("kernels/moe_gemm_fp4_fp8.cu"));
+  EXPECT_EQ(MakeFp4Fp8Layout(128, 128, 2).error, nullptr);
+  // The other pairs keep their 128-token tiles.
+  EXPECT_EQ(MakeFp4Layout(kMxfp4, kBf16, 128, 128, 2).error, nullptr);
+  EXPECT_EQ(MakeFp4Layout(kNvfp4, kNvfp4, 128, 128, 2).error, nullptr);
 }
 
 }  // namespace

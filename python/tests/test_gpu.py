@@ -217,22 +217,41 @@ def test_kernel_for_and_tune(gemm, rt):
     assert gemm.kernel_for(**args)["kernel"] == r["winner"]
 
 
-def test_inexact_kernels_are_tuned_only_when_allowed(gemm, rt):
+def test_inexact_kernels_are_tuned_only_when_allowed(tmp_path):
+    """No kernel of the family rounds an operand on purpose, but a manifest from elsewhere
+    may carry one ("exact": false): here a copy of the bf16 identity kernels' first, under
+    its own name and artifact path, which tuning times only when inexact kernels are
+    allowed."""
     import json
-    kernels = json.loads(pathlib.Path(MANIFEST).read_text())["kernels"]
-    inexact = {k["name"] for k in kernels if k.get("exact") is False
+    import shutil
+    doc = json.loads(pathlib.Path(MANIFEST).read_text())
+    kernels = [k for k in doc["kernels"] if k["op"] == "moe_gemm" and k["arch"] == "sm_90a"
                and (k["weight_format"], k["activation_format"], k["activation"])
-               == ("mxfp4", "mxfp8", "identity")}
-    if not inexact:
-        pytest.skip("the manifest has no inexact mxfp4 x mxfp8 kernel")
-    args = dict(weights="mxfp4", activations="mxfp8", activation="identity", experts=8,
+               == ("bf16", "bf16", "identity")]
+    assert kernels, "the manifest has no bf16 x bf16 identity kernel"
+    inexact = dict(kernels[0], name="inexact_" + kernels[0]["name"],
+                   artifact="cubins/sm_90a/inexact.cubin", exact=False)
+    # Artifact entries of the set, each with the file it is copied from.
+    by_path = {a["path"]: a for a in doc["artifacts"]}
+    copies = {k["artifact"]: (by_path[k["artifact"]], k["artifact"]) for k in kernels}
+    copies[inexact["artifact"]] = (dict(by_path[kernels[0]["artifact"]],
+                                        path=inexact["artifact"]), kernels[0]["artifact"])
+    root = tmp_path / "set"
+    for entry, src in copies.values():
+        (root / entry["path"]).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(pathlib.Path(MANIFEST).parent / src, root / entry["path"])
+    (root / "manifest.json").write_text(json.dumps(dict(
+        doc, name="py-test-inexact", artifacts=[e for e, _ in copies.values()],
+        kernels=kernels + [inexact])))
+    rt = cubist.Runtime(root / "manifest.json", cache_dir=str(tmp_path / "cache"),
+                        tuning_file="none")
+    args = dict(weights="bf16", activations="bf16", activation="identity", experts=8,
                 tokens=1024, n=1024, k=1024, top_k=64, warmup=1, iterations=2, record=False)
-    exact_only = {t["kernel"] for t in gemm.tune(**args)["timings"]}
+    exact_only = {t["kernel"] for t in cubist.MoeGemm(rt).tune(**args)["timings"]}
     allowed = cubist.MoeGemm(rt, allow_inexact=True)
     with_inexact = {t["kernel"] for t in allowed.tune(**args)["timings"]}
-    assert not exact_only & inexact
-    assert inexact <= with_inexact
-    assert with_inexact - inexact == exact_only
+    assert exact_only and inexact["name"] not in exact_only
+    assert with_inexact == exact_only | {inexact["name"]}
 
 
 def test_dlpack_and_cuda_array_interface_inputs(gemm):
