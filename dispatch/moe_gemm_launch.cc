@@ -98,7 +98,9 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
         absl::StrCat("kernel ", spec.name, ": ", field, ": ", what));
   };
   MoeGemmKernelInfo k;
-  if (spec.abi == 1) return bad("abi", moe::kMoeGemmAbiRetiredFix);
+  if (spec.abi == moe::kMoeGemmAbiRetiredV1) {
+    return bad("abi", moe::kMoeGemmAbiRetiredFix);
+  }
   if (spec.abi < moe::kMoeGemmAbiOldest || spec.abi > moe::kMoeGemmAbi) {
     return bad("abi", absl::StrCat("parameter struct version ", spec.abi,
                                    "; this build fills versions ", moe::kMoeGemmAbiOldest,

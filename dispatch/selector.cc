@@ -167,7 +167,7 @@ std::vector<Rejection> CheckKernel(const KernelEntry& kernel, const MoeProblem& 
                                                    "', problem is ", Sv(OpName(p.op)))});
   }
   const bool moe_gemm = kernel.op == Op::kMoeGemm;
-  if (moe_gemm && kernel.spec.abi == 1) {
+  if (moe_gemm && kernel.spec.abi == moe::kMoeGemmAbiRetiredV1) {
     // Retired whatever the caller launches: selecting it would name a kernel nothing runs.
     out.push_back({RejectReason::kAbi, moe::kMoeGemmAbiRetiredFix});
   } else if (options.abi != 0 &&

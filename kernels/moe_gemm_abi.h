@@ -1,8 +1,9 @@
 // The parameter ABI of the "moe_gemm" kernel family: the one struct every kernel takes
 // by value, the format and activation vocabularies, the launch-grid rule and the shape
 // requirements. Host code (the dispatcher, tests, benchmarks) and device code
-// (kernels/moe_gemm_tma.cu, moe_gemm_fp4.cu, moe_gemm_fp4_fp8.cu) include this same header, so it is plain C++17 that compiles
-// under nvcc and g++ without any CUDA header, and it holds no state.
+// (kernels/moe_gemm_tma.cu, moe_gemm_fp4.cu, moe_gemm_fp4_fp8.cu) include this same
+// header, so it is plain C++17 that compiles under nvcc and g++ without any CUDA header,
+// and it holds no state.
 //
 // The operation (docs/kernels.md):
 //   tokens are sorted by expert; expert e owns rows offsets[e] .. offsets[e+1]-1 of A
@@ -42,6 +43,7 @@ inline constexpr int kMoeGemmAbiV3 = 3;
 inline constexpr int kMoeGemmAbi = 3;  // the newest version
 static_assert(kMoeGemmAbi == kMoeGemmAbiV3, "kMoeGemmAbi names the newest version");
 inline constexpr int kMoeGemmAbiOldest = kMoeGemmAbiV2;  // the oldest one still launched
+inline constexpr int kMoeGemmAbiRetiredV1 = 1;  // generation 1's, refused with the fix below
 // What to do with a kernel of a retired version (below kMoeGemmAbiOldest): the message's
 // tail wherever one is refused (the dispatcher's selection and launch, MoeGemmCheck).
 inline constexpr char kMoeGemmAbiRetiredFix[] =

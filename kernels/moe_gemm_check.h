@@ -58,7 +58,9 @@ inline std::string CheckVersions(const MoeGemmParams& p, const MoeGemmKernelDesc
     return "moe_gemm: parameter struct has abi " + Str(p.abi) + ", this build fills " +
            Str(kMoeGemmAbi) + "; initialise it with MoeGemmParamsInit()";
   }
-  if (k.abi == 1) return std::string("moe_gemm: the kernel's ") + kMoeGemmAbiRetiredFix;
+  if (k.abi == kMoeGemmAbiRetiredV1) {
+    return std::string("moe_gemm: the kernel's ") + kMoeGemmAbiRetiredFix;
+  }
   if (k.abi < kMoeGemmAbiOldest || k.abi > kMoeGemmAbi) {
     return "moe_gemm: the kernel takes parameter struct version " + Str(k.abi) +
            ", this build fills versions " + Str(kMoeGemmAbiOldest) + " to " +
