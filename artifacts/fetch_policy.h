@@ -7,7 +7,7 @@
 //   - this policy, a pure function from events to actions. It knows nothing of sockets,
 //     files or time sources: the caller classifies what happened (ClassifyTransfer),
 //     asks Decide, and carries the action out. Every retry, resume and backoff rule of
-//     the fetcher and of manifest reads is here, and tests/fetch_policy_test.cc checks
+//     the fetcher and of manifest reads is here, and tests/artifacts/fetch_policy_test.cc checks
 //     them in microseconds.
 //
 // Thread safety: everything here is a pure function of its arguments.

@@ -10,7 +10,7 @@
 //               by-name convenience path
 //
 // Images are unloaded after each benchmark's timed loop, never inside it. The cubins come
-// from tests/loader.cmake ($CUBIST_TEST_CUBIN_DIR, else <build>/tests/cubins). Without a
+// from tests/loader/CMakeLists.txt ($CUBIST_TEST_CUBIN_DIR, else <build>/tests/cubins). Without a
 // driver or a GPU the program says so and exits 0. After the runs it prints each of ours
 // as a ratio of its raw baseline ("ratios" lines), which docs/benchmarks.md quotes.
 // Run it with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true so

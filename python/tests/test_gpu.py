@@ -485,7 +485,7 @@ def _quantized_layer_args(wf, af, x, w1, w2):
         kw.update(w1_global_scale=w1g, w2_global_scale=w2g)
     if af in ("fp8", "nvfp4"):
         # From the input's amax, and a fixed bound for GEMM1's output (O(1) here), as
-        # tests/moe_layer_gpu_test.cc calibrates them.
+        # tests/dispatch/moe_layer_gpu_test.cc calibrates them.
         kw.update(input_scale=_activation_scale(af, x.float().abs().max().item()),
                   intermediate_scale=_activation_scale(af, 4.0))
     return w1q, w2q, kw

@@ -1,4 +1,4 @@
-# Run by CTest as `cmake -P` (tests/install.cmake). Fails with a message that names
+# Run by CTest as `cmake -P` (tests/install_package/CMakeLists.txt). Fails with a message that names
 # what is wrong with the installed package.
 file(REMOVE_RECURSE ${WORK_DIR})
 set(_prefix ${WORK_DIR}/prefix)

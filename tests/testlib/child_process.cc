@@ -10,11 +10,12 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "base/strings.h"
-#include "tests/test_util.h"
+#include "tests/testlib/build_paths.h"
 
 namespace cubist::testing {
 
@@ -136,6 +137,21 @@ void ServerProcess::Stop() {
   ::kill(-pid_, SIGKILL);
   ::waitpid(pid_, nullptr, 0);
   pid_ = -1;
+}
+
+int RunCommand(const std::string& command, std::string* output) {
+  std::string full = command + " 2>&1";
+  FILE* p = ::popen(full.c_str(), "r");
+  if (p == nullptr) return -1;
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = ::pclose(p);
+  if (output != nullptr) *output = std::move(out);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
 }
 
 }  // namespace cubist::testing

@@ -1,5 +1,6 @@
-// Runs the `cubist` command as a child process the test can watch, signal and measure
-// (RunCommand in test_util.h runs it to completion through a shell, without a pid).
+// Child processes of the tests: a shell command run to completion (RunCommand), the
+// `cubist` command started as a child the test can watch, signal and measure
+// (SpawnCli), and servers the tests start and stop (ServerProcess).
 #ifndef CUBIST_TESTS_TESTLIB_CHILD_PROCESS_H_
 #define CUBIST_TESTS_TESTLIB_CHILD_PROCESS_H_
 
@@ -14,6 +15,10 @@
 #include "absl/status/status.h"
 
 namespace cubist::testing {
+
+// Runs a shell command; returns its exit status (0-255, or 128+signal) and captures
+// stdout and stderr together into *output when given.
+int RunCommand(const std::string& command, std::string* output = nullptr);
 
 // Starts CliPath() with `args` (no shell), stdout and stderr both to the file `log`.
 // Returns the child's pid.

@@ -1,4 +1,4 @@
-// Where the loader's nvcc-built test cubins live (tests/loader.cmake), and a reader
+// Where the loader's nvcc-built test cubins live (tests/loader/CMakeLists.txt), and a reader
 // that lets a test skip when they were not built (no nvcc).
 #ifndef CUBIST_TESTS_TESTLIB_LOADER_FIXTURES_H_
 #define CUBIST_TESTS_TESTLIB_LOADER_FIXTURES_H_
@@ -7,8 +7,10 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "base/file_util.h"
-#include "tests/test_util.h"
+#include "gtest/gtest.h"
+#include "tests/testlib/build_paths.h"
 
 namespace cubist::testing {
 
@@ -28,28 +30,7 @@ inline std::optional<std::string> ReadCubinFixture(const std::string& name) {
   return *std::move(bytes);
 }
 
-inline const absl::Status& AsStatus(const absl::Status& s) { return s; }
-template <typename T>
-const absl::Status& AsStatus(const absl::StatusOr<T>& s) {
-  return s.status();
-}
-
 }  // namespace cubist::testing
-
-// Like CUBIST_ASSERT_OK / CUBIST_EXPECT_OK, for a Status or a StatusOr (printing the
-// status on failure), evaluating the expression once.
-#define LOADER_ASSERT_OK(expr)                                   \
-  do {                                                           \
-    const auto& loader_ok_ = (expr);                             \
-    ASSERT_TRUE(::cubist::testing::AsStatus(loader_ok_).ok())    \
-        << ::cubist::testing::AsStatus(loader_ok_);              \
-  } while (0)
-#define LOADER_EXPECT_OK(expr)                                   \
-  do {                                                           \
-    const auto& loader_ok_ = (expr);                             \
-    EXPECT_TRUE(::cubist::testing::AsStatus(loader_ok_).ok())    \
-        << ::cubist::testing::AsStatus(loader_ok_);              \
-  } while (0)
 
 // Declares `var` with the fixture's bytes, or skips the test when nvcc did not build it.
 #define CUBIST_FIXTURE_OR_SKIP(var, name)                                        \

@@ -17,7 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "tests/test_util.h"
+#include "tests/testlib/child_process.h"
 
 namespace cubist::testing {
 std::string RegistryServer::BinaryPath() {

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/sha256.h"
-#include "tests/test_util.h"
+#include "tests/testlib/temp_files.h"
 
 namespace cubist::testing {
 

@@ -1,0 +1,73 @@
+// `cubist run` flag checks that need no GPU (cli/run.cc, cli/run_moe_layer.cc): a bad
+// layer option or op is a usage error (exit 2) naming the flag or option, found before
+// any runtime is opened, so the manifest need not even exist.
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testlib/build_paths.h"
+#include "tests/testlib/child_process.h"
+#include "tests/testlib/temp_files.h"
+
+namespace cubist {
+namespace {
+
+using ::cubist::testing::CliPath;
+using ::cubist::testing::RunCommand;
+using ::cubist::testing::TempDir;
+using ::testing::HasSubstr;
+
+class RunCliTest : public ::testing::Test {
+ protected:
+  int Run(const std::string& args, std::string* out) {
+    return RunCommand("CUBIST_CACHE_DIR=" + dir_.Join("cache") + " " + CliPath() +
+                          " run --manifest " + dir_.Join("absent/manifest.json") + " " + args +
+                          " 2>&1",
+                      out);
+  }
+  TempDir dir_;
+};
+
+constexpr char kLayer[] =
+    "--op moe --weights bf16 --activations bf16 --activation swiglu --experts 8 "
+    "--hidden 64 --intermediate 64 ";
+
+TEST_F(RunCliTest, LayerOptionsAreCheckedBeforeTheRuntimeOpens) {
+  std::string out;
+  EXPECT_EQ(Run(std::string(kLayer) + "--top-k 9 --tokens 4", &out), 2);
+  EXPECT_THAT(out, HasSubstr("cubist: error: moe layer: top_k: 9 is outside 1..num_experts (8)"));
+  EXPECT_EQ(Run(std::string(kLayer) + "--top-k 2 --tokens 4 --routing softmax", &out), 2);
+  EXPECT_THAT(out, HasSubstr("routing_method: unknown 'softmax'; expected one of default, "
+                             "renormalize, renormalize_naive, deepseek_v3"));
+  EXPECT_EQ(Run(std::string(kLayer) +
+                    "--top-k 2 --tokens 4 --routing deepseek_v3 --n-group 3 --topk-group 1",
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("n_group: 3 does not divide num_experts (8)"));
+  EXPECT_EQ(Run(std::string(kLayer) + "--top-k 2", &out), 2);
+  EXPECT_THAT(out, HasSubstr("--tokens: give the batch's token count (T)"));
+  EXPECT_EQ(Run("--op moe --weights bf16 --activations bf16 --activation tanh --experts 8 "
+                "--hidden 64 --intermediate 64 --top-k 2 --tokens 4",
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("--activation: unknown activation 'tanh'"));
+}
+
+TEST_F(RunCliTest, UnservedPairIsUnimplementedNotAUsageError) {
+  std::string out;
+  const int rc = Run(
+      "--op moe --weights mxfp4 --activations fp8 --experts 8 --hidden 64 "
+      "--intermediate 64 --top-k 2 --tokens 4",
+      &out);
+  EXPECT_EQ(rc, 1);
+  EXPECT_THAT(out, HasSubstr("the mxfp4 x fp8 pair is not served by the layer (bf16 x bf16"));
+}
+
+TEST_F(RunCliTest, BadOpAndMissingGemmShape) {
+  std::string out;
+  EXPECT_EQ(Run("--op gemv --weights bf16 --activations bf16 --experts 8 --tokens 4", &out), 2);
+  EXPECT_THAT(out, HasSubstr("--op: 'gemv' is not moe_gemm (one GEMM) or moe (the routed layer)"));
+  EXPECT_EQ(Run("--weights bf16 --activations bf16 --experts 8 --tokens 4", &out), 2);
+  EXPECT_THAT(out, HasSubstr("--n and --k are required for --op moe_gemm"));
+}
+
+}  // namespace
+}  // namespace cubist

@@ -1,0 +1,190 @@
+// `cubist select` end to end: flags, output, exit codes (cli/select.cc).
+#include <nlohmann/json.hpp>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testlib/build_paths.h"
+#include "tests/testlib/child_process.h"
+#include "tests/testlib/dispatch_manifests.h"
+#include "tests/testlib/temp_files.h"
+
+namespace cubist {
+namespace {
+
+using ::cubist::testing::CliPath;
+using ::cubist::testing::ManifestJson;
+using ::cubist::testing::RunCommand;
+using ::cubist::testing::SelectionKernels;
+using ::cubist::testing::TempDir;
+using ::cubist::testing::WriteFileOrDie;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+class SelectCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    manifest_ = dir_.Join("manifest.json");
+    WriteFileOrDie(manifest_, ManifestJson(SelectionKernels()));
+  }
+  // Runs `cubist select --manifest <m> <args>` with an empty cache dir.
+  int Select(const std::string& args, std::string* out) {
+    return RunCommand("CUBIST_CACHE_DIR=" + dir_.Join("cache") + " " + CliPath() +
+                          " select --manifest " + manifest_ + " " + args + " 2>&1",
+                      out);
+  }
+  TempDir dir_;
+  std::string manifest_;
+};
+
+constexpr char kPrefill[] =
+    "--weights bf16 --activations bf16 --activation swiglu --experts 8 "
+    "--tokens-per-expert 2048 --n 28672 --k 4096 --sm 90a";
+
+TEST_F(SelectCliTest, PrintsTheWinnerFirst) {
+  std::string out;
+  ASSERT_EQ(Select(kPrefill, &out), 0) << out;
+  EXPECT_THAT(out, StartsWith("bf16_swiglu_m128n128k64\n  rank 1 of 3 candidates on SM "
+                              "90 with 132 SMs; estimated "));
+  EXPECT_THAT(out, HasSubstr("28672 CTAs, 218 waves of 1/SM"));
+  EXPECT_THAT(out, HasSubstr("  bf16_swiglu_m128n128k64 in "
+                             "cubins/sm_90a/bf16_swiglu_m128n128k64.cubin, sm_90a, tile "
+                             "128x128x64, cluster 1x1x1, 384 threads, 163840 bytes of "
+                             "shared memory\n"));
+}
+
+// A kernel whose manifest entry says "exact": false is listed as rejected (inexact) and
+// chosen only with --allow-inexact (or --kernel NAME), even where the model rates it first.
+TEST_F(SelectCliTest, InexactKernelNeedsAllowInexact) {
+  auto kernels = SelectionKernels();
+  auto inexact =
+      testing::InexactCopy(kernels, "bf16_swiglu_m128n128k64", "a_inexact_swiglu_m128n128k64");
+  ASSERT_TRUE(inexact.has_value());
+  kernels.push_back(*inexact);
+  WriteFileOrDie(manifest_, ManifestJson(kernels));
+  std::string out;
+  ASSERT_EQ(Select(std::string(kPrefill) + " --explain", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("\nrejected a_inexact_swiglu_m128n128k64: inexact: the kernel "
+                             "rounds an operand on purpose (manifest \"exact\": false); "
+                             "allow inexact kernels or pin it by name to use it\n"));
+  EXPECT_THAT(out, HasSubstr("\nselected: bf16_swiglu_m128n128k64\n"));
+  ASSERT_EQ(Select(std::string(kPrefill) + " --allow-inexact", &out), 0) << out;
+  EXPECT_THAT(out, StartsWith("a_inexact_swiglu_m128n128k64\n  rank 1 of 4 candidates"));
+}
+
+TEST_F(SelectCliTest, JsonOutput) {
+  std::string out;
+  ASSERT_EQ(Select(std::string(kPrefill) + " --json", &out), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["kernel"], "bf16_swiglu_m128n128k64");
+  EXPECT_EQ(j["problem"]["tokens"], 16384);
+  EXPECT_EQ(j["problem"]["sm"], 90);
+  EXPECT_EQ(j["problem"]["sm_count"], 132);
+  EXPECT_EQ(j["estimate"]["ctas"], 28672);
+  ASSERT_EQ(j["candidates"].size(), 3u);
+  EXPECT_EQ(j["candidates"][2]["kernel"], "bf16_swiglu_m64n64k64");
+  EXPECT_EQ(j["tile"], nlohmann::json({128, 128, 64}));
+  EXPECT_FALSE(j.contains("verdicts"));
+}
+
+TEST_F(SelectCliTest, ExplainListsEveryKernel) {
+  std::string out;
+  ASSERT_EQ(Select(std::string(kPrefill) + " --explain", &out), 0) << out;
+  EXPECT_THAT(out, StartsWith("problem: moe_gemm{weights=bf16 activations=bf16 "
+                              "activation=swiglu experts=8 tokens=16384 (2048/expert) "
+                              "n=28672 k=4096 sm=90}\n#1 bf16_swiglu_m128n128k64: "));
+  EXPECT_THAT(out, HasSubstr("\nrejected bf16_relu2_m128n128k64: activation: kernel "
+                             "applies relu2, problem wants swiglu\n"));
+  EXPECT_THAT(out, HasSubstr("\nrejected bf16_swiglu_sm100a_m128n256k64: arch: sm_100a "
+                             "kernel does not run on SM 90"));
+  EXPECT_THAT(out, HasSubstr("\nselected: bf16_swiglu_m128n128k64\n"));
+
+  ASSERT_EQ(Select(std::string(kPrefill) + " --explain --json", &out), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["verdicts"].size(), 7u);
+  EXPECT_EQ(j["verdicts"][3]["kernel"], "bf16_relu2_m128n128k64");
+  EXPECT_EQ(j["verdicts"][3]["rank"], 0);
+  EXPECT_EQ(j["verdicts"][3]["rejections"][0]["reason"], "activation");
+  EXPECT_EQ(j["verdicts"][2]["rank"], 1);
+}
+
+TEST_F(SelectCliTest, OtherGpuPicksItsKernel) {
+  std::string out;
+  ASSERT_EQ(Select("--weights bf16 --activations bf16 --activation swiglu --experts 8 "
+                   "--tokens 4096 --n 4096 --k 4096 --sm 100",
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, StartsWith("bf16_swiglu_sm100a_m128n256k64\n"));
+  EXPECT_THAT(out, HasSubstr("rank 1 of 1 candidate on SM 100 with 148 SMs; "));
+}
+
+TEST_F(SelectCliTest, MissIsExitFiveWithTheNearestKernels) {
+  std::string out;
+  EXPECT_EQ(Select("--weights nvfp4 --activations nvfp4 --activation swiglu --experts 8 "
+                   "--tokens-per-expert 64 --n 1024 --k 512 --sm 90a",
+                   &out),
+            5)
+      << out;
+  EXPECT_THAT(out, StartsWith("cubist: error: no kernel for moe_gemm{weights=nvfp4 "
+                              "activations=nvfp4 activation=swiglu experts=8 tokens=512 "
+                              "(64/expert) n=1024 k=512 sm=90} in "));
+  EXPECT_THAT(out, HasSubstr("(7 kernels): nearest: "));
+  EXPECT_EQ(Select("--weights nvfp4 --activations nvfp4 --activation swiglu --experts 8 "
+                   "--tokens-per-expert 64 --n 1024 --k 512 --sm 90a --json",
+                   &out),
+            5);
+  nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_TRUE(j["kernel"].is_null());
+  EXPECT_THAT(j["error"].get<std::string>(), HasSubstr("nearest: "));
+}
+
+TEST_F(SelectCliTest, BadFlagValuesAreUsageErrors) {
+  std::string out;
+  EXPECT_EQ(Select("--weights fp6 --activations bf16 --experts 8 --tokens-per-expert 4 "
+                   "--n 64 --k 64 --sm 90",
+                   &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("cubist: error: --weights: unknown format 'fp6'; expected "
+                             "one of bf16, fp8, fp8-block, mxfp4, mxfp8, nvfp4"));
+  EXPECT_EQ(Select("--weights bf16 --activations bf16 --activation tanh --experts 8 "
+                   "--tokens-per-expert 4 --n 64 --k 64 --sm 90",
+                   &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("--activation: unknown activation 'tanh'"));
+  EXPECT_EQ(Select("--op gemv --weights bf16 --activations bf16 --experts 8 "
+                   "--tokens-per-expert 4 --n 64 --k 64 --sm 90",
+                   &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("--op: unknown op 'gemv'; expected moe_gemm, trtllm_bmm, moe_route"));
+  EXPECT_EQ(Select("--weights bf16 --activations bf16 --experts 8 --tokens-per-expert 4 "
+                   "--n 64 --k 64 --sm hopper",
+                   &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("--sm: device SM 'hopper': expected a compute capability"));
+  EXPECT_EQ(Select("--weights bf16 --activations bf16 --experts 8 --n 64 --k 64 --sm 90",
+                   &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("give exactly one of --tokens-per-expert T and --tokens"));
+  EXPECT_EQ(Select("--weights bf16 --activations bf16 --experts 8 --tokens 4", &out), 2);
+  EXPECT_THAT(out, HasSubstr("--n is required"));
+}
+
+TEST_F(SelectCliTest, PinnedKernel) {
+  std::string out;
+  ASSERT_EQ(Select(std::string(kPrefill) + " --kernel bf16_swiglu_m64n64k64", &out), 0)
+      << out;
+  EXPECT_THAT(out, StartsWith("bf16_swiglu_m64n64k64\n  rank 1 of 1 candidate on SM 90 "));
+  EXPECT_EQ(Select(std::string(kPrefill) + " --kernel bf16_relu2_m128n128k64", &out), 6);
+  EXPECT_THAT(out, HasSubstr("pinned kernel 'bf16_relu2_m128n128k64' cannot solve"));
+}
+
+TEST_F(SelectCliTest, BadManifestIsExitEight) {
+  WriteFileOrDie(manifest_, "{\"schema\": \"cubist.manifest/1\"");
+  std::string out;
+  EXPECT_EQ(Select(kPrefill, &out), 8) << out;
+  EXPECT_THAT(out, StartsWith("cubist: error: "));
+}
+
+}  // namespace
+}  // namespace cubist

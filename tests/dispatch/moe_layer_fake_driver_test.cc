@@ -1,0 +1,467 @@
+// MoeLayer (dispatch/moe_layer.h) without a GPU: a real manifest and cubin (the stub
+// kernels of tests/fixtures/dispatch/moe_stub.cu, by the layer's published names), the
+// real store, module cache and GEMM selection, and the loader's fake driver extended to
+// record every launch with its parameter struct. What the layer computes is checked on
+// the H200 (tests/dispatch/moe_layer_gpu_test.cc); this checks how the steps are wired: which kernels run
+// in which order, and that each reads what the previous one wrote.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "base/sha256.h"
+#include "base/strings.h"
+#include "dispatch/moe_layer.h"
+#include "dispatch/runtime.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testlib/dispatch_manifests.h"
+#include "tests/testlib/fake_driver.h"
+#include "tests/testlib/status_matchers.h"
+#include "tests/testlib/temp_files.h"
+
+namespace cubist {
+namespace {
+
+using ::cubist::testing::FakeDriver;
+using ::cubist::testing::KernelJson;
+using ::cubist::testing::ReadFileOrDie;
+using ::cubist::testing::StatusIs;
+using ::cubist::testing::TempDir;
+using ::cubist::testing::TestKernel;
+using ::cubist::testing::WriteFileOrDie;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Every launch: the kernel's name and a copy of its parameter struct.
+class LayerRecordingDriver : public FakeDriver {
+ public:
+  struct Launch {
+    std::string name;
+    CUlaunchConfig config;
+    std::string params;
+    template <typename T>
+    T As() const {
+      T t;
+      EXPECT_EQ(params.size(), sizeof(T)) << name;
+      std::memcpy(&t, params.data(), std::min(params.size(), sizeof(T)));
+      return t;
+    }
+  };
+  CUresult LaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
+                          void** extra) override {
+    if (extra != nullptr || params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Launch l;
+    l.name = FunctionName(f);
+    l.config = *config;
+    l.params.assign(static_cast<const char*>(params[0]), ParamBytes(l.name));
+    absl::MutexLock lock(&mu_);
+    launches_.push_back(l);
+    return CUDA_SUCCESS;
+  }
+  std::vector<Launch> launches() const {
+    absl::MutexLock lock(&mu_);
+    return launches_;
+  }
+  void Clear() {
+    absl::MutexLock lock(&mu_);
+    launches_.clear();
+  }
+
+ private:
+  static size_t ParamBytes(std::string_view name) {
+    if (name == "cubist_moe_route") return sizeof(moe::MoeRouteParams);
+    if (name.starts_with("cubist_moe_sort_")) return sizeof(moe::MoeSortParams);
+    if (name == "cubist_moe_gather_bf16") return sizeof(moe::MoeGatherParams);
+    if (name == "cubist_moe_finalize") return sizeof(moe::MoeFinalizeParams);
+    if (name.starts_with("cubist_moe_quantize_")) return sizeof(moe::MoeQuantizeParams);
+    return sizeof(moe::MoeGemmParamsV2);  // the GEMM stubs (version 3)
+  }
+  mutable absl::Mutex mu_;
+  std::vector<Launch> launches_;
+};
+
+constexpr char kStubPath[] = "cubins/sm_90a/moe_stub.cubin";
+
+struct Pair {
+  const char* weights;
+  const char* activations;
+  DataFormat w, a;
+  const char* stub;  // its GEMM stubs: layer_<stub>_<activation>
+};
+constexpr Pair kPairs[] = {
+    {"bf16", "bf16", DataFormat::kBf16, DataFormat::kBf16, "bf16_bf16"},
+    {"fp8", "fp8", DataFormat::kFp8, DataFormat::kFp8, "fp8_fp8"},
+    {"fp8-block", "fp8-block", DataFormat::kFp8Block, DataFormat::kFp8Block,
+     "fp8_block_fp8_block"},
+    {"mxfp4", "bf16", DataFormat::kMxfp4, DataFormat::kBf16, "mxfp4_bf16"},
+    {"mxfp4", "mxfp8", DataFormat::kMxfp4, DataFormat::kMxfp8, "mxfp4_mxfp8"},
+    {"nvfp4", "nvfp4", DataFormat::kNvfp4, DataFormat::kNvfp4, "nvfp4_nvfp4"},
+};
+
+// The glue kernels as scripts/build-artifacts publishes them, and one version-3 GEMM stub
+// per pair and activation (GEMM1 SwiGLU, GEMM2 identity).
+std::vector<TestKernel> LayerKernels() {
+  std::vector<TestKernel> v;
+  const std::pair<const char*, const char*> glue[] = {
+      {"cubist_moe_route", "moe_route"},
+      {"cubist_moe_sort_fused", "moe_sort"},
+      {"cubist_moe_sort_count", "moe_sort"},
+      {"cubist_moe_sort_scan", "moe_sort"},
+      {"cubist_moe_sort_scatter", "moe_sort"},
+      {"cubist_moe_gather_bf16", "moe_gather"},
+      {"cubist_moe_finalize", "moe_finalize"},
+      {"cubist_moe_quantize_fp8", "moe_quantize"},
+      {"cubist_moe_quantize_fp8_block", "moe_quantize"},
+      {"cubist_moe_quantize_mxfp8", "moe_quantize"},
+      {"cubist_moe_quantize_nvfp4", "moe_quantize"},
+  };
+  for (const auto& [function, op] : glue) {
+    TestKernel k;
+    k.name = function;
+    k.artifact = kStubPath;
+    k.op = op;
+    k.abi = moe::kMoeLayerAbi;
+    k.activation = "identity";
+    k.tile_m = k.tile_n = k.tile_k = 1;
+    k.threads = 128;
+    k.shared_mem_bytes = 0;
+    v.push_back(k);
+  }
+  for (const Pair& p : kPairs) {
+    for (const char* act : {"identity", "swiglu"}) {
+      TestKernel k;
+      k.name = absl::StrCat("layer_", p.stub, "_", act);
+      k.artifact = kStubPath;
+      k.weight_format = p.weights;
+      k.activation_format = p.activations;
+      k.activation = act;
+      k.tile_k = p.w == DataFormat::kBf16 ? 64 : 128;
+      k.threads = 128;
+      k.shared_mem_bytes = 100000;
+      v.push_back(k);
+    }
+  }
+  return v;
+}
+
+// Made-up device addresses, far apart and 256-byte aligned.
+constexpr CUdeviceptr kHidden = 0x1000000, kLogits = 0x2000000, kW1 = 0x3000000,
+                      kW2 = 0x4000000, kW1Scale = 0x5000000, kW2Scale = 0x5800000,
+                      kW1Global = 0x6000000, kW2Global = 0x6100000, kInputScale = 0x6200000,
+                      kIntermediateScale = 0x6300000, kOut = 0x7000000,
+                      kWorkspace = 0x10000000, kIds = 0x8000000, kWeights = 0x9000000;
+
+class MoeLayerFakeDriverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#ifndef CUBIST_DISPATCH_STUB_CUBIN
+    GTEST_SKIP() << "no nvcc at build time: the stub cubin was not built";
+#else
+    const std::string cubin = ReadFileOrDie(CUBIST_DISPATCH_STUB_CUBIN);
+    WriteFileOrDie(dir_.Join(std::string("repo/") + kStubPath), cubin);
+    std::vector<std::string> ks;
+    for (const TestKernel& k : LayerKernels()) ks.push_back(KernelJson(k));
+    const std::string manifest = dir_.Join("repo/manifest.json");
+    WriteFileOrDie(manifest,
+                   absl::StrCat(R"({"schema": "cubist.manifest/1", "name": "stub", "version": 1,
+  "artifacts": [{"path": ")",
+                                kStubPath, R"(", "sha256": ")", Sha256Hex(cubin),
+                                R"(", "size": )", cubin.size(), R"(}],
+  "kernels": [)",
+                                absl::StrJoin(ks, ",\n"), "]}\n"));
+    RuntimeOptions options;
+    options.manifest = manifest;
+    options.cache_dir = dir_.Join("cache");
+    options.tuning_file = dir_.Join("tuning.json");
+    options.driver = &driver_;
+    auto rt = Runtime::Open(options);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    runtime_ = std::move(*rt);
+#endif
+  }
+
+  // Qwen3-30B-A3B's shape, scaled down.
+  static MoeLayerOptions Options(const Pair& p) {
+    MoeLayerOptions o;
+    o.weight_format = p.w;
+    o.activation_format = p.a;
+    o.num_experts = 16;
+    o.top_k = 4;
+    o.hidden = 256;
+    o.intermediate = 128;
+    return o;
+  }
+
+  static MoeLayerArgs Args(const MoeLayerOptions& o, int64_t tokens, size_t workspace_bytes) {
+    MoeLayerArgs a;
+    a.tokens = tokens;
+    a.hidden_states = kHidden;
+    a.router_logits = kLogits;
+    a.w1 = kW1;
+    a.w2 = kW2;
+    if (moe::FormatScaleBlock(o.weight_format) != 0) {
+      a.w1_scale = kW1Scale;
+      a.w2_scale = kW2Scale;
+    }
+    if (moe::FormatHasGlobalScale(o.weight_format)) {
+      a.w1_global_scale = kW1Global;
+      a.w2_global_scale = kW2Global;
+    }
+    if (moe::FormatHasGlobalScale(o.activation_format)) {
+      a.input_scale = kInputScale;
+      a.intermediate_scale = kIntermediateScale;
+    }
+    a.out = kOut;
+    a.workspace = kWorkspace;
+    a.workspace_bytes = workspace_bytes;
+    return a;
+  }
+
+  static std::vector<std::string> Names(const std::vector<LayerRecordingDriver::Launch>& v) {
+    std::vector<std::string> out;
+    for (const auto& l : v) out.push_back(l.name);
+    return out;
+  }
+
+  TempDir dir_;
+  LayerRecordingDriver driver_;
+  std::unique_ptr<Runtime> runtime_;
+};
+
+template <typename T>
+CUdeviceptr Addr(T* p) {
+  return reinterpret_cast<CUdeviceptr>(p);
+}
+
+TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
+  for (const Pair& pair : kPairs) {
+    SCOPED_TRACE(absl::StrCat(pair.weights, " x ", pair.activations));
+    driver_.Clear();
+    const MoeLayerOptions o = Options(pair);
+    auto layer = MoeLayer::Create(*runtime_, o);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    const int64_t tokens = 5, max_tokens = 64;
+    auto w = MoeLayer::WorkspaceLayout(o, max_tokens);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const MoeLayerArgs a = Args(o, tokens, w->bytes);
+    CUBIST_ASSERT_OK((*layer)->CanImplement(a, max_tokens));
+    EXPECT_TRUE(driver_.launches().empty()) << "CanImplement launches nothing";
+    CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+
+    // Run sizes its workspace for this batch: rows = 64 (the smallest bucket >= 5 x 4).
+    auto pass = MoeLayer::WorkspaceLayout(o, tokens);
+    ASSERT_TRUE(pass.ok());
+    const CUdeviceptr ws = kWorkspace;
+    const bool quantized = pair.a != DataFormat::kBf16;
+    const std::string quantize =
+        absl::StrCat("cubist_moe_quantize_",
+                     pair.a == DataFormat::kFp8Block ? "fp8_block" : Sv(DataFormatName(pair.a)));
+    const std::string gemm1 = absl::StrCat("layer_", pair.stub, "_swiglu");
+    const std::string gemm2 = absl::StrCat("layer_", pair.stub, "_identity");
+    const auto launches = driver_.launches();
+    if (quantized) {
+      ASSERT_THAT(Names(launches),
+                  ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", quantize, gemm1,
+                              quantize, gemm2, "cubist_moe_finalize"));
+    } else {
+      ASSERT_THAT(Names(launches),
+                  ElementsAre("cubist_moe_route", "cubist_moe_sort_fused",
+                              "cubist_moe_gather_bf16", gemm1, gemm2, "cubist_moe_finalize"));
+    }
+    const auto route = launches[0].As<moe::MoeRouteParams>();
+    EXPECT_EQ(route.num_tokens, 5);
+    EXPECT_EQ(route.num_experts, 16);
+    EXPECT_EQ(route.top_k, 4);
+    EXPECT_EQ(Addr(route.logits), kLogits);
+    EXPECT_EQ(Addr(route.topk_ids), ws + pass->topk_ids);
+    EXPECT_EQ(Addr(route.topk_weights), ws + pass->topk_weights);
+    EXPECT_EQ(launches[0].config.gridDimX, 2u) << "a warp per token, 4 per CTA";
+
+    const auto sort = launches[1].As<moe::MoeSortParams>();
+    EXPECT_EQ(sort.num_slots, 20);
+    EXPECT_EQ(sort.num_local_experts, 16);
+    EXPECT_EQ(Addr(sort.topk_ids), ws + pass->topk_ids);
+    EXPECT_EQ(Addr(sort.offsets), ws + pass->offsets);
+    EXPECT_EQ(Addr(sort.permuted_to_expanded), ws + pass->permuted_to_expanded);
+    EXPECT_EQ(Addr(sort.expanded_to_permuted), ws + pass->expanded_to_permuted);
+    EXPECT_EQ(Addr(sort.dropped), ws + pass->dropped);
+
+    // GEMM1's input: gathered (and quantized on the way) from hidden_states.
+    CUdeviceptr gathered_out = 0, gathered_scale = 0;
+    if (quantized) {
+      const auto q = launches[2].As<moe::MoeQuantizeParams>();
+      EXPECT_EQ(q.cols, 256);
+      EXPECT_EQ(q.top_k, 4);
+      EXPECT_EQ(Addr(q.input), kHidden);
+      EXPECT_EQ(Addr(q.offsets), ws + pass->offsets);
+      EXPECT_EQ(Addr(q.permuted_to_expanded), ws + pass->permuted_to_expanded);
+      EXPECT_EQ(q.weights, nullptr);
+      EXPECT_EQ(Addr(q.scale), moe::FormatHasGlobalScale(pair.a) ? kInputScale : 0);
+      EXPECT_EQ(Addr(q.global_out),
+                pair.a == DataFormat::kNvfp4 ? ws + pass->global_scales : 0);
+      gathered_out = Addr(q.out);
+      gathered_scale = Addr(q.out_scale);
+    } else {
+      const auto g = launches[2].As<moe::MoeGatherParams>();
+      EXPECT_EQ(g.hidden, 256);
+      EXPECT_EQ(Addr(g.input), kHidden);
+      EXPECT_EQ(Addr(g.offsets), ws + pass->offsets);
+      gathered_out = Addr(g.out);
+    }
+    EXPECT_EQ(gathered_out, ws + pass->gathered);
+
+    const auto g1 = launches[3].As<moe::MoeGemmParams>();
+    EXPECT_EQ(g1.num_experts, 16);
+    EXPECT_EQ(g1.num_tokens, 64) << "the row bucket, not T x k";
+    EXPECT_EQ(g1.n, 256) << "2I rows: gated";
+    EXPECT_EQ(g1.k, 256);
+    EXPECT_EQ(Addr(g1.a), gathered_out);
+    EXPECT_EQ(Addr(g1.b), kW1);
+    EXPECT_EQ(Addr(g1.offsets), ws + pass->offsets);
+    EXPECT_EQ(Addr(g1.out), ws + pass->activated);
+    if (moe::FormatScaleBlock(pair.a) != 0) {
+      EXPECT_EQ(Addr(g1.a_scale), gathered_scale);
+      EXPECT_EQ(gathered_scale, ws + pass->gathered_scale);
+    } else {
+      EXPECT_EQ(g1.a_scale, nullptr);
+    }
+    EXPECT_EQ(Addr(g1.b_scale), moe::FormatScaleBlock(pair.w) != 0 ? kW1Scale : 0);
+    EXPECT_EQ(Addr(g1.b_global_scale), moe::FormatHasGlobalScale(pair.w) ? kW1Global : 0);
+    const CUdeviceptr a1_global = pair.a == DataFormat::kFp8     ? kInputScale
+                                  : pair.a == DataFormat::kNvfp4 ? ws + pass->global_scales
+                                                                 : 0;
+    EXPECT_EQ(Addr(g1.a_global_scale), a1_global);
+
+    // GEMM2's input: GEMM1's output, quantized into its own array first.
+    const size_t gemm2_at = quantized ? 5 : 4;
+    CUdeviceptr gemm2_input = ws + pass->activated;
+    if (quantized) {
+      const auto q = launches[4].As<moe::MoeQuantizeParams>();
+      EXPECT_EQ(q.cols, 128);
+      EXPECT_EQ(q.top_k, 0);
+      EXPECT_EQ(Addr(q.input), ws + pass->activated);
+      EXPECT_EQ(q.permuted_to_expanded, nullptr);
+      EXPECT_EQ(Addr(q.scale), moe::FormatHasGlobalScale(pair.a) ? kIntermediateScale : 0);
+      EXPECT_EQ(Addr(q.out), ws + pass->quantized);
+      EXPECT_EQ(Addr(q.out_scale), ws + pass->quantized_scale);
+      EXPECT_EQ(Addr(q.global_out),
+                pair.a == DataFormat::kNvfp4 ? ws + pass->global_scales + 4 : 0);
+      gemm2_input = ws + pass->quantized;
+    }
+    const auto g2 = launches[gemm2_at].As<moe::MoeGemmParams>();
+    EXPECT_EQ(g2.n, 256);
+    EXPECT_EQ(g2.k, 128);
+    EXPECT_EQ(Addr(g2.a), gemm2_input);
+    EXPECT_EQ(Addr(g2.b), kW2);
+    EXPECT_EQ(Addr(g2.out), ws + pass->rows);
+    EXPECT_EQ(Addr(g2.a_scale),
+              moe::FormatScaleBlock(pair.a) != 0 ? ws + pass->quantized_scale : 0);
+    EXPECT_EQ(Addr(g2.b_scale), moe::FormatScaleBlock(pair.w) != 0 ? kW2Scale : 0);
+    const CUdeviceptr a2_global = pair.a == DataFormat::kFp8 ? kIntermediateScale
+                                  : pair.a == DataFormat::kNvfp4
+                                      ? ws + pass->global_scales + 4
+                                      : 0;
+    EXPECT_EQ(Addr(g2.a_global_scale), a2_global);
+    EXPECT_EQ(g2.alpha, nullptr) << "GEMM2 is identity";
+
+    const auto f = launches.back().As<moe::MoeFinalizeParams>();
+    EXPECT_EQ(f.num_tokens, 5);
+    EXPECT_EQ(f.hidden, 256);
+    EXPECT_EQ(Addr(f.rows), ws + pass->rows);
+    EXPECT_EQ(Addr(f.topk_ids), ws + pass->topk_ids);
+    EXPECT_EQ(Addr(f.topk_weights), ws + pass->topk_weights);
+    EXPECT_EQ(Addr(f.expanded_to_permuted), ws + pass->expanded_to_permuted);
+    EXPECT_EQ(Addr(f.out), kOut);
+    EXPECT_EQ(launches.back().config.gridDimX, 5u) << "a CTA per token";
+  }
+}
+
+TEST_F(MoeLayerFakeDriverTest, ChunkedPreRoutedPassesStepThroughTheBatch) {
+  MoeLayerOptions o = Options(kPairs[0]);
+  o.max_chunk_tokens = 4;
+  o.finalize = "sum";
+  auto layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  auto w = MoeLayer::WorkspaceLayout(o, 10);
+  ASSERT_TRUE(w.ok());
+  MoeLayerArgs a = Args(o, 10, w->bytes);
+  a.router_logits = 0;
+  a.topk_ids = kIds;
+  a.topk_weights = kWeights;
+  a.accumulate = true;
+  CUBIST_ASSERT_OK((*layer)->CanImplement(a, 10));
+  CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+  const auto launches = driver_.launches();
+  // Three passes (4 + 4 + 2 tokens), no routing: sort, gather, GEMM, GEMM, finalize each.
+  ASSERT_EQ(launches.size(), 15u);
+  for (int pass = 0; pass < 3; ++pass) {
+    SCOPED_TRACE(pass);
+    const int64_t first = 4 * pass, tokens = pass < 2 ? 4 : 2;
+    const auto& l = launches;
+    EXPECT_EQ(l[5 * pass].name, "cubist_moe_sort_fused");
+    const auto s = l[5 * pass].As<moe::MoeSortParams>();
+    EXPECT_EQ(s.num_slots, tokens * 4);
+    EXPECT_EQ(Addr(s.topk_ids), kIds + 4 * first * 4);
+    EXPECT_EQ(Addr(s.offsets), kWorkspace + w->offsets) << "every pass shares one layout";
+    const auto g = l[5 * pass + 1].As<moe::MoeGatherParams>();
+    EXPECT_EQ(Addr(g.input), kHidden + 2 * first * 256);
+    const auto g1 = l[5 * pass + 2].As<moe::MoeGemmParams>();
+    EXPECT_EQ(g1.num_tokens, 64);
+    const auto f = l[5 * pass + 4].As<moe::MoeFinalizeParams>();
+    EXPECT_EQ(f.num_tokens, tokens);
+    EXPECT_EQ(f.accumulate, 1);
+    EXPECT_EQ(Addr(f.topk_ids), kIds + 4 * first * 4);
+    EXPECT_EQ(Addr(f.topk_weights), kWeights + 4 * first * 4);
+    EXPECT_EQ(Addr(f.out), kOut + 2 * first * 256);
+  }
+}
+
+TEST_F(MoeLayerFakeDriverTest, NoFinalizeStopsAfterGemm2AndWeightOnInputReachesTheGather) {
+  MoeLayerOptions o = Options(kPairs[1]);  // fp8: the gather quantizes
+  o.top_k = 1;
+  o.routing_method = "llama4";
+  o.apply_weight_on_input = true;
+  o.finalize = "none";
+  auto layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  auto w = MoeLayer::WorkspaceLayout(o, 3);
+  ASSERT_TRUE(w.ok());
+  MoeLayerArgs a = Args(o, 3, w->bytes);
+  a.out = 0;  // nothing is written there without a finalize
+  CUBIST_ASSERT_OK((*layer)->CanImplement(a, 3));
+  CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+  const auto launches = driver_.launches();
+  ASSERT_THAT(Names(launches),
+              ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", "cubist_moe_quantize_fp8",
+                          "layer_fp8_fp8_swiglu", "cubist_moe_quantize_fp8",
+                          "layer_fp8_fp8_identity"));
+  const auto q = launches[2].As<moe::MoeQuantizeParams>();
+  EXPECT_EQ(Addr(q.weights), kWorkspace + w->topk_weights);
+  EXPECT_EQ(launches[4].As<moe::MoeQuantizeParams>().weights, nullptr);
+}
+
+TEST_F(MoeLayerFakeDriverTest, AScaleForAPairThatTakesNoneIsRefusedBeforeAnyLaunch) {
+  const MoeLayerOptions o = Options(kPairs[0]);  // bf16 x bf16
+  auto layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  auto w = MoeLayer::WorkspaceLayout(o, 8);
+  ASSERT_TRUE(w.ok());
+  MoeLayerArgs a = Args(o, 8, w->bytes);
+  a.input_scale = kInputScale;
+  EXPECT_THAT((*layer)->Run(a, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("moe layer: input_scale: is given, but bf16 x bf16 takes no "
+                                 "such scale")));
+  a.input_scale = 0;
+  a.w1_bias = kW1 + 2;  // a bias is not a scale: only its alignment is checked
+  EXPECT_THAT((*layer)->Run(a, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("w1_bias: address 0x3000002 is not 4-byte aligned")));
+  EXPECT_TRUE(driver_.launches().empty());
+}
+
+}  // namespace
+}  // namespace cubist

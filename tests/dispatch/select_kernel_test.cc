@@ -1,0 +1,374 @@
+// Selection: filters, ranking, misses and pinning (dispatch/selector.h).
+#include "dispatch/selector.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testlib/dispatch_manifests.h"
+#include "tests/testlib/status_matchers.h"
+
+namespace cubist {
+namespace {
+
+using ::cubist::testing::ParseTestManifest;
+using ::cubist::testing::SelectionKernels;
+using ::cubist::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+MoeProblem Problem(DataFormat w, DataFormat a, Activation act, int64_t experts,
+                   int64_t tokens_per_expert, int64_t n, int64_t k, DeviceSm sm = {9, 0}) {
+  MoeProblem p;
+  p.weight_format = w;
+  p.activation_format = a;
+  p.activation = act;
+  p.experts = experts;
+  p.tokens = experts * tokens_per_expert;
+  p.n = n;
+  p.k = k;
+  p.sm = sm;
+  return p;
+}
+
+MoeProblem Bf16Swiglu(int64_t e, int64_t tpe, int64_t n, int64_t k, DeviceSm sm = {9, 0}) {
+  return Problem(DataFormat::kBf16, DataFormat::kBf16, Activation::kSwiglu, e, tpe, n, k, sm);
+}
+
+class SelectTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = ParseTestManifest(SelectionKernels());
+    ASSERT_TRUE(m.ok()) << m.status();
+    auto r = Registry::Create(*m);
+    ASSERT_TRUE(r.ok()) << r.status();
+    registry_.emplace(std::move(*r));
+  }
+
+  std::vector<std::string> RankedNames(const MoeProblem& p, const SelectOptions& o = {}) {
+    auto ranked = RankCandidates(*registry_, p, o);
+    EXPECT_TRUE(ranked.ok()) << ranked.status();
+    std::vector<std::string> names;
+    if (ranked.ok()) {
+      for (const Candidate& c : *ranked) names.push_back(c.kernel->name());
+    }
+    return names;
+  }
+
+  std::optional<Registry> registry_;
+};
+
+TEST_F(SelectTest, PrefillPicksTheLargestTile) {
+  // Mixtral-8x7B FC1: 2048 tokens per expert. Every tile divides evenly; the 128x128
+  // tile reuses operands best and needs the fewest waves' worth of work.
+  EXPECT_THAT(RankedNames(Bf16Swiglu(8, 2048, 28672, 4096)),
+              ElementsAre("bf16_swiglu_m128n128k64", "bf16_swiglu_m64n128k64",
+                          "bf16_swiglu_m64n64k64"));
+  auto best = SelectKernel(*registry_, Bf16Swiglu(8, 2048, 28672, 4096));
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "bf16_swiglu_m128n128k64");
+  EXPECT_EQ(best->rank, 1);
+  EXPECT_EQ(best->cost.ctas, 8 * 16 * 224);
+  EXPECT_EQ(best->cost.waves, 218);  // ceil(28672 / 132)
+  EXPECT_DOUBLE_EQ(best->cost.efficiency_m, 1.0);
+}
+
+TEST_F(SelectTest, DecodePicksTheDecodeTile) {
+  // gpt-oss-120b decode: 8 tokens per expert. Memory-bound for every tile; a 128-row
+  // tile wastes 15/16 of its math, the 64x64 tile needs twice the CTAs of 64x128.
+  EXPECT_THAT(RankedNames(Bf16Swiglu(128, 8, 5760, 2880)),
+              ElementsAre("bf16_swiglu_m64n128k64", "bf16_swiglu_m64n64k64",
+                          "bf16_swiglu_m128n128k64"));
+  auto best = SelectKernel(*registry_, Bf16Swiglu(128, 8, 5760, 2880));
+  ASSERT_TRUE(best.ok());
+  EXPECT_DOUBLE_EQ(best->cost.efficiency_m, 8.0 / 64);
+  EXPECT_GE(best->cost.memory_us, best->cost.compute_us);
+}
+
+TEST_F(SelectTest, SmCountChangesWaves) {
+  MoeProblem p = Bf16Swiglu(8, 2048, 28672, 4096);
+  p.sm_count = 114;  // an H100 PCIe
+  auto best = SelectKernel(*registry_, p);
+  ASSERT_TRUE(best.ok());
+  EXPECT_EQ(best->cost.waves, 252);  // ceil(28672 / 114)
+}
+
+TEST_F(SelectTest, FormatsMustMatchExactly) {
+  EXPECT_THAT(RankedNames(Problem(DataFormat::kMxfp4, DataFormat::kBf16, Activation::kSwiglu,
+                                  128, 64, 1536, 2048)),
+              ElementsAre("mxfp4_bf16_swiglu_m64n128k128"));
+  EXPECT_THAT(RankedNames(Problem(DataFormat::kFp8, DataFormat::kFp8, Activation::kSwiglu,
+                                  128, 64, 1536, 2048)),
+              ElementsAre("fp8_fp8_swiglu_m128n128k128"));
+  EXPECT_THAT(RankedNames(Problem(DataFormat::kBf16, DataFormat::kBf16, Activation::kRelu2,
+                                  128, 64, 1536, 2048)),
+              ElementsAre("bf16_relu2_m128n128k64"));
+}
+
+TEST_F(SelectTest, ArchitectureDecidesForAnotherGpu) {
+  // On a B200 (SM 100) only the sm_100a kernel runs; on the H200 it never does.
+  EXPECT_THAT(RankedNames(Bf16Swiglu(8, 256, 4096, 4096, {10, 0})),
+              ElementsAre("bf16_swiglu_sm100a_m128n256k64"));
+  for (const std::string& name : RankedNames(Bf16Swiglu(8, 256, 4096, 4096))) {
+    EXPECT_NE(name, "bf16_swiglu_sm100a_m128n256k64");
+  }
+}
+
+TEST_F(SelectTest, ShapeConstraintRejectsWithReason) {
+  MoeProblem p =
+      Problem(DataFormat::kMxfp4, DataFormat::kBf16, Activation::kSwiglu, 128, 128, 5760, 2880);
+  // 2880 = 22.5 x 128: the kernel's k_align fails, the mxfp4 block (32) does not.
+  EXPECT_THAT(SelectKernel(*registry_, p),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("mxfp4_bf16_swiglu_m64n128k128 (shape: K=2880 is not a "
+                                 "multiple of 128 (the kernel's k_align))")));
+  p.k = 2900;
+  EXPECT_THAT(
+      SelectKernel(*registry_, p),
+      StatusIs(absl::StatusCode::kNotFound,
+               HasSubstr("mxfp4_bf16_swiglu_m64n128k128 (shape: K=2900 is not a multiple of "
+                         "32 (the mxfp4 scale block); shape: K=2900 is not a multiple of "
+                         "128 (the kernel's k_align))")));
+}
+
+TEST(SelectFp8BlockTest, APartialLastScaleBlockIsServed) {
+  // fp8-block scales cover ceil(K/128) blocks (kernels/moe_gemm_abi.h), so gpt-oss-120b's
+  // K = 2880 (22.5 blocks) runs on a kernel whose k_align (16) it meets; K = 2872 does not.
+  std::vector<testing::TestKernel> kernels(1);
+  testing::TestKernel& k = kernels[0];
+  k.name = "fp8block_fp8block_swiglu_m128n128k128";
+  k.weight_format = k.activation_format = "fp8-block";
+  k.tile_m = 128;
+  k.tile_k = 128;
+  k.threads = 384;
+  k.extras = "\"k_align\": 16, \"n_align\": 16, \"gated\": true";
+  auto m = ParseTestManifest(kernels);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto r = Registry::Create(*m);
+  ASSERT_TRUE(r.ok()) << r.status();
+  MoeProblem p = Problem(DataFormat::kFp8Block, DataFormat::kFp8Block, Activation::kSwiglu, 128,
+                         128, 5760, 2880);
+  auto best = SelectKernel(*r, p);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "fp8block_fp8block_swiglu_m128n128k128");
+  p.k = 2872;
+  EXPECT_THAT(SelectKernel(*r, p),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("(shape: K=2872 is not a multiple of 16 (the kernel's k_align))")));
+}
+
+TEST_F(SelectTest, OutputWidthAlignmentAppliesToTheGatedHalf) {
+  MoeProblem p =
+      Problem(DataFormat::kMxfp4, DataFormat::kBf16, Activation::kSwiglu, 8, 64, 1008, 2048);
+  EXPECT_THAT(RankedNames(p), ElementsAre("mxfp4_bf16_swiglu_m64n128k128"));  // 504 = 63 x 8
+  p.n = 1000;
+  EXPECT_THAT(SelectKernel(*registry_, p),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("mxfp4_bf16_swiglu_m64n128k128 (shape: output width 500 "
+                                 "(N/2) is not a multiple of 8 (the kernel's n_align))")));
+}
+
+TEST_F(SelectTest, MissNamesTheProblemAndTheNearestKernels) {
+  // No mxfp4 identity kernel. Nearest: the mxfp4 swiglu kernel (activation only), then
+  // bf16 kernels (weight format and activation), ties by name; fp8 and sm_100a ones are
+  // further off and not shown.
+  MoeProblem p =
+      Problem(DataFormat::kMxfp4, DataFormat::kBf16, Activation::kIdentity, 8, 64, 1024, 512);
+  EXPECT_THAT(
+      SelectKernel(*registry_, p),
+      StatusIs(
+          absl::StatusCode::kNotFound,
+          "no kernel for moe_gemm{weights=mxfp4 activations=bf16 activation=identity "
+          "experts=8 tokens=512 (64/expert) n=1024 k=512 sm=90} in test-manifest.json "
+          "(7 kernels): nearest: mxfp4_bf16_swiglu_m64n128k128 (activation: kernel "
+          "applies swiglu, problem wants identity), bf16_relu2_m128n128k64 (weight "
+          "format: kernel takes bf16, problem has mxfp4; activation: kernel applies "
+          "relu2, problem wants identity), bf16_swiglu_m128n128k64 (weight format: "
+          "kernel takes bf16, problem has mxfp4; activation: kernel applies swiglu, "
+          "problem wants identity); use a manifest with a kernel for this problem, or "
+          "see --explain for every kernel's verdict"));
+}
+
+TEST_F(SelectTest, EmptyRegistryMissSaysSo) {
+  Manifest empty;
+  empty.source = "empty.json";
+  auto r = Registry::Create(empty);
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(SelectKernel(*r, Bf16Swiglu(8, 64, 1024, 512)),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("in empty.json (0 kernels): the manifest lists no kernels")));
+}
+
+TEST_F(SelectTest, PinnedKernelOverridesRanking) {
+  SelectOptions o;
+  o.pinned = "bf16_swiglu_m64n64k64";
+  EXPECT_THAT(RankedNames(Bf16Swiglu(8, 2048, 28672, 4096), o),
+              ElementsAre("bf16_swiglu_m64n64k64"));
+
+  o.pinned = "nope";
+  EXPECT_THAT(SelectKernel(*registry_, Bf16Swiglu(8, 2048, 28672, 4096), o),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("pinned kernel 'nope' is not in test-manifest.json")));
+  o.pinned = "bf16_relu2_m128n128k64";
+  EXPECT_THAT(SelectKernel(*registry_, Bf16Swiglu(8, 2048, 28672, 4096), o),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("pinned kernel 'bf16_relu2_m128n128k64' cannot solve "
+                                 "moe_gemm{weights=bf16 activations=bf16 activation=swiglu "
+                                 "experts=8 tokens=16384 (2048/expert) n=28672 k=4096 "
+                                 "sm=90}: activation: kernel applies relu2, problem wants "
+                                 "swiglu; unpin it")));
+}
+
+// A kernel that rounds an operand on purpose ("exact": false) is left out unless the caller
+// allows inexact kernels or pins it by name, however well the cost model rates it: here a
+// copy of the best tile whose name sorts first, so it would win the tie.
+TEST_F(SelectTest, InexactKernelOnlyWhenAllowedOrPinned) {
+  auto kernels = SelectionKernels();
+  auto inexact =
+      testing::InexactCopy(kernels, "bf16_swiglu_m128n128k64", "a_inexact_swiglu_m128n128k64");
+  ASSERT_TRUE(inexact.has_value());
+  kernels.push_back(*inexact);
+  auto m = ParseTestManifest(kernels);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto reg = Registry::Create(*m);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const MoeProblem p = Bf16Swiglu(8, 2048, 28672, 4096);
+
+  auto best = SelectKernel(*reg, p);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "bf16_swiglu_m128n128k64");
+  std::vector<Verdict> verdicts = Explain(*reg, p);
+  ASSERT_EQ(verdicts.back().kernel->name(), "a_inexact_swiglu_m128n128k64");
+  ASSERT_EQ(verdicts.back().rejections.size(), 1u);
+  EXPECT_EQ(verdicts.back().rejections[0].reason, RejectReason::kInexact);
+  EXPECT_EQ(RejectReasonName(RejectReason::kInexact), "inexact");
+  EXPECT_THAT(verdicts.back().rejections[0].detail,
+              HasSubstr("rounds an operand on purpose (manifest \"exact\": false); allow "
+                        "inexact kernels or pin it by name"));
+
+  SelectOptions o;
+  o.allow_inexact = true;
+  best = SelectKernel(*reg, p, o);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "a_inexact_swiglu_m128n128k64");
+
+  SelectOptions pin;
+  pin.pinned = "a_inexact_swiglu_m128n128k64";
+  best = SelectKernel(*reg, p, pin);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "a_inexact_swiglu_m128n128k64");
+}
+
+// A build fills moe_gemm versions kMoeGemmAbiOldest (2) to its own: older kernels of that
+// range stay selectable, newer ones are refused by name.
+TEST_F(SelectTest, AbiOutsideTheBuildRejects) {
+  SelectOptions o;
+  o.abi = moe::kMoeGemmAbi;
+  EXPECT_TRUE(SelectKernel(*registry_, Bf16Swiglu(8, 64, 1024, 512), o).ok());
+  o.abi = 2;
+  EXPECT_THAT(SelectKernel(*registry_, Bf16Swiglu(8, 64, 1024, 512), o),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("abi: kernel takes parameter struct version 3, this build "
+                                 "fills versions 2 to 2")));
+  testing::TestKernel k;
+  k.name = "abi2_m64n128k64";
+  k.abi = 2;
+  auto m = ParseTestManifest({k});
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto reg = Registry::Create(*m);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  auto best = SelectKernel(*reg, Bf16Swiglu(8, 64, 1024, 512), o);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "abi2_m64n128k64");
+}
+
+// Generation 1's parameter struct (version 1) is retired: a manifest that still lists such
+// kernels loads, its other kernels serve, and each version-1 kernel is rejected with the
+// fix, whatever version the caller fills (0: selection without launching) and when pinned.
+TEST_F(SelectTest, RetiredVersionOneKernelsAreRejectedWithTheFix) {
+  testing::TestKernel old;
+  old.name = "gen1_m128n128k64";  // the better tile for prefill, were it launchable
+  old.abi = 1;
+  old.tile_m = 128;
+  testing::TestKernel current;
+  current.name = "gen2_m64n128k64";
+  auto m = ParseTestManifest({old, current});
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto reg = Registry::Create(*m);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const MoeProblem prefill = Bf16Swiglu(8, 2048, 28672, 4096);
+  for (int abi : {0, moe::kMoeGemmAbi}) {
+    SCOPED_TRACE(abi);
+    SelectOptions o;
+    o.abi = abi;
+    auto best = SelectKernel(*reg, prefill, o);
+    ASSERT_TRUE(best.ok()) << best.status();
+    EXPECT_EQ(best->kernel->name(), "gen2_m64n128k64");
+    const std::vector<Verdict> verdicts = Explain(*reg, prefill, o);
+    ASSERT_EQ(verdicts[0].rejections.size(), 1u);
+    EXPECT_EQ(verdicts[0].rejections[0].reason, RejectReason::kAbi);
+    EXPECT_THAT(verdicts[0].rejections[0].detail,
+                HasSubstr("parameter struct version 1 (generation 1) is retired and no "
+                          "longer launched; rebuild the family with scripts/build-artifacts"));
+    o.pinned = "gen1_m128n128k64";
+    EXPECT_THAT(SelectKernel(*reg, prefill, o),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr("version 1 (generation 1) is retired")));
+  }
+}
+
+TEST_F(SelectTest, InvalidProblemIsInvalidArgument) {
+  EXPECT_THAT(SelectKernel(*registry_, Bf16Swiglu(0, 64, 1024, 512)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("experts must be at least 1")));
+  EXPECT_THAT(SelectKernel(*registry_, Bf16Swiglu(8, 64, 1023, 512)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a gated activation (swiglu) needs an even n")));
+}
+
+TEST_F(SelectTest, NoTokensStillSelects) {
+  // An empty batch is legal (every expert owns no rows): any candidate will do and the
+  // launch does nothing, so selection must not fail.
+  auto best = SelectKernel(*registry_, Bf16Swiglu(8, 0, 1024, 512));
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->cost.ctas, 0);
+}
+
+TEST(ParseDeviceSmTest, AcceptsTheUsualSpellings) {
+  for (const char* s : {"90", "90a", "sm_90", "sm_90a", "9.0"}) {
+    auto sm = ParseDeviceSm(s);
+    ASSERT_TRUE(sm.ok()) << s << ": " << sm.status();
+    EXPECT_EQ(sm->major, 9) << s;
+    EXPECT_EQ(sm->minor, 0) << s;
+  }
+  auto sm = ParseDeviceSm("100f");
+  ASSERT_TRUE(sm.ok());
+  EXPECT_EQ(sm->number(), 100);
+  sm = ParseDeviceSm("120");
+  ASSERT_TRUE(sm.ok());
+  EXPECT_EQ(sm->major, 12);
+  for (const char* s : {"", "9", "hopper", "sm_", "90b", "1000", "9.10"}) {
+    EXPECT_THAT(ParseDeviceSm(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("expected a compute capability")))
+        << s;
+  }
+}
+
+TEST(MoeTypesTest, NamesRoundTrip) {
+  for (const char* f : {"bf16", "fp8", "fp8-block", "mxfp4", "mxfp8", "nvfp4"}) {
+    auto parsed = ParseDataFormat(f);
+    ASSERT_TRUE(parsed.ok()) << f;
+    EXPECT_EQ(DataFormatName(*parsed), f);
+  }
+  for (const char* a : {"identity", "relu2", "swiglu", "geglu", "situ"}) {
+    auto parsed = ParseActivation(a);
+    ASSERT_TRUE(parsed.ok()) << a;
+    EXPECT_EQ(ActivationName(*parsed), a);
+  }
+  EXPECT_TRUE(IsGated(Activation::kSitu));
+  EXPECT_FALSE(IsGated(Activation::kRelu2));
+  EXPECT_EQ(moe::FormatScaleBlock(DataFormat::kNvfp4), 16);
+  EXPECT_EQ(moe::FormatScaleBlock(DataFormat::kFp8Block), 128);
+  EXPECT_DOUBLE_EQ(BitsPerElement(DataFormat::kMxfp4), 4.25);
+}
+
+}  // namespace
+}  // namespace cubist

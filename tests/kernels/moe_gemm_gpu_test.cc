@@ -1,0 +1,604 @@
+// GPU tests of the published moe_gemm family: every kernel of a built artifact directory
+// is loaded THROUGH THE LOADER (ModuleCache over the dlopen'ed driver table, hash-checked
+// against the manifest), run on fresh random inputs in its formats with the output
+// poisoned first (and a poisoned guard after it), and compared with the CPU reference
+// (dispatch/reference.h) within the tolerance stated for its format pair.
+//
+// The artifact directory is $CUBIST_MOE_ARTIFACTS, else <build>/moe-artifacts; build it
+// with scripts/build-artifacts DIR (the whole family) or --small. Without a GPU, a driver
+// or the directory the GPU tests skip, saying why. $CUBIST_MOE_RESULTS, when set, names a
+// file that receives one line per kernel and problem (docs/gpu-results.md).
+//
+// The host-side shape checks (kernels/moe_gemm_check.h) are tested here too; they need
+// no GPU.
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "dispatch/moe_gemm.h"
+#include "dispatch/moe_gemm_launch.h"
+#include "dispatch/moe_types.h"
+#include "dispatch/reference.h"
+#include "dispatch/runtime.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/moe_gemm_abi.h"
+#include "kernels/moe_gemm_check.h"
+#include "loader/context.h"
+#include "loader/device_memory.h"
+#include "loader/driver_api.h"
+#include "loader/module_cache.h"
+#include "manifest/manifest_parser.h"
+#include "tests/testlib/build_paths.h"
+#include "tests/testlib/random_problem.h"
+#include "tests/testlib/temp_files.h"
+
+namespace cubist::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace cubist::moe;
+using namespace cubist::reference;
+
+std::optional<MoeFormat> ParseFormat(const std::string& s) {
+  auto f = ::cubist::ParseDataFormat(s);
+  if (!f.ok() || !MoeGemmEncodes(*f)) return std::nullopt;
+  return *f;
+}
+std::optional<MoeActivation> ParseAct(const std::string& s) {
+  auto a = ::cubist::ParseActivation(s);
+  if (!a.ok() || !MoeGemmEncodes(*a)) return std::nullopt;
+  return *a;
+}
+
+std::string ArtifactDir() {
+  const char* env = std::getenv("CUBIST_MOE_ARTIFACTS");
+  return env && *env ? std::string(env) : BinaryDir() + "/moe-artifacts";
+}
+
+// ---- Host-side checks (no GPU). ----
+
+MoeGemmParams ValidParams() {
+  alignas(16) static uint8_t buf[64];
+  MoeGemmParams p = MoeGemmParamsInit();
+  p.num_experts = 4;
+  p.num_tokens = 100;
+  p.n = 256;
+  p.k = 2880;
+  p.a = p.b = p.out = buf;
+  p.a_scale = p.b_scale = buf;
+  p.offsets = reinterpret_cast<const int32_t*>(buf);
+  return p;
+}
+
+TEST(MoeGemmCheckTest, AcceptsAValidLaunch) {
+  EXPECT_EQ(MoeGemmCheck(ValidParams(), {kMxfp4, kBf16, kSwiglu, 64, 128}), "");
+  EXPECT_EQ(MoeGemmCheck(ValidParams(), {kBf16, kBf16, kIdentity, 128, 256}), "");
+}
+
+TEST(MoeGemmCheckTest, RejectsKNotAMultipleOfTheFormatsBlock) {
+  MoeGemmParams p = ValidParams();
+  p.k = 100;
+  EXPECT_THAT(MoeGemmCheck(p, {kMxfp4, kBf16, kSwiglu, 64, 128}),
+              HasSubstr("K = 100 is not a positive multiple of 32 (mxfp4 x bf16 kernels"));
+  p.k = 2872;  // a multiple of 8 (bf16 is fine), not of 16 (fp8)
+  EXPECT_EQ(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128}), "");
+  EXPECT_THAT(MoeGemmCheck(p, {kFp8, kFp8, kIdentity, 64, 128}),
+              HasSubstr("pad K with zeros to a multiple of 16"));
+}
+
+TEST(MoeGemmCheckTest, RejectsBadNAndOutputWidth) {
+  MoeGemmParams p = ValidParams();
+  p.n = 255;
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kSwiglu, 64, 128}),
+              HasSubstr("N = 255 must be positive and even for the gated activation swiglu"));
+  p.n = 264;  // out 132: not a multiple of 8
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kGeglu, 64, 128}),
+              HasSubstr("output width 132 (N/2) is not a multiple of 8"));
+  EXPECT_EQ(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128}), "");
+}
+
+TEST(MoeGemmCheckTest, RejectsMissingScalesMisalignmentAndAbi) {
+  MoeGemmParams p = ValidParams();
+  p.b_scale = nullptr;
+  EXPECT_THAT(MoeGemmCheck(p, {kMxfp4, kMxfp8, kIdentity, 64, 128}),
+              HasSubstr("mxfp4 x mxfp8 needs block scales (b_scale is null)"));
+  EXPECT_EQ(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128}), "");
+  p = ValidParams();
+  p.b = static_cast<const uint8_t*>(p.b) + 8;
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128}),
+              HasSubstr("16-byte aligned"));
+  p = ValidParams();
+  p.abi = 0;
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128}),
+              HasSubstr("has abi 0, this build fills 3"));
+}
+
+TEST(MoeGemmCheckTest, OnlyVersionThreeKernelsTakeABias) {
+  MoeGemmParams p = ValidParams();
+  static const float kBias[4] = {};
+  p.bias = kBias;
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV2}),
+              HasSubstr("the kernel takes parameter struct version 2, which has no bias; a "
+                        "bias needs a version-3 kernel"));
+  EXPECT_EQ(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV3}), "");
+  p.bias = reinterpret_cast<const float*>(reinterpret_cast<uintptr_t>(kBias) + 2);
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV3}),
+              HasSubstr("(scales, alpha, beta, limit, bias) must be 4-byte aligned"));
+}
+
+TEST(MoeGemmCheckTest, OneLaunchBoundsExpertsAndRows) {
+  MoeGemmParams p = ValidParams();
+  const MoeGemmKernelDesc tma{kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV2};
+  EXPECT_EQ(MoeGemmCheck(p, tma), "");
+  p.num_experts = kMoeGemmTmaMaxExperts + 1;
+  EXPECT_THAT(MoeGemmCheck(p, tma),
+              HasSubstr("E = 1025 exceeds the 1024 experts one launch schedules; launch "
+                        "groups of at most that many experts"));
+  p.num_experts = 1000;
+  p.n = 4 * 1024 * 1024;  // 4e9 weight rows: past a TMA coordinate
+  EXPECT_THAT(MoeGemmCheck(p, tma), HasSubstr("weight rows exceed a TMA coordinate"));
+  p = ValidParams();
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, 4}),
+              HasSubstr("the kernel takes parameter struct version 4, this build fills "
+                        "versions 2 to 3"));
+  // Generation 1's version is retired: the check names the fix.
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128, 1}),
+              HasSubstr("moe_gemm: the kernel's parameter struct version 1 (generation "
+                        "1) is retired and no longer launched; rebuild the family with "
+                        "scripts/build-artifacts"));
+}
+
+TEST(MoeGemmAbiTest, PersistentGridIsCappedBySmsAndTiles) {
+  MoeGemmParams p = ValidParams();
+  p.num_experts = 128;
+  p.num_tokens = 128 * 128;
+  p.n = 5760;
+  // 254 M tiles (the bound) x 45 output tiles: far more than 132 x 2.
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kSwiglu, 128, 128, 132, 2).x, 264u);
+  p.num_experts = 1;
+  p.num_tokens = 64;
+  p.n = 256;
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kIdentity, 64, 128, 132, 2).x, 2u);  // 1 x 2 tiles
+  p.num_tokens = 0;
+  // No rows: (0 + 63) / 64 = 0 tiles, and a grid is never empty.
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kIdentity, 64, 128, 132, 2).x, 1u);
+  EXPECT_GE(MoeGemmPersistentGridFor(p, kIdentity, 128, 128, 0, 0).x, 1u);
+}
+
+TEST(MoeGemmAbiTest, GridIsAnUpperBoundOnTiles) {
+  MoeGemmParams p = ValidParams();
+  p.num_experts = 3;
+  p.num_tokens = 130;  // e.g. 1 + 64 + 65 rows: 1 + 1 + 2 = 4 tiles of 64
+  p.n = 512;
+  EXPECT_EQ(MoeGemmMaxMTiles(130, 3, 64), 4);  // (130 + 3*63) / 64
+  EXPECT_EQ(MoeGemmNTiles(512, kIdentity, 128), 4);
+  EXPECT_EQ(MoeGemmNTiles(512, kSwiglu, 128), 4);  // 256 out cols / 64
+  // With room for every tile, the persistent grid is the bound itself.
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kIdentity, 64, 128, 132, 1).x, 4u * 4u);
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kSwiglu, 64, 128, 132, 1).x, 4u * 4u);
+}
+
+// ---- GPU. ----
+
+struct GpuEnv {
+  DriverApi* driver = nullptr;
+  PrimaryContext ctx;
+  std::unique_ptr<ModuleCache> cache;
+  Stream stream;
+  Manifest manifest;
+  std::string dir;
+  int sm_count = 0;
+  std::string skip_reason;
+};
+
+GpuEnv& Env() {
+  static GpuEnv* env = [] {
+    auto* e = new GpuEnv;
+    e->dir = ArtifactDir();
+    auto driver = GetDriver();
+    if (!driver.ok()) {
+      e->skip_reason = "no usable CUDA driver/GPU: " + std::string(driver.status().message());
+      return e;
+    }
+    e->driver = *driver;
+    auto ctx = PrimaryContext::Retain(*e->driver, 0);
+    if (!ctx.ok()) {
+      e->skip_reason = "no GPU 0: " + std::string(ctx.status().message());
+      return e;
+    }
+    e->ctx = std::move(*ctx);
+    CUdevice dev = 0;
+    if (e->driver->DeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        e->driver->DeviceGetAttribute(&e->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                      dev) != CUDA_SUCCESS) {
+      e->skip_reason = "cannot read the multiprocessor count of GPU 0";
+      return e;
+    }
+    if (!e->ctx.MakeCurrent().ok() || e->ctx.sm().major != 9) {
+      e->skip_reason = "the moe_gemm family is sm_90a; this GPU is another architecture";
+      return e;
+    }
+    if (!FileExists(e->dir + "/manifest.json")) {
+      e->skip_reason = "no artifact directory " + e->dir +
+                       " (scripts/build-artifacts DIR; set CUBIST_MOE_ARTIFACTS=DIR)";
+      return e;
+    }
+    auto m = ParseManifest(ReadFileOrDie(e->dir + "/manifest.json"), e->dir + "/manifest.json");
+    if (!m.ok()) {
+      e->skip_reason = "manifest: " + std::string(m.status().message());
+      return e;
+    }
+    e->manifest = std::move(*m);
+    auto cache = ModuleCache::Create(*e->driver, e->ctx.get());
+    auto stream = Stream::Create(*e->driver);
+    if (!cache.ok() || !stream.ok()) {
+      e->skip_reason = "module cache or stream: " +
+                       std::string((cache.ok() ? stream.status() : cache.status()).message());
+      return e;
+    }
+    e->cache = std::move(*cache);
+    e->stream = std::move(*stream);
+    return e;
+  }();
+  return *env;
+}
+
+#define CUBIST_REQUIRE_GPU()                                            \
+  do {                                                                  \
+    if (!Env().skip_reason.empty()) GTEST_SKIP() << Env().skip_reason;  \
+  } while (0)
+
+template <typename T>
+absl::StatusOr<DeviceBuffer> Upload(DriverApi& d, const std::vector<T>& v) {
+  if (v.empty()) return DeviceBuffer();
+  CUBIST_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(d, v.size() * sizeof(T)));
+  CUBIST_RETURN_IF_ERROR(b.CopyFromHost(v.data(), v.size() * sizeof(T)));
+  return b;
+}
+
+// A problem's inputs on the device plus a poisoned output with a guard band.
+struct DeviceProblem {
+  DeviceBuffer a, b, a_scale, b_scale, a_gs, b_gs, offsets, alpha, beta, limit, bias, out;
+  size_t out_bytes = 0;  // the kernel's output; the guard follows
+
+  absl::Status Init(DriverApi& d, const MoeProblemData& p) {
+    CUBIST_ASSIGN_OR_RETURN(a, Upload(d, p.a));
+    CUBIST_ASSIGN_OR_RETURN(b, Upload(d, p.b));
+    CUBIST_ASSIGN_OR_RETURN(a_scale, Upload(d, p.a_scale));
+    CUBIST_ASSIGN_OR_RETURN(b_scale, Upload(d, p.b_scale));
+    CUBIST_ASSIGN_OR_RETURN(a_gs, Upload(d, p.a_global_scale));
+    CUBIST_ASSIGN_OR_RETURN(b_gs, Upload(d, p.b_global_scale));
+    CUBIST_ASSIGN_OR_RETURN(offsets, Upload(d, p.offsets));
+    CUBIST_ASSIGN_OR_RETURN(alpha, Upload(d, p.alpha));
+    CUBIST_ASSIGN_OR_RETURN(beta, Upload(d, p.beta));
+    CUBIST_ASSIGN_OR_RETURN(limit, Upload(d, p.limit));
+    CUBIST_ASSIGN_OR_RETURN(bias, Upload(d, p.bias));
+    CUBIST_ASSIGN_OR_RETURN(out, DeviceBuffer::Allocate(
+                                     d, size_t(p.num_tokens) * p.n * 2 + kGuard));
+    return absl::OkStatus();
+  }
+
+  MoeGemmParams Params(const MoeProblemData& p, MoeActivation act) {
+    MoeGemmParams q = MoeGemmParamsInit();
+    auto ptr = [](const DeviceBuffer& b) -> void* {
+      return b.size() ? reinterpret_cast<void*>(b.get()) : nullptr;
+    };
+    q.num_experts = p.num_experts;
+    q.num_tokens = p.num_tokens;
+    q.n = p.n;
+    q.k = p.k;
+    q.a = ptr(a);
+    q.b = ptr(b);
+    q.a_scale = ptr(a_scale);
+    q.b_scale = ptr(b_scale);
+    q.a_global_scale = static_cast<const float*>(ptr(a_gs));
+    q.b_global_scale = static_cast<const float*>(ptr(b_gs));
+    q.offsets = static_cast<const int32_t*>(ptr(offsets));
+    q.alpha = static_cast<const float*>(ptr(alpha));
+    q.beta = static_cast<const float*>(ptr(beta));
+    q.limit = static_cast<const float*>(ptr(limit));
+    q.bias = static_cast<const float*>(ptr(bias));
+    q.out = ptr(out);
+    out_bytes = size_t(p.num_tokens) * MoeGemmOutCols(p.n, act) * 2;
+    return q;
+  }
+  static constexpr size_t kGuard = 4096;
+};
+
+struct ProblemCase {
+  std::string name;
+  MoeProblemShape shape;
+  void (*mutate)(MoeProblemData*) = nullptr;  // applied after MakeRandomProblem
+};
+
+// gpt-oss's experts add a bias after each GEMM: one per expert and B row, O(1) like C,
+// drawn from the problem's own seed so that every kernel of the pair sees the same.
+void AddBias(MoeProblemData* p) {
+  std::mt19937_64 rng(static_cast<uint64_t>(p->n) * 7919 + p->num_experts);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  p->bias.resize(static_cast<size_t>(p->num_experts) * p->n);
+  for (float& b : p->bias) b = u(rng);
+}
+
+// mxfp4 weights whose block scales span more than 11 binades in one row of each expert
+// (row 3: block 1 raised by 2^13) and one NaN scale (expert 2, row 10, block 0): tiles
+// holding those rows take the general loop of kernels/moe_gemm_fp4_fp8.cu, which applies
+// both block scales per block; every other row of those tiles checks that loop with
+// ordinary data.
+void WidenScales(MoeProblemData* p) {
+  const int kb = p->k / 32;
+  for (int e = 0; e < p->num_experts; ++e) {
+    uint8_t& s = p->b_scale[(static_cast<size_t>(e) * p->n + 3) * kb + 1];
+    s = static_cast<uint8_t>(std::min(254, s + 13));
+  }
+  if (p->num_experts > 2) p->b_scale[(2 * static_cast<size_t>(p->n) + 10) * kb] = 0xFF;
+}
+
+std::vector<ProblemCase> Problems(MoeFormat w, MoeFormat a) {
+  // ragged: 12 experts with 0, 1, 7, 63..65, 127..129, 200 rows; N with a tail for
+  // tile_n 256; K with a partial 128-deep k-tile and scale rows that start unaligned;
+  // random per-expert alpha, beta, limit. gptoss: K = 2880 (gpt-oss), N/2 = 576, larger
+  // experts, default activation parameters. last: every token in the last expert.
+  std::vector<ProblemCase> out;
+  out.push_back({"ragged", {w, a, 384, 320, RaggedCounts(12, 0), true, true, true}});
+  out.push_back({"gptoss", {w, a, 1152, 2880, {40, 0, 300, 17, 128, 256}, false, false, false}});
+  out.push_back({"last", {w, a, 128, 256, {0, 0, 0, 0, 0, 0, 0, 77}, false, true, false}});
+  // A bias row per expert (parameter struct version 3).
+  out.push_back({"bias", {w, a, 384, 320, RaggedCounts(12, 3), true, true, true}, AddBias});
+  if (w == kFp8Block) {
+    // N/2 = 224: a gated tile's 64 gate rows (224.., 288.., ...) straddle two 128-row
+    // scale blocks, so the kernels take their general scale loop (per-group block select)
+    // instead of the per-tile one that every other problem here takes.
+    out.push_back({"straddle", {w, a, 448, 384, {5, 130, 0, 64}, false, true, false}});
+  }
+  if (w == kMxfp4 && a == kMxfp8) {
+    out.push_back({"widescale", {w, a, 256, 512, {70, 0, 130, 5}, false, true, false},
+                   WidenScales});
+  }
+  return out;
+}
+
+TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
+  CUBIST_REQUIRE_GPU();
+  GpuEnv& env = Env();
+  DriverApi& d = *env.driver;
+  ASSERT_FALSE(env.manifest.kernels.empty()) << "manifest lists no kernel";
+
+  // Kernels grouped by format pair, so each pair's inputs are made and uploaded once.
+  std::map<std::pair<MoeFormat, MoeFormat>, std::vector<const KernelSpec*>> by_pair;
+  for (const KernelSpec& k : env.manifest.kernels) {
+    if (k.op != kMoeGemmOp) continue;
+    auto w = ParseFormat(k.weight_format), a = ParseFormat(k.activation_format);
+    ASSERT_TRUE(w && a && ParseAct(k.activation)) << k.name;
+    EXPECT_EQ(k.abi, kMoeGemmAbiV3) << k.name;
+    by_pair[{*w, *a}].push_back(&k);
+  }
+
+  std::unique_ptr<std::ofstream> results;
+  if (const char* r = std::getenv("CUBIST_MOE_RESULTS"); r && *r) {
+    results = std::make_unique<std::ofstream>(r, std::ios::app);
+  }
+  int launched = 0, passed = 0;
+  uint64_t seed = 1000;
+  for (const auto& [pair, kernels] : by_pair) {
+    for (const ProblemCase& pc : Problems(pair.first, pair.second)) {
+      SCOPED_TRACE(pc.name);
+      MoeProblemData prob = MakeRandomProblem(pc.shape, ++seed);
+      if (pc.mutate != nullptr) pc.mutate(&prob);
+      const std::vector<double> c = ReferenceGemm(prob);
+      const double c_max = MaxAbs(c);
+      DeviceProblem dev;
+      ASSERT_TRUE(dev.Init(d, prob).ok());
+      std::map<MoeActivation, std::vector<double>> refs;
+      for (const KernelSpec* k : kernels) {
+        SCOPED_TRACE(k->name);
+        const MoeActivation act = *ParseAct(k->activation);
+        if (!refs.count(act)) refs[act] = ApplyActivation(prob, c, act);
+        const std::vector<double>& ref = refs[act];
+
+        const Artifact* art = env.manifest.FindArtifact(k->artifact);
+        ASSERT_NE(art, nullptr);
+        auto img = env.cache->AddImageFile(env.dir + "/" + k->artifact,
+                                           {.expected_sha256 = art->sha256});
+        ASSERT_TRUE(img.ok()) << img.status();
+        auto fid = env.cache->AddFunction(*img, k->function, k->shared_mem_bytes);
+        ASSERT_TRUE(fid.ok()) << fid.status();
+        auto fn = env.cache->GetFunction(*fid);
+        ASSERT_TRUE(fn.ok()) << fn.status();
+
+        auto info = MoeGemmKernelInfoOf(*k);
+        ASSERT_TRUE(info.ok()) << info.status();
+        if (!prob.bias.empty() && info->abi < kMoeGemmAbiV3) continue;  // reads no bias
+        MoeGemmParams params = dev.Params(prob, act);
+        const MoeGemmKernelDesc desc{pair.first, pair.second, act, k->tile_m, k->tile_n,
+                                     info->abi};
+        ASSERT_EQ(MoeGemmCheck(params, desc), "");
+        MoeGemmLaunch launch;
+        const absl::Status prep = PrepareMoeGemmLaunch(d, *info, params, env.sm_count, &launch);
+        ASSERT_TRUE(prep.ok()) << prep;
+        const MoeGemmGrid grid = launch.grid;
+        ASSERT_TRUE(dev.out.FillAsync(0xFF, env.stream.get()).ok());  // bf16 NaN
+        ASSERT_TRUE(CuCheck(d,
+                            d.LaunchKernel(*fn, grid.x, grid.y, grid.z, k->threads, 1, 1,
+                                           k->shared_mem_bytes, env.stream.get(),
+                                           launch.kernel_params(), nullptr),
+                            "launch " + k->name)
+                        .ok());
+        const absl::Status sync = env.stream.Synchronize();
+        ASSERT_TRUE(sync.ok()) << sync;  // a fault poisons the context: stop here
+        ++launched;
+        std::vector<uint16_t> out(ref.size());
+        std::vector<uint8_t> guard(DeviceProblem::kGuard);
+        ASSERT_TRUE(dev.out.CopyToHost(out.data(), dev.out_bytes).ok());
+        ASSERT_TRUE(dev.out.CopyToHost(guard.data(), guard.size(), dev.out_bytes).ok());
+        EXPECT_EQ(std::count(guard.begin(), guard.end(), 0xFF), int(guard.size()))
+            << "wrote past the end of out";
+        const Comparison cmp =
+            CompareBf16(out, ref, ToleranceFor(pair.first, pair.second), c_max);
+        EXPECT_TRUE(cmp.ok) << cmp.summary;
+        passed += cmp.ok;
+        const std::string line = absl::StrFormat("%-48s %-7s %s %s", k->name, pc.name,
+                                                 cmp.ok ? "PASS" : "FAIL", cmp.summary);
+        std::printf("%s\n", line.c_str());
+        if (results) *results << line << "\n";
+      }
+    }
+  }
+  std::printf("moe_gemm: %d of %d launches within tolerance\n", passed, launched);
+  if (results) *results << "moe_gemm: " << passed << " of " << launched << " passed\n";
+}
+
+// More experts than one launch schedules (1,024): MoeGemm runs them as
+// launches over groups of experts (dispatch/moe_gemm_launch.h MoeGemmExpertGroup), each
+// with its own offsets, B, scales, activation parameters and bias. Through the dispatcher
+// (pinned to each version-3 SwiGLU kernel in turn), against the reference; rows in every
+// group and on the groups' edges (experts 1023/1024 and 2047/2048).
+TEST(MoeGemmGpuTest, ManyExpertsRunAsLaunchesOverGroupsOfExperts) {
+  CUBIST_REQUIRE_GPU();
+  GpuEnv& env = Env();
+  DriverApi& d = *env.driver;
+  TempDir dir;
+  RuntimeOptions o;
+  o.manifest = env.dir + "/manifest.json";
+  o.cache_dir = dir.Join("cache");
+  o.tuning_file = "none";
+  auto rt = Runtime::Open(o);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  ASSERT_TRUE((*rt)->MakeCurrent().ok());
+  std::vector<int> counts(2500, 0);
+  for (auto [e, rows] : {std::pair{0, 5}, {700, 64}, {1023, 3}, {1024, 17}, {1500, 130},
+                         {2047, 1}, {2048, 40}, {2499, 70}}) {
+    counts[e] = rows;
+  }
+  std::map<std::pair<MoeFormat, MoeFormat>, std::vector<const KernelSpec*>> by_pair;
+  for (const KernelSpec& k : env.manifest.kernels) {
+    if (k.op == kMoeGemmOp && k.activation == "swiglu") {
+      by_pair[{*ParseFormat(k.weight_format), *ParseFormat(k.activation_format)}].push_back(&k);
+    }
+  }
+  ASSERT_FALSE(by_pair.empty()) << "the family has no swiglu kernel";
+  int launched = 0, passed = 0;
+  uint64_t seed = 7000;
+  for (const auto& [pair, kernels] : by_pair) {
+    MoeProblemData prob =
+        MakeRandomProblem({pair.first, pair.second, 256, 256, counts, true, true, true}, ++seed);
+    AddBias(&prob);
+    const std::vector<double> c = ReferenceGemm(prob);
+    const std::vector<double> ref = ApplyActivation(prob, c, kSwiglu);
+    DeviceProblem dev;
+    ASSERT_TRUE(dev.Init(d, prob).ok());
+    const MoeGemmParams p = dev.Params(prob, kSwiglu);
+    MoeGemmArgs args;
+    args.weight_format = pair.first;
+    args.activation_format = pair.second;
+    args.activation = kSwiglu;
+    args.experts = p.num_experts;
+    args.tokens = p.num_tokens;
+    args.n = p.n;
+    args.k = p.k;
+    auto at = [](const void* q) { return reinterpret_cast<CUdeviceptr>(q); };
+    args.a = at(p.a);
+    args.b = at(p.b);
+    args.a_scale = at(p.a_scale);
+    args.b_scale = at(p.b_scale);
+    args.a_global_scale = at(p.a_global_scale);
+    args.b_global_scale = at(p.b_global_scale);
+    args.offsets = at(p.offsets);
+    args.alpha = at(p.alpha);
+    args.beta = at(p.beta);
+    args.limit = at(p.limit);
+    args.bias = at(p.bias);
+    args.out = at(p.out);
+    for (const KernelSpec* k : kernels) {
+      SCOPED_TRACE(k->name);
+      MoeGemmOptions go;
+      go.pinned_kernel = k->name;
+      auto gemm = MoeGemm::Create(**rt, go);
+      ASSERT_TRUE(gemm.ok()) << gemm.status();
+      const absl::Status can = (*gemm)->CanImplement(args);
+      ASSERT_TRUE(can.ok()) << can;
+      ASSERT_TRUE(dev.out.FillAsync(0xFF, env.stream.get()).ok());
+      const absl::Status run = (*gemm)->Run(args, env.stream.get());
+      ASSERT_TRUE(run.ok()) << run;
+      const absl::Status sync = env.stream.Synchronize();
+      ASSERT_TRUE(sync.ok()) << sync;
+      ++launched;
+      std::vector<uint16_t> out(ref.size());
+      std::vector<uint8_t> guard(DeviceProblem::kGuard);
+      ASSERT_TRUE(dev.out.CopyToHost(out.data(), dev.out_bytes).ok());
+      ASSERT_TRUE(dev.out.CopyToHost(guard.data(), guard.size(), dev.out_bytes).ok());
+      EXPECT_EQ(std::count(guard.begin(), guard.end(), 0xFF), int(guard.size()))
+          << "wrote past the end of out";
+      const Comparison cmp =
+          CompareBf16(out, ref, ToleranceFor(pair.first, pair.second), MaxAbs(c));
+      EXPECT_TRUE(cmp.ok) << cmp.summary;
+      passed += cmp.ok;
+      std::printf("%-48s E=2500 %s %s\n", k->name.c_str(), cmp.ok ? "PASS" : "FAIL",
+                  cmp.summary.c_str());
+    }
+  }
+  std::printf("moe_gemm, E = 2500 in groups: %d of %d kernels within tolerance\n", passed,
+              launched);
+}
+
+// A problem whose every expert is empty launches (the grid is never empty) and writes
+// nothing, for a kernel of each parameter-struct version in the manifest.
+TEST(MoeGemmGpuTest, NoTokensWritesNothing) {
+  CUBIST_REQUIRE_GPU();
+  GpuEnv& env = Env();
+  DriverApi& d = *env.driver;
+  std::map<int, const KernelSpec*> by_abi;  // the last kernel of each version
+  for (const KernelSpec& s : env.manifest.kernels) {
+    if (s.op == kMoeGemmOp) by_abi[s.abi] = &s;
+  }
+  ASSERT_FALSE(by_abi.empty());
+  for (const auto& [abi, k] : by_abi) {
+    SCOPED_TRACE(k->name);
+    MoeProblemShape shape{*ParseFormat(k->weight_format), *ParseFormat(k->activation_format),
+                          256, 256, {0, 0, 0, 0}};
+    MoeProblemData prob = MakeRandomProblem(shape, 9);
+    prob.num_tokens = 0;
+    DeviceProblem dev;
+    ASSERT_TRUE(dev.Init(d, prob).ok());
+    const MoeActivation act = *ParseAct(k->activation);
+    MoeGemmParams params = dev.Params(prob, act);
+    params.a = params.out = reinterpret_cast<void*>(dev.out.get());  // T = 0: any valid ptr
+    auto img = env.cache->AddImageFile(
+        env.dir + "/" + k->artifact,
+        {.expected_sha256 = env.manifest.FindArtifact(k->artifact)->sha256});
+    ASSERT_TRUE(img.ok());
+    auto fn = env.cache->GetFunction(*img, k->function);
+    ASSERT_TRUE(fn.ok()) << fn.status();
+    ASSERT_TRUE(dev.out.Fill(0xFF).ok());
+    auto info = MoeGemmKernelInfoOf(*k);
+    ASSERT_TRUE(info.ok()) << info.status();
+    MoeGemmLaunch launch;
+    ASSERT_TRUE(PrepareMoeGemmLaunch(d, *info, params, env.sm_count, &launch).ok());
+    ASSERT_TRUE(CuCheck(d, d.LaunchKernel(*fn, launch.grid.x, 1, 1, k->threads, 1, 1,
+                                          k->shared_mem_bytes, env.stream.get(),
+                                          launch.kernel_params(), nullptr),
+                        "launch")
+                    .ok());
+    ASSERT_TRUE(env.stream.Synchronize().ok());
+    std::vector<uint8_t> guard(DeviceProblem::kGuard);
+    ASSERT_TRUE(dev.out.CopyToHost(guard.data(), guard.size()).ok());
+    EXPECT_EQ(std::count(guard.begin(), guard.end(), 0xFF), int(guard.size()));
+  }
+}
+
+}  // namespace
+}  // namespace cubist::testing
