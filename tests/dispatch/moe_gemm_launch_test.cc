@@ -165,7 +165,7 @@ TEST(MoeGemmLaunchTest, ClusterKernelsLoadHalfOfBAndLaunchWholeClusters) {
   EXPECT_EQ(l.grid.x, 4u);
 }
 
-TEST(MoeGemmLaunchTest, VersionTwoClusterShapesOtherThanTwoAlongXAreRefused) {
+TEST(MoeGemmLaunchTest, ClusterShapesOtherThanTwoAlongXAreRefused) {
   KernelSpec s;
   s.name = "moe_gemm_tma_bf16_bf16_identity_m128n256k64_c2";
   s.abi = 2;
@@ -181,8 +181,8 @@ TEST(MoeGemmLaunchTest, VersionTwoClusterShapesOtherThanTwoAlongXAreRefused) {
   EXPECT_THAT(MoeGemmKernelInfoOf(s),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("kernel moe_gemm_tma_bf16_bf16_identity_m128n256k64_c2: "
-                                 "cluster: [4, 1, 1]; version 2 moe_gemm kernels take "
-                                 "[1, 1, 1] or [2, 1, 1]")));
+                                 "cluster: [4, 1, 1]; moe_gemm kernels take [1, 1, 1] or "
+                                 "[2, 1, 1]")));
 }
 
 TEST(MoeGemmLaunchTest, MapsAreCachedPerThreadByPointerShapeAndBox) {
@@ -232,7 +232,7 @@ TEST(MoeGemmLaunchTest, DriverWithoutTensorMapsIsAPreconditionError) {
                                    Params(0xA1000, 0xB2000), 132, &l),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("cannot encode TMA tensor maps (cuTensorMapEncodeTiled needs "
-                                 "CUDA 12.0); update the NVIDIA driver or use a version-1")));
+                                 "CUDA 12.0); update the NVIDIA driver")));
   d.result = CUDA_ERROR_INVALID_VALUE;
   const absl::Status s = PrepareMoeGemmLaunch(d, Tma(moe::kBf16, moe::kIdentity, 64, 128, 2),
                                               Params(0xA1000, 0xB2000), 132, &l);

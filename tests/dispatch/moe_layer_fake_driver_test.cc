@@ -313,7 +313,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
     }
     EXPECT_EQ(gathered_out, ws + pass->gathered);
 
-    const auto g1 = launches[3].As<moe::MoeGemmParams>();
+    const auto g1 = launches[3].As<moe::MoeGemmParamsV2>().g;
     EXPECT_EQ(g1.num_experts, 16);
     EXPECT_EQ(g1.num_tokens, 64) << "the row bucket, not T x k";
     EXPECT_EQ(g1.n, 256) << "2I rows: gated";
@@ -351,7 +351,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
                 pair.a == DataFormat::kNvfp4 ? ws + pass->global_scales + 4 : 0);
       gemm2_input = ws + pass->quantized;
     }
-    const auto g2 = launches[gemm2_at].As<moe::MoeGemmParams>();
+    const auto g2 = launches[gemm2_at].As<moe::MoeGemmParamsV2>().g;
     EXPECT_EQ(g2.n, 256);
     EXPECT_EQ(g2.k, 128);
     EXPECT_EQ(Addr(g2.a), gemm2_input);
@@ -408,7 +408,7 @@ TEST_F(MoeLayerFakeDriverTest, ChunkedPreRoutedPassesStepThroughTheBatch) {
     EXPECT_EQ(Addr(s.offsets), kWorkspace + w->offsets) << "every pass shares one layout";
     const auto g = l[5 * pass + 1].As<moe::MoeGatherParams>();
     EXPECT_EQ(Addr(g.input), kHidden + 2 * first * 256);
-    const auto g1 = l[5 * pass + 2].As<moe::MoeGemmParams>();
+    const auto g1 = l[5 * pass + 2].As<moe::MoeGemmParamsV2>().g;
     EXPECT_EQ(g1.num_tokens, 64);
     const auto f = l[5 * pass + 4].As<moe::MoeFinalizeParams>();
     EXPECT_EQ(f.num_tokens, tokens);
