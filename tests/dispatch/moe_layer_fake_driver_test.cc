@@ -4,13 +4,11 @@
 // record every launch with its parameter struct. What the layer computes is checked on
 // the H200 (tests/dispatch/moe_layer_gpu_test.cc); this checks how the steps are wired: which kernels run
 // in which order, and that each reads what the previous one wrote.
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "base/sha256.h"
 #include "base/strings.h"
 #include "dispatch/moe_layer.h"
@@ -19,13 +17,14 @@
 #include "gtest/gtest.h"
 #include "tests/testlib/dispatch_manifests.h"
 #include "tests/testlib/fake_driver.h"
+#include "tests/testlib/launch_recording_driver.h"
 #include "tests/testlib/status_matchers.h"
 #include "tests/testlib/temp_files.h"
 
 namespace cubist {
 namespace {
 
-using ::cubist::testing::FakeDriver;
+using ::cubist::testing::LaunchRecordingDriver;
 using ::cubist::testing::KernelJson;
 using ::cubist::testing::ReadFileOrDie;
 using ::cubist::testing::StatusIs;
@@ -35,53 +34,15 @@ using ::cubist::testing::WriteFileOrDie;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// Every launch: the kernel's name and a copy of its parameter struct.
-class LayerRecordingDriver : public FakeDriver {
- public:
-  struct Launch {
-    std::string name;
-    CUlaunchConfig config;
-    std::string params;
-    template <typename T>
-    T As() const {
-      T t;
-      EXPECT_EQ(params.size(), sizeof(T)) << name;
-      std::memcpy(&t, params.data(), std::min(params.size(), sizeof(T)));
-      return t;
-    }
-  };
-  CUresult LaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
-                          void** extra) override {
-    if (extra != nullptr || params == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    Launch l;
-    l.name = FunctionName(f);
-    l.config = *config;
-    l.params.assign(static_cast<const char*>(params[0]), ParamBytes(l.name));
-    absl::MutexLock lock(&mu_);
-    launches_.push_back(l);
-    return CUDA_SUCCESS;
-  }
-  std::vector<Launch> launches() const {
-    absl::MutexLock lock(&mu_);
-    return launches_;
-  }
-  void Clear() {
-    absl::MutexLock lock(&mu_);
-    launches_.clear();
-  }
-
- private:
-  static size_t ParamBytes(std::string_view name) {
-    if (name == "cubist_moe_route") return sizeof(moe::MoeRouteParams);
-    if (name.starts_with("cubist_moe_sort_")) return sizeof(moe::MoeSortParams);
-    if (name == "cubist_moe_gather_bf16") return sizeof(moe::MoeGatherParams);
-    if (name == "cubist_moe_finalize") return sizeof(moe::MoeFinalizeParams);
-    if (name.starts_with("cubist_moe_quantize_")) return sizeof(moe::MoeQuantizeParams);
-    return sizeof(moe::MoeGemmParamsV2);  // the GEMM stubs (version 3)
-  }
-  mutable absl::Mutex mu_;
-  std::vector<Launch> launches_;
-};
+// The parameter struct of each kernel the layer launches, by its published name.
+size_t LayerParamBytes(std::string_view name) {
+  if (name == "cubist_moe_route") return sizeof(moe::MoeRouteParams);
+  if (name.starts_with("cubist_moe_sort_")) return sizeof(moe::MoeSortParams);
+  if (name == "cubist_moe_gather_bf16") return sizeof(moe::MoeGatherParams);
+  if (name == "cubist_moe_finalize") return sizeof(moe::MoeFinalizeParams);
+  if (name.starts_with("cubist_moe_quantize_")) return sizeof(moe::MoeQuantizeParams);
+  return sizeof(moe::MoeGemmParamsV2);  // the GEMM stubs (version 3)
+}
 
 constexpr char kStubPath[] = "cubins/sm_90a/moe_stub.cubin";
 
@@ -220,14 +181,14 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
     return a;
   }
 
-  static std::vector<std::string> Names(const std::vector<LayerRecordingDriver::Launch>& v) {
+  static std::vector<std::string> Names(const std::vector<LaunchRecordingDriver::Launch>& v) {
     std::vector<std::string> out;
     for (const auto& l : v) out.push_back(l.name);
     return out;
   }
 
   TempDir dir_;
-  LayerRecordingDriver driver_;
+  LaunchRecordingDriver driver_{LayerParamBytes};
   std::unique_ptr<Runtime> runtime_;
 };
 
@@ -313,7 +274,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
     }
     EXPECT_EQ(gathered_out, ws + pass->gathered);
 
-    const auto g1 = launches[3].As<moe::MoeGemmParamsV2>().g;
+    const auto g1 = launches[3].gemm();
     EXPECT_EQ(g1.num_experts, 16);
     EXPECT_EQ(g1.num_tokens, 64) << "the row bucket, not T x k";
     EXPECT_EQ(g1.n, 256) << "2I rows: gated";
@@ -351,7 +312,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
                 pair.a == DataFormat::kNvfp4 ? ws + pass->global_scales + 4 : 0);
       gemm2_input = ws + pass->quantized;
     }
-    const auto g2 = launches[gemm2_at].As<moe::MoeGemmParamsV2>().g;
+    const auto g2 = launches[gemm2_at].gemm();
     EXPECT_EQ(g2.n, 256);
     EXPECT_EQ(g2.k, 128);
     EXPECT_EQ(Addr(g2.a), gemm2_input);
@@ -408,7 +369,7 @@ TEST_F(MoeLayerFakeDriverTest, ChunkedPreRoutedPassesStepThroughTheBatch) {
     EXPECT_EQ(Addr(s.offsets), kWorkspace + w->offsets) << "every pass shares one layout";
     const auto g = l[5 * pass + 1].As<moe::MoeGatherParams>();
     EXPECT_EQ(Addr(g.input), kHidden + 2 * first * 256);
-    const auto g1 = l[5 * pass + 2].As<moe::MoeGemmParamsV2>().g;
+    const auto g1 = l[5 * pass + 2].gemm();
     EXPECT_EQ(g1.num_tokens, 64);
     const auto f = l[5 * pass + 4].As<moe::MoeFinalizeParams>();
     EXPECT_EQ(f.num_tokens, tokens);

@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "artifacts/gc.h"
 #include "base/sha256.h"
 #include "dispatch/moe_gemm.h"
@@ -21,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "tests/testlib/dispatch_manifests.h"
 #include "tests/testlib/fake_driver.h"
+#include "tests/testlib/launch_recording_driver.h"
 #include "tests/testlib/status_matchers.h"
 #include "tests/testlib/temp_files.h"
 
@@ -28,6 +28,7 @@ namespace cubist {
 namespace {
 
 using ::cubist::testing::FakeDriver;
+using ::cubist::testing::LaunchRecordingDriver;
 using ::cubist::testing::FileExists;
 using ::cubist::testing::KernelJson;
 using ::cubist::testing::ReadFileOrDie;
@@ -37,36 +38,6 @@ using ::cubist::testing::TestKernel;
 using ::cubist::testing::WriteFileOrDie;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-class LaunchRecordingDriver : public FakeDriver {
- public:
-  struct Launch {
-    CUfunction function;
-    CUlaunchConfig config;
-    std::vector<CUlaunchAttribute> attrs;
-    moe::MoeGemmParams params;
-  };
-  CUresult LaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
-                          void** extra) override {
-    if (extra != nullptr || params == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    Launch l;
-    l.function = f;
-    l.config = *config;
-    l.attrs.assign(config->attrs, config->attrs + config->numAttrs);
-    std::memcpy(&l.params, params[0], sizeof(l.params));
-    absl::MutexLock lock(&mu_);
-    launches_.push_back(l);
-    return CUDA_SUCCESS;
-  }
-  std::vector<Launch> launches() const {
-    absl::MutexLock lock(&mu_);
-    return launches_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<Launch> launches_;
-};
 
 constexpr char kStubPath[] = "cubins/sm_90a/moe_stub.cubin";
 
@@ -230,15 +201,15 @@ TEST_F(RuntimeFakeDriverTest, RunLaunchesTheSelectedKernelWithItsGeometry) {
   EXPECT_EQ(l.attrs[0].id, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
   EXPECT_EQ(l.attrs[0].value.clusterDim.x, 2u);
   EXPECT_EQ(l.attrs[0].value.clusterDim.y, 1u);
-  EXPECT_EQ(l.params.abi, moe::kMoeGemmAbi);
-  EXPECT_EQ(l.params.num_experts, 8);
-  EXPECT_EQ(l.params.num_tokens, 16384);
-  EXPECT_EQ(l.params.n, 28672);
-  EXPECT_EQ(l.params.k, 4096);
-  EXPECT_EQ(l.params.a, reinterpret_cast<const void*>(0x100000));
-  EXPECT_EQ(l.params.offsets, reinterpret_cast<const int32_t*>(0x300000));
-  EXPECT_EQ(l.params.out, reinterpret_cast<void*>(0x400000));
-  EXPECT_EQ(l.params.b_scale, nullptr);
+  EXPECT_EQ(l.gemm().abi, moe::kMoeGemmAbi);
+  EXPECT_EQ(l.gemm().num_experts, 8);
+  EXPECT_EQ(l.gemm().num_tokens, 16384);
+  EXPECT_EQ(l.gemm().n, 28672);
+  EXPECT_EQ(l.gemm().k, 4096);
+  EXPECT_EQ(l.gemm().a, reinterpret_cast<const void*>(0x100000));
+  EXPECT_EQ(l.gemm().offsets, reinterpret_cast<const int32_t*>(0x300000));
+  EXPECT_EQ(l.gemm().out, reinterpret_cast<void*>(0x400000));
+  EXPECT_EQ(l.gemm().b_scale, nullptr);
   // The repeated problem was served from the decision cache: no new driver work.
   EXPECT_EQ(driver_.loads(), loads);
   EXPECT_EQ(driver_.lookups(), lookups);
@@ -310,7 +281,7 @@ TEST_F(RuntimeFakeDriverTest, MoreExpertsThanOneLaunchSchedulesRunAsGroupsOfExpe
   const int32_t counts[] = {1024, 1024, 452};
   for (int i = 0; i < 3; ++i) {
     SCOPED_TRACE(i);
-    const moe::MoeGemmParams& p = launches[i].params;
+    const moe::MoeGemmParams p = launches[i].gemm();
     const int64_t f = firsts[i];
     auto at = [](int64_t base, int64_t offset) {
       return reinterpret_cast<const void*>(base + offset);
