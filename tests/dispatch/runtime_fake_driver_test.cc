@@ -235,6 +235,32 @@ TEST_F(RuntimeFakeDriverTest, DecodeProblemGetsTheDecodeTileAndNoClusterAttribut
   EXPECT_EQ(launches[0].attrs[0].value.programmaticStreamSerializationAllowed, 1);
 }
 
+// The expert counts generation 1 alone served before generation 2 ran groups of experts:
+// a multiple of 1,024 runs as that many full groups, and 1,024 as one launch.
+TEST_F(RuntimeFakeDriverTest, ExpertCountsThatAreMultiplesOfAGroupRunFullGroups) {
+  auto rt = Open();
+  ASSERT_NE(rt, nullptr);
+  auto gemm = MoeGemm::Create(*rt);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  size_t seen = 0;
+  for (const int64_t experts : {1024, 2048, 4096}) {
+    SCOPED_TRACE(experts);
+    const MoeGemmArgs args = Args(experts, experts, 256, 512);
+    CUBIST_ASSERT_OK((*gemm)->CanImplement(args));
+    CUBIST_ASSERT_OK((*gemm)->Run(args, nullptr));
+    const auto launches = driver_.launches();
+    ASSERT_EQ(launches.size() - seen, static_cast<size_t>(experts / 1024));
+    for (size_t i = seen; i < launches.size(); ++i) {
+      const moe::MoeGemmParams p = launches[i].gemm();
+      const uintptr_t group = i - seen;  // experts 1024 * group onwards
+      EXPECT_EQ(p.num_experts, 1024);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p.offsets), 0x300000 + 4 * 1024 * group);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p.b), 0x200000 + 2 * 256 * 512 * 1024 * group);
+    }
+    seen = launches.size();
+  }
+}
+
 TEST_F(RuntimeFakeDriverTest, MoreExpertsThanOneLaunchSchedulesRunAsGroupsOfExperts) {
   // A kernel schedules at most 1024 experts per launch; 2500 run as three
   // launches over experts 0..1023, 1024..2047 and 2048..2499.
