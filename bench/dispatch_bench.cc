@@ -91,24 +91,24 @@ absl::StatusOr<Manifest> BenchManifest() {
   const char* formats[][2] = {{"bf16", "bf16"}, {"fp8", "fp8"}, {"fp8-block", "fp8-block"},
                               {"mxfp4", "bf16"}, {"mxfp4", "mxfp8"}, {"nvfp4", "nvfp4"}};
   const char* acts[] = {"identity", "relu2", "swiglu", "geglu", "situ"};
-  const int tiles[][3] = {{64, 64, 128}, {64, 128, 128}, {128, 128, 128}, {128, 256, 64}};
+  const int tiles[][3] = {{64, 128, 64}, {64, 128, 128}, {128, 128, 128}, {128, 256, 64}};
   for (auto& f : formats) {
     for (const char* act : acts) {
       for (auto& t : tiles) {
         KernelSpec k;
-        k.name = absl::StrCat("moe_gemm_", f[0], "_", f[1], "_", act, "_m", t[0], "n", t[1], "k", t[2]);
+        k.name = absl::StrCat("moe_gemm_tma_", f[0], "_", f[1], "_", act, "_m", t[0], "n", t[1], "k", t[2]);
         k.artifact = k.name + ".cubin";
         k.function = k.name;
         k.arch = "sm_90a";
         k.op = "moe_gemm";
-        k.abi = 1;
+        k.abi = moe::kMoeGemmAbi;
         k.weight_format = f[0];
         k.activation_format = f[1];
         k.activation = act;
         k.tile_m = t[0];
         k.tile_n = t[1];
         k.tile_k = t[2];
-        k.threads = 128;
+        k.threads = 256;
         k.stages = 4;
         k.shared_mem_bytes = 99456;
         m.artifacts.push_back(Artifact{k.artifact, std::string(64, 'a'), 1, {}});
@@ -314,7 +314,7 @@ int ChildRaw(const std::string& cubin, const std::string& function, int smem, in
   p.b = reinterpret_cast<const void*>(pb);
   p.offsets = reinterpret_cast<const int32_t*>(pf);
   p.out = reinterpret_cast<void*>(po);
-  // A version-2 kernel needs its two tensor maps: the same host calls an engine would make.
+  // The kernel needs its two tensor maps: the same host calls an engine would make.
   MoeGemmKernelInfo info;
   info.abi = abi;
   info.activation = moe::kIdentity;

@@ -17,8 +17,9 @@
 // (and may fetch and load) the kernel, so calling it once per shape before CUDA-graph
 // capture keeps capture free of loading.
 //
-// Run launches through cuLaunchKernelEx: grid from the problem (the ABI's
-// MoeGemmGridFor, which never reads device memory), block = the kernel's threads,
+// Run launches through cuLaunchKernelEx: the persistent grid from the problem (the ABI's
+// MoeGemmPersistentGridFor, which never reads device memory; one launch per group of
+// at most max_experts experts), TMA tensor maps of A and B, block = the kernel's threads,
 // dynamic shared memory, cluster dimensions and, if asked, programmatic dependent
 // launch. A problem seen before costs one lock-free decision-cache lookup (a hash and a
 // compare); no allocation and no lock on that path. A new problem takes the slow path
@@ -67,7 +68,7 @@ struct MoeGemmArgs {
   CUdeviceptr alpha = 0, beta = 0, limit = 0;
   CUdeviceptr out = 0;  // bf16 [T, N] or [T, N/2]
   // fp32 [E, N]: added to each expert's B row n before the activation (both halves when
-  // gated), or 0. Served by kernels of parameter struct version 3 (generation 2).
+  // gated), or 0. Served by kernels of parameter struct version 3.
   CUdeviceptr bias = 0;
 };
 

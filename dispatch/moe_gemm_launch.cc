@@ -77,7 +77,7 @@ absl::Status EncodeMap(DriverApi& d, const MapKey& key, const char* operand,
   if (r == CUDA_ERROR_NOT_SUPPORTED) {
     return absl::FailedPreconditionError(
         "moe_gemm: this driver cannot encode TMA tensor maps (cuTensorMapEncodeTiled needs "
-        "CUDA 12.0); update the NVIDIA driver or use a version-1 (abi 1) kernel");
+        "CUDA 12.0); update the NVIDIA driver");
   }
   if (r != CUDA_SUCCESS) {
     return CuCheck(d, r,
@@ -98,10 +98,13 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
         absl::StrCat("kernel ", spec.name, ": ", field, ": ", what));
   };
   MoeGemmKernelInfo k;
-  if (spec.abi < moe::kMoeGemmAbiV1 || spec.abi > moe::kMoeGemmAbi) {
+  if (spec.abi == moe::kMoeGemmAbiRetiredV1) {
+    return bad("abi", moe::kMoeGemmAbiRetiredFix);
+  }
+  if (spec.abi < moe::kMoeGemmAbiOldest || spec.abi > moe::kMoeGemmAbi) {
     return bad("abi", absl::StrCat("parameter struct version ", spec.abi,
-                                   "; this build fills versions 1 to ", moe::kMoeGemmAbi,
-                                   " (a newer cubist launches it)"));
+                                   "; this build fills versions ", moe::kMoeGemmAbiOldest,
+                                   " to ", moe::kMoeGemmAbi, " (a newer cubist launches it)"));
   }
   k.abi = spec.abi;
   auto w = ParseDataFormat(spec.weight_format);
@@ -119,15 +122,13 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
   k.activation = *act;
   k.tile_m = spec.tile_m;
   k.tile_n = spec.tile_n;
-  // Version 2 kernels split B between the CTAs of a cluster along x (their B box is
-  // tile_n / cluster rows); version 1 kernels are launched with whatever cluster they name.
-  if (spec.abi >= moe::kMoeGemmAbiV2 &&
-      (spec.cluster[1] != 1 || spec.cluster[2] != 1 ||
-       (spec.cluster[0] != 1 && spec.cluster[0] != 2))) {
+  // The kernels split B between the CTAs of a cluster along x (their B box is
+  // tile_n / cluster rows).
+  if (spec.cluster[1] != 1 || spec.cluster[2] != 1 ||
+      (spec.cluster[0] != 1 && spec.cluster[0] != 2)) {
     return bad("cluster", absl::StrCat("[", spec.cluster[0], ", ", spec.cluster[1], ", ",
                                        spec.cluster[2],
-                                       "]; version 2 moe_gemm kernels take [1, 1, 1] or "
-                                       "[2, 1, 1]"));
+                                       "]; moe_gemm kernels take [1, 1, 1] or [2, 1, 1]"));
   }
   k.cluster = spec.cluster[0];
   if (auto it = spec.extras.find("ctas_per_sm"); it != spec.extras.end()) {
@@ -137,13 +138,12 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
     }
     k.ctas_per_sm = v;
   }
-  if (k.abi >= moe::kMoeGemmAbiV2) k.max_experts = moe::kMoeGemmTmaMaxExperts;
   if (auto it = spec.extras.find("max_experts"); it != spec.extras.end()) {
     int v = 0;
     if (!absl::SimpleAtoi(it->second, &v) || v < 1) {
       return bad("max_experts", absl::StrCat("expected a positive integer, got ", it->second));
     }
-    k.max_experts = k.max_experts > 0 ? std::min(k.max_experts, v) : v;
+    k.max_experts = std::min(k.max_experts, v);
   }
   return k;
 }
@@ -180,16 +180,6 @@ absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
                                   const moe::MoeGemmParams& p, int sm_count,
                                   MoeGemmLaunch* out) {
   out->params.g = p;
-  // Either version's grid is a whole number of clusters along x (CTAs past the last tile,
-  // or tile pair, exit).
-  auto whole_clusters = [&](moe::MoeGemmGrid g) {
-    g.x = (g.x + k.cluster - 1) / k.cluster * k.cluster;
-    return g;
-  };
-  if (k.abi == moe::kMoeGemmAbiV1) {
-    out->grid = whole_clusters(moe::MoeGemmGridFor(p, k.activation, k.tile_m, k.tile_n));
-    return absl::OkStatus();
-  }
   out->params.g.abi = k.abi;  // 2 or 3: the same struct
   auto row_bytes = [&](moe::MoeFormat f) {
     return static_cast<uint64_t>(p.k) * moe::FormatBits(f) / 8;
@@ -207,8 +197,10 @@ absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
                                            k.cluster)};
   CUBIST_RETURN_IF_ERROR(EncodeMap(driver, a_key, "a", &out->params.a_map));
   CUBIST_RETURN_IF_ERROR(EncodeMap(driver, b_key, "b", &out->params.b_map));
-  out->grid = whole_clusters(moe::MoeGemmPersistentGridFor(p, k.activation, k.tile_m,
-                                                            k.tile_n, sm_count, k.ctas_per_sm));
+  // A whole number of clusters along x (CTAs past the last tile, or tile pair, exit).
+  out->grid = moe::MoeGemmPersistentGridFor(p, k.activation, k.tile_m, k.tile_n, sm_count,
+                                            k.ctas_per_sm);
+  out->grid.x = (out->grid.x + k.cluster - 1) / k.cluster * k.cluster;
   return absl::OkStatus();
 }
 

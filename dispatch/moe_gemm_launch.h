@@ -1,11 +1,12 @@
 // One launch of a moe_gemm kernel, for every parameter-struct version this build fills
-// (kernels/moe_gemm_abi.h): the dispatcher (MoeGemm::Run), the GPU tests and the
-// benchmarks all launch through PrepareMoeGemmLaunch, so a kernel's launch is written once.
+// (kernels/moe_gemm_abi.h, kMoeGemmAbiOldest to kMoeGemmAbi): the dispatcher
+// (MoeGemm::Run), the GPU tests and the benchmarks all launch through
+// PrepareMoeGemmLaunch, so a kernel's launch is written once.
 //
-//   version 1: the kernel takes MoeGemmParams; grid MoeGemmGridFor.
-//   version 2: the kernel takes MoeGemmParamsV2, whose TMA tensor maps of A and B are
-//              encoded here (cuTensorMapEncodeTiled); persistent grid
+//   versions 2 and 3: the kernel takes MoeGemmParamsV2, whose TMA tensor maps of A and B
+//              are encoded here (cuTensorMapEncodeTiled); persistent grid
 //              MoeGemmPersistentGridFor(sm_count, ctas_per_sm).
+//   version 1 (generation 1) is retired: MoeGemmKernelInfoOf refuses its entries.
 //
 // Cost: encoding a tensor map is a host call of about a microsecond; the maps of recent
 // launches are kept in a small per-thread cache keyed by pointer, shape and box, so an
@@ -29,31 +30,32 @@ namespace cubist {
 
 // What launching a moe_gemm kernel needs to know about it, from its manifest entry.
 struct MoeGemmKernelInfo {
-  int abi = moe::kMoeGemmAbiV1;
+  int abi = moe::kMoeGemmAbi;
   moe::MoeFormat weight_format = moe::kBf16;
   moe::MoeFormat activation_format = moe::kBf16;
   moe::MoeActivation activation = moe::kIdentity;
   int32_t tile_m = 0;
   int32_t tile_n = 0;
-  int32_t ctas_per_sm = 1;  // version 2: extras "ctas_per_sm" (default 1)
-  // CTAs per cluster along x; the grid is a whole number of them (version 2: 1, or 2 for
-  // kernels that multicast B to two adjacent M tiles, whose B box is tile_n / 2 rows).
+  int32_t ctas_per_sm = 1;  // extras "ctas_per_sm" (default 1)
+  // CTAs per cluster along x; the grid is a whole number of them (1, or 2 for kernels
+  // that multicast B to two adjacent M tiles, whose B box is tile_n / 2 rows).
   int32_t cluster = 1;
-  // Experts one launch schedules (MoeGemmExpertsPerLaunch): version 2 and later keep each
+  // Experts one launch schedules (MoeGemmExpertsPerLaunch): the kernels keep each
   // expert's offsets in shared memory (kMoeGemmTmaMaxExperts, or the entry's smaller
-  // extras "max_experts"); 0 for version 1, which has no limit.
-  int32_t max_experts = 0;
+  // extras "max_experts").
+  int32_t max_experts = moe::kMoeGemmTmaMaxExperts;
 };
 
 // InvalidArgument naming the field when the entry is not a moe_gemm kernel this build can
-// launch (unknown format or activation, abi outside 1..kMoeGemmAbi, bad ctas_per_sm).
+// launch (unknown format or activation, abi outside kMoeGemmAbiOldest..kMoeGemmAbi, a
+// retired version 1 saying how to rebuild, bad ctas_per_sm, cluster or max_experts).
 [[nodiscard]] absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec);
 
 // The parameter block and grid of one launch. Pass kernel_params() as cuLaunchKernel's
 // kernelParams; it points into this object, which must outlive the launch call (not the
 // kernel: the driver copies parameters at launch).
 struct MoeGemmLaunch {
-  moe::MoeGemmParamsV2 params = moe::MoeGemmParamsV2Init();  // version 1 reads params.g
+  moe::MoeGemmParamsV2 params = moe::MoeGemmParamsV2Init();
   moe::MoeGemmGrid grid;
   void* arg = nullptr;
   CUlaunchAttribute attrs[2] = {};  // what Config's attributes point at
@@ -70,8 +72,7 @@ struct MoeGemmLaunch {
                         bool programmatic_dependent_launch, CUstream stream);
 };
 
-// Experts one launch of kernel `k` schedules: its max_experts, or INT32_MAX when it has
-// no limit.
+// Experts one launch of kernel `k` schedules: its max_experts (INT32_MAX if not positive).
 int32_t MoeGemmExpertsPerLaunch(const MoeGemmKernelInfo& k);
 
 // The parameters of the launch over experts [first, first + count) of `p`, for problems
@@ -82,8 +83,8 @@ int32_t MoeGemmExpertsPerLaunch(const MoeGemmKernelInfo& k);
 moe::MoeGemmParams MoeGemmExpertGroup(const moe::MoeGemmParams& p, const MoeGemmKernelInfo& k,
                                       int32_t first, int32_t count);
 
-// Fills `out` for launching kernel `k` on `p` (a version-1 struct from MoeGemmParamsInit;
-// call MoeGemmCheck first). sm_count is the device's multiprocessor count (version 2's
+// Fills `out` for launching kernel `k` on `p` (a struct from MoeGemmParamsInit; call
+// MoeGemmCheck first). sm_count is the device's multiprocessor count (the persistent
 // grid). Errors: FailedPrecondition when the driver cannot encode tensor maps (driver
 // older than CUDA 12.0), InvalidArgument when the driver refuses a map (the message
 // names the operand, its shape and the driver's error).

@@ -15,7 +15,9 @@
 //   - malformed shape constraints in extras (see ShapeConstraints), or an "exact" flag
 //     that is not true or false.
 // A kernel with an op this build does not know is kept (listed and explained) but is
-// never selected.
+// never selected; so is a moe_gemm kernel of a retired parameter-struct version (1,
+// generation 1): the selector and the launcher refuse it with the fix (rebuild the family,
+// kernels/moe_gemm_abi.h kMoeGemmAbiRetiredFix), and the manifest's other kernels serve.
 #ifndef CUBIST_DISPATCH_REGISTRY_H_
 #define CUBIST_DISPATCH_REGISTRY_H_
 

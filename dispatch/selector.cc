@@ -166,10 +166,17 @@ std::vector<Rejection> CheckKernel(const KernelEntry& kernel, const MoeProblem& 
     out.push_back({RejectReason::kOp, absl::StrCat("kernel implements '", kernel.spec.op,
                                                    "', problem is ", Sv(OpName(p.op)))});
   }
-  if (options.abi != 0 && (kernel.spec.abi < 1 || kernel.spec.abi > options.abi)) {
+  const bool moe_gemm = kernel.op == Op::kMoeGemm;
+  if (moe_gemm && kernel.spec.abi == moe::kMoeGemmAbiRetiredV1) {
+    // Retired whatever the caller launches: selecting it would name a kernel nothing runs.
+    out.push_back({RejectReason::kAbi, moe::kMoeGemmAbiRetiredFix});
+  } else if (options.abi != 0 &&
+             (kernel.spec.abi < (moe_gemm ? moe::kMoeGemmAbiOldest : 1) ||
+              kernel.spec.abi > options.abi)) {
     out.push_back({RejectReason::kAbi,
                    absl::StrCat("kernel takes parameter struct version ", kernel.spec.abi,
-                                ", this build fills versions 1 to ", options.abi)});
+                                ", this build fills versions ",
+                                moe_gemm ? moe::kMoeGemmAbiOldest : 1, " to ", options.abi)});
   }
   if (p.bias && p.op == Op::kMoeGemm && kernel.spec.abi < moe::kMoeGemmAbiV3) {
     out.push_back({RejectReason::kAbi,

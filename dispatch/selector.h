@@ -60,8 +60,10 @@ struct Verdict {
 
 struct SelectOptions {
   // The newest parameter-struct version this build's launcher fills
-  // (kernels/moe_gemm_abi.h): kernels of versions 1..abi are accepted, newer ones
-  // rejected; 0 accepts any (selection without launching, e.g. `cubist select`).
+  // (kernels/moe_gemm_abi.h): kernels of versions 1..abi (moe_gemm: kMoeGemmAbiOldest..abi)
+  // are accepted, others rejected; 0 accepts any (selection without launching, e.g.
+  // `cubist select`). A moe_gemm kernel of the retired version 1 is rejected either way,
+  // with the fix (kMoeGemmAbiRetiredFix).
   int abi = 0;
   // When set, the only kernel considered (debugging): NotFound when no kernel has the
   // name, FailedPrecondition listing its rejections when it cannot solve the problem.

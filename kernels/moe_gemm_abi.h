@@ -1,8 +1,9 @@
 // The parameter ABI of the "moe_gemm" kernel family: the one struct every kernel takes
 // by value, the format and activation vocabularies, the launch-grid rule and the shape
 // requirements. Host code (the dispatcher, tests, benchmarks) and device code
-// (kernels/moe_gemm.cu) include this same header, so it is plain C++17 that compiles
-// under nvcc and g++ without any CUDA header, and it holds no state.
+// (kernels/moe_gemm_tma.cu, moe_gemm_fp4.cu, moe_gemm_fp4_fp8.cu) include this same
+// header, so it is plain C++17 that compiles under nvcc and g++ without any CUDA header,
+// and it holds no state.
 //
 // The operation (docs/kernels.md):
 //   tokens are sorted by expert; expert e owns rows offsets[e] .. offsets[e+1]-1 of A
@@ -13,14 +14,17 @@
 //
 // Versions: every kernel's manifest entry records the version of the parameter struct it
 // takes ("abi"). Any change to a struct's layout or to the meaning of a field is a new
-// version; a dispatcher fills every version up to kMoeGemmAbi and refuses newer ones.
-//   1  MoeGemmParams; one CTA per (M tile, N tile), MoeGemmGridFor (kernels/moe_gemm.cu)
+// version; a dispatcher fills versions kMoeGemmAbiOldest to kMoeGemmAbi and refuses the
+// others.
+//   1  retired: MoeGemmParams alone, one CTA per (M tile, N tile) (generation 1, cp.async
+//      main loops). Generation 2 served every problem it did, faster; a manifest entry of
+//      version 1 is refused with kMoeGemmAbiRetiredFix.
 //   2  MoeGemmParamsV2 = MoeGemmParams plus TMA tensor maps of A and B built by the host;
 //      a persistent grid, MoeGemmPersistentGridFor (kernels/moe_gemm_tma.cu)
 //   3  version 2's struct, whose kernels also add `bias` (fp32 [E, N]: one value per
 //      expert and B row, both halves when gated) to C after the global scales, before
-//      the activation. Versions 1 and 2 never read the field (it was reserved, 0): a
-//      problem with a bias needs a version-3 kernel.
+//      the activation. Version 2 never reads the field (it was reserved, 0): a problem
+//      with a bias needs a version-3 kernel.
 #ifndef CUBIST_KERNELS_MOE_GEMM_ABI_H_
 #define CUBIST_KERNELS_MOE_GEMM_ABI_H_
 
@@ -34,11 +38,18 @@
 
 namespace cubist::moe {
 
-inline constexpr int kMoeGemmAbiV1 = 1;
 inline constexpr int kMoeGemmAbiV2 = 2;
 inline constexpr int kMoeGemmAbiV3 = 3;
 inline constexpr int kMoeGemmAbi = 3;  // the newest version
 static_assert(kMoeGemmAbi == kMoeGemmAbiV3, "kMoeGemmAbi names the newest version");
+inline constexpr int kMoeGemmAbiOldest = kMoeGemmAbiV2;  // the oldest one still launched
+inline constexpr int kMoeGemmAbiRetiredV1 = 1;  // generation 1's, refused with the fix below
+// What to do with a kernel of a retired version (below kMoeGemmAbiOldest): the message's
+// tail wherever one is refused (the dispatcher's selection and launch, MoeGemmCheck).
+inline constexpr char kMoeGemmAbiRetiredFix[] =
+    "parameter struct version 1 (generation 1) is retired and no longer launched; rebuild "
+    "the family with scripts/build-artifacts (manifest version 3 and later: version-3 "
+    "kernels only)";
 inline constexpr char kMoeGemmOp[] = "moe_gemm";
 
 // Element formats of A (activations) and B (weights). Names match the manifest's
@@ -102,7 +113,8 @@ CUBIST_HD constexpr bool MoeGemmEncodes(MoeActivation a) {
 // at it). All pointers are device pointers; "null" marks an optional input.
 // Layout is fixed: 8-byte fields are 8-byte aligned, sizeof == 136 (checked below).
 struct MoeGemmParams {
-  int32_t abi;          // 1, or 2 inside MoeGemmParamsV2; set by the Init functions
+  int32_t abi;          // kMoeGemmAbi as the caller fills it (MoeGemmParamsInit); the
+                        // launcher sets the kernel's version inside MoeGemmParamsV2
   int32_t num_experts;  // E >= 1
   int32_t num_tokens;   // T >= 0: rows of A and of out
   int32_t n;            // N: rows of each expert's B, both halves when gated
@@ -119,7 +131,7 @@ struct MoeGemmParams {
   const float* beta;   // [E] or null
   const float* limit;  // [E] or null (= +inf)
   void* out;           // bf16 [T, N] or [T, N/2] (gated), dense rows
-  const float* bias;   // [E, N] or null; read by version-3 kernels only (null below)
+  const float* bias;   // [E, N] or null; read by version-3 kernels only (null for 2)
   int64_t reserved[2];  // 0; room for strides without an ABI bump of the size
 };
 static_assert(sizeof(MoeGemmParams) == 136, "MoeGemmParams layout is ABI");
@@ -164,23 +176,12 @@ CUBIST_HD constexpr int64_t MoeGemmNTiles(int32_t n, MoeActivation act, int32_t 
   return (cols + tc - 1) / tc;
 }
 
-// The launch grid: one-dimensional, MoeGemmMaxMTiles * MoeGemmNTiles CTAs (at least
-// 1). The kernel maps blockIdx.x to (M tile, N tile) in groups of kMoeGemmGroupM M
-// tiles (L2 reuse of A and B), then M tile to (expert, rows) by scanning offsets; CTAs
-// past the real number of M tiles exit at once. Block = `threads` of the manifest
-// entry, dynamic shared memory = its shared_mem_bytes, cluster 1x1x1.
+// Tiles are ordered (M tile, N tile) in groups of kMoeGemmGroupM M tiles (L2 reuse of A
+// and B); the launch grid is MoeGemmPersistentGridFor below.
 inline constexpr int kMoeGemmGroupM = 8;
 struct MoeGemmGrid {
   uint32_t x = 1, y = 1, z = 1;
 };
-CUBIST_HD constexpr MoeGemmGrid MoeGemmGridFor(const MoeGemmParams& p, MoeActivation act,
-                                               int32_t tile_m, int32_t tile_n) {
-  const int64_t blocks = MoeGemmMaxMTiles(p.num_tokens, p.num_experts, tile_m) *
-                         MoeGemmNTiles(p.n, act, tile_n);
-  MoeGemmGrid g;
-  g.x = blocks < 1 ? 1u : static_cast<uint32_t>(blocks);
-  return g;
-}
 
 // Alignment the kernels require (also written into each manifest entry's extras as
 // "k_align" and "n_align"): K a multiple of k_align elements, the output width
@@ -253,15 +254,17 @@ CUBIST_HD constexpr MoeGemmBytes MoeGemmBytesFor(MoeFormat w, MoeFormat a, MoeAc
   return s;
 }
 
-// Sets abi (version 1) and zeroes everything else.
+// Sets abi (kMoeGemmAbi: the caller fills the newest version's fields) and zeroes
+// everything else.
 inline MoeGemmParams MoeGemmParamsInit() {
   MoeGemmParams p{};
-  p.abi = kMoeGemmAbiV1;
+  p.abi = kMoeGemmAbi;
   return p;
 }
 
 // ---------------------------------------------------------------------------------
-// Version 2: TMA kernels (kernels/moe_gemm_tma.cu).
+// Versions 2 and 3: TMA kernels (kernels/moe_gemm_tma.cu, moe_gemm_fp4.cu,
+// moe_gemm_fp4_fp8.cu).
 //
 // The host encodes two tensor maps (cuTensorMapEncodeTiled) and passes them by value
 // inside the parameter struct, which the kernel takes as a __grid_constant__:
@@ -305,7 +308,7 @@ inline constexpr int32_t kMoeGemmTmaMaxExperts = 1024;
 // The version-2 launch grid: persistent, one-dimensional, min(tiles, SMs x
 // ctas_per_sm) CTAs where tiles = MoeGemmMaxMTiles * MoeGemmNTiles (computed without
 // reading offsets). Each CTA reads offsets once, then walks tiles blockIdx.x,
-// blockIdx.x + gridDim.x, ... in the same grouped order as version 1.
+// blockIdx.x + gridDim.x, ... in the grouped order above (kMoeGemmGroupM).
 CUBIST_HD constexpr MoeGemmGrid MoeGemmPersistentGridFor(const MoeGemmParams& p,
                                                          MoeActivation act, int32_t tile_m,
                                                          int32_t tile_n, int32_t sm_count,

@@ -22,7 +22,7 @@ struct MoeGemmKernelDesc {
   MoeActivation activation = kIdentity;
   int32_t tile_m = 0;
   int32_t tile_n = 0;
-  int32_t abi = kMoeGemmAbiV1;  // the version of the kernel's parameter struct
+  int32_t abi = kMoeGemmAbi;  // the version of the kernel's parameter struct
 };
 
 // Returns "" when `p` can be launched on the kernel `k`, otherwise
@@ -53,14 +53,18 @@ inline std::string PairName(const MoeGemmKernelDesc& k) {
 
 // The parameter struct's version and the kernel's, against what this build fills.
 inline std::string CheckVersions(const MoeGemmParams& p, const MoeGemmKernelDesc& k) {
-  // Callers fill the version-1 struct; the launcher wraps it for newer kernels.
-  if (p.abi != kMoeGemmAbiV1) {
-    return "moe_gemm: parameter struct has abi " + Str(p.abi) + ", the kernels expect " +
-           Str(kMoeGemmAbiV1) + "; initialise it with MoeGemmParamsInit()";
+  // Callers fill the newest version's fields; the launcher sets the kernel's version.
+  if (p.abi != kMoeGemmAbi) {
+    return "moe_gemm: parameter struct has abi " + Str(p.abi) + ", this build fills " +
+           Str(kMoeGemmAbi) + "; initialise it with MoeGemmParamsInit()";
   }
-  if (k.abi < kMoeGemmAbiV1 || k.abi > kMoeGemmAbi) {
+  if (k.abi == kMoeGemmAbiRetiredV1) {
+    return std::string("moe_gemm: the kernel's ") + kMoeGemmAbiRetiredFix;
+  }
+  if (k.abi < kMoeGemmAbiOldest || k.abi > kMoeGemmAbi) {
     return "moe_gemm: the kernel takes parameter struct version " + Str(k.abi) +
-           ", this build fills versions 1 to " + Str(kMoeGemmAbi) + "; use a newer cubist";
+           ", this build fills versions " + Str(kMoeGemmAbiOldest) + " to " +
+           Str(kMoeGemmAbi) + "; use a newer cubist";
   }
   return "";
 }
@@ -127,16 +131,14 @@ inline std::string CheckPointers(const MoeGemmParams& p, const MoeGemmKernelDesc
 // The kernel's tile, what a TMA kernel can address, and a grid that fits one launch.
 inline std::string CheckLaunchLimits(const MoeGemmParams& p, const MoeGemmKernelDesc& k) {
   if (k.tile_m <= 0 || k.tile_n <= 0) return "moe_gemm: kernel description has no tile";
-  if (k.abi >= kMoeGemmAbiV2) {
-    if (p.num_experts > kMoeGemmTmaMaxExperts) {
-      return "moe_gemm: E = " + Str(p.num_experts) + " exceeds the " +
-             Str(kMoeGemmTmaMaxExperts) + " experts a TMA (abi " + Str(k.abi) +
-             ") kernel schedules; use an abi 1 kernel or split the experts";
-    }
-    if (static_cast<int64_t>(p.num_experts) * p.n > 0x7FFFFFFF) {
-      return "moe_gemm: E x N = " + Str(static_cast<int64_t>(p.num_experts) * p.n) +
-             " weight rows exceed a TMA coordinate (2^31 - 1); split the experts";
-    }
+  if (p.num_experts > kMoeGemmTmaMaxExperts) {
+    return "moe_gemm: E = " + Str(p.num_experts) + " exceeds the " +
+           Str(kMoeGemmTmaMaxExperts) + " experts one launch schedules; launch groups of "
+           "at most that many experts (MoeGemm does: MoeGemmExpertGroup)";
+  }
+  if (static_cast<int64_t>(p.num_experts) * p.n > 0x7FFFFFFF) {
+    return "moe_gemm: E x N = " + Str(static_cast<int64_t>(p.num_experts) * p.n) +
+           " weight rows exceed a TMA coordinate (2^31 - 1); split the experts";
   }
   const int64_t blocks = MoeGemmMaxMTiles(p.num_tokens, p.num_experts, k.tile_m) *
                          MoeGemmNTiles(p.n, k.activation, k.tile_n);

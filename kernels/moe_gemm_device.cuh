@@ -1,6 +1,6 @@
-// Device code shared by the moe_gemm kernel generations (kernels/moe_gemm.cu, ABI 1;
-// kernels/moe_gemm_tma.cu, ABI 2): PTX wrappers, the exact element decoders and the
-// activations. Include only from a .cu file compiled for sm_90a.
+// Device code shared by the moe_gemm kernels (kernels/moe_gemm_tma.cu, moe_gemm_fp4.cu,
+// moe_gemm_fp4_fp8.cu): PTX wrappers, the exact element decoders and the activations.
+// Include only from a .cu file compiled for sm_90a.
 #ifndef CUBIST_KERNELS_MOE_GEMM_DEVICE_CUH_
 #define CUBIST_KERNELS_MOE_GEMM_DEVICE_CUH_
 
@@ -19,23 +19,7 @@ namespace {
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// Copies 16 bytes, or writes 16 zero bytes when !valid (src-size 0 reads nothing).
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Shared memory written by the generic proxy (cp.async, st.shared) and read next by
+// Shared memory written by the generic proxy (st.shared) and read next by
 // wgmma (the async proxy) needs this fence in every writing thread before the barrier.
 __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -142,13 +126,6 @@ __device__ __forceinline__ __nv_bfloat162 E4m3x2ToBf16x2(uint32_t two_bytes) {
       static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xFFFFu), __NV_E4M3);
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
   return __floats2bfloat162_rn(f.x, f.y);
-}
-// 8 e4m3 (two words) times a scale -> 8 bf16.
-__device__ __forceinline__ uint4 DecodeE4m3x8(uint32_t lo, uint32_t hi, __nv_bfloat162 s) {
-  return make_uint4(Bits(__hmul2(E4m3x2ToBf16x2(lo), s)),
-                    Bits(__hmul2(E4m3x2ToBf16x2(lo >> 16), s)),
-                    Bits(__hmul2(E4m3x2ToBf16x2(hi), s)),
-                    Bits(__hmul2(E4m3x2ToBf16x2(hi >> 16), s)));
 }
 // ue8m0: 2^(s-127); 0 is 2^-127 (a bf16 subnormal), 0xFF is NaN. s << 7 in both halves is
 // one multiply; the two special bytes take one compare.

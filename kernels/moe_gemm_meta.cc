@@ -3,18 +3,18 @@
 // (kernels/moe_gemm_layout.h), so the manifest's threads and shared_mem_bytes always
 // match the cubin. scripts/build-artifacts builds it with the host compiler.
 //
-// Input, one configuration per line on stdin:  WFMT AFMT ACT TILE_M TILE_N TILE_K STAGES [tma]
-//   (names as in the manifest: mxfp4 bf16 swiglu 64 128 128 0; STAGES 0 = the deepest
-//   pipeline, at most 6, that fits in shared memory; "tma" = a generation-2 kernel,
+// Input, one configuration per line on stdin:  WFMT AFMT ACT TILE_M TILE_N TILE_K STAGES
+//   (names as in the manifest: mxfp4 bf16 swiglu 64 128 256 0; STAGES 0 = the deepest
+//   pipeline that fits, as each kernel kind below chooses it). bf16 and fp8 operands:
 //   kernels/moe_gemm_tma.cu, whose tile_k must be 128 bytes of K; fp4 weights:
 //   kernels/moe_gemm_fp4.cu, or for mxfp4 x mxfp8 with 128 tokens and tile_k 128
-//   kernels/moe_gemm_fp4_fp8.cu)
+//   kernels/moe_gemm_fp4_fp8.cu.
 // Output, one line each: {"ok":true,"stages":5,"threads":128,"shared_mem_bytes":...,
 //   "k_align":32,"n_align":8,"gated":true,"mma":"wgmma.bf16","decode_a":false,
-//   "decode_b":true} or {"ok":false,"error":"..."}; generation-2 lines add "ctas_per_sm"
-//   and "max_experts". No kernel of this family rounds an operand on purpose, so none
-//   says "exact":false (a manifest may still carry such kernels from elsewhere:
-//   dispatch/registry.h KernelEntry::exact). Exit status 0 unless input is garbled.
+//   "decode_b":true,"ctas_per_sm":2,"max_experts":1024} or {"ok":false,"error":"..."}.
+//   No kernel of this family rounds an operand on purpose, so none says "exact":false (a
+//   manifest may still carry such kernels from elsewhere: dispatch/registry.h
+//   KernelEntry::exact). Exit status 0 unless input is garbled.
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -48,10 +48,7 @@ bool ParseActivation(const std::string& s, MoeActivation* a) {
   return false;
 }
 
-// A generation-2 (TMA) configuration. Stages 0: one-consumer tiles take 4 stages when
-// that leaves room for two CTAs per SM; otherwise the deepest pipeline (at most 8) that
-// fits.
-// One output line. ctas_per_sm > 0 marks a generation-2 kernel (persistent grid).
+// One output line.
 struct Meta {
   int stages = 0, threads = 0, smem_bytes = 0;
   const char* mma = "";
@@ -68,10 +65,8 @@ void PrintOk(MoeFormat wf, MoeFormat af, MoeActivation ac, const Meta& m) {
       m.stages, m.threads, m.smem_bytes, MoeGemmKAlign(wf, af),
       gated ? 2 * kMoeGemmOutColsAlign : kMoeGemmOutColsAlign, gated ? "true" : "false", m.mma,
       m.decode_a ? "true" : "false", m.decode_b ? "true" : "false");
-  if (m.ctas_per_sm > 0) {
-    std::printf(",\"ctas_per_sm\":%d,\"max_experts\":%d", m.ctas_per_sm, kMoeGemmTmaMaxExperts);
-  }
-  std::printf("%s}\n", m.extra);
+  std::printf(",\"ctas_per_sm\":%d,\"max_experts\":%d%s}\n", m.ctas_per_sm,
+              kMoeGemmTmaMaxExperts, m.extra);
 }
 void PrintError(const char* error) { std::printf("{\"ok\":false,\"error\":\"%s\"}\n", error); }
 
@@ -120,8 +115,11 @@ void PrintFp4Fp8(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, i
            true, l.ctas_per_sm, ",\"fp4_fp8\":true"});
 }
 
-void PrintTma(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int tk,
-              int stages) {
+// A bf16 or fp8 configuration (kernels/moe_gemm_tma.cu), or one of the fp4 kinds above.
+// Stages 0: one-consumer tiles take 4 stages when that leaves room for two CTAs per SM;
+// otherwise the deepest pipeline (at most 8) that fits.
+void PrintConfig(MoeFormat wf, MoeFormat af, MoeActivation ac, int tm, int tn, int tk,
+                 int stages) {
   if (wf == kMxfp4 && af == kMxfp8 && tm >= 128 && tk == 128) {
     PrintFp4Fp8(wf, af, ac, tm, tn, tk, stages);
     return;
@@ -170,36 +168,7 @@ int main() {
       std::fprintf(stderr, "moe_gemm_meta: cannot parse line: %s\n", line.c_str());
       return 2;
     }
-    std::string gen;
-    in >> gen;
-    if (gen == "tma") {
-      PrintTma(wf, af, ac, tm, tn, tk, stages);
-      continue;
-    }
-    MoeGemmLayout l;
-    if (stages == 0) {
-      // Prefer two CTAs per SM (one CTA's prologue and epilogue then overlap the
-      // other's main loop) with at least 4 stages; else the deepest pipeline that
-      // fits. More than 6 stages buys nothing measurable.
-      constexpr int kTwoPerSm = kMaxDynamicSmem / 2 - 1024;
-      for (int s = 6; s >= 4; --s) {
-        l = MakeLayout(wf, af, tm, tn, tk, s);
-        if (l.error == nullptr && l.smem_bytes <= kTwoPerSm) break;
-        l.error = "no two-per-SM fit";
-      }
-      for (int s = 6; s >= 3 && l.error != nullptr; --s) {
-        l = MakeLayout(wf, af, tm, tn, tk, s);
-      }
-    } else {
-      l = MakeLayout(wf, af, tm, tn, tk, stages);
-    }
-    if (l.error != nullptr) {
-      PrintError(l.error);
-      continue;
-    }
-    PrintOk(wf, af, ac,
-            {l.stages, l.threads, l.smem_bytes, l.fp8_mma ? "wgmma.e4m3" : "wgmma.bf16",
-             !l.a.direct, !l.b.direct});
+    PrintConfig(wf, af, ac, tm, tn, tk, stages);
   }
   return 0;
 }

@@ -18,7 +18,7 @@ def write_set(root):
     root.mkdir(parents=True, exist_ok=True)
     artifacts, kernels = [], []
     for i, act in enumerate(("swiglu", "identity")):
-        name = f"moe_gemm_bf16_bf16_{act}_m64n128k64"
+        name = f"moe_gemm_tma_bf16_bf16_{act}_m64n128k64"
         data = (f"not a real cubin {i}\n" * 50).encode()
         path = f"cubins/sm_90a/{name}.cubin"
         (root / path).parent.mkdir(parents=True, exist_ok=True)

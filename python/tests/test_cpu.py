@@ -613,7 +613,7 @@ def test_select_equals_the_cli_report(served_set, cli):
     report = cubist.select(str(manifest), weights="bf16", activations="bf16",
                            activation="swiglu", experts=8, tokens_per_expert=16, n=1024,
                            k=512, sm="90", explain=True)
-    assert report["kernel"] == "moe_gemm_bf16_bf16_swiglu_m64n128k64"
+    assert report["kernel"] == "moe_gemm_tma_bf16_bf16_swiglu_m64n128k64"
     assert report["problem"]["tokens"] == 128
     assert cli_select(cli, manifest, "--explain") == report
     with pytest.raises(cubist.NotFoundError, match=r"no kernel for moe_gemm\{weights=mxfp4"):
@@ -676,7 +676,7 @@ def test_select_takes_inexact_kernels_only_when_allowed(tmp_path, cli):
     with pytest.raises(cubist.NotFoundError, match=r"no kernel for moe_gemm"):
         cubist.select(str(manifest), **problem)
     report = cubist.select(str(manifest), allow_inexact=True, **problem)
-    assert report["kernel"] == "moe_gemm_bf16_bf16_swiglu_m64n128k64"
+    assert report["kernel"] == "moe_gemm_tma_bf16_bf16_swiglu_m64n128k64"
     assert cli_select(cli, manifest, "--allow-inexact") == report
 
 

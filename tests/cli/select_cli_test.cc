@@ -1,6 +1,10 @@
 // `cubist select` end to end: flags, output, exit codes (cli/select.cc).
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testlib/build_paths.h"
@@ -18,6 +22,7 @@ using ::cubist::testing::SelectionKernels;
 using ::cubist::testing::TempDir;
 using ::cubist::testing::WriteFileOrDie;
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 using ::testing::Not;
 using ::testing::StartsWith;
 
@@ -184,6 +189,40 @@ TEST_F(SelectCliTest, BadManifestIsExitEight) {
   std::string out;
   EXPECT_EQ(Select(kPrefill, &out), 8) << out;
   EXPECT_THAT(out, StartsWith("cubist: error: "));
+}
+
+// scripts/select-grid: one `cubist select` per cell of a grid, one line each in a fixed
+// order (pair, activation, E, tokens per expert, N x K), then a summary. On the prebuilt
+// sample set (four kernels): chosen past 1,024 experts (launches over expert groups), the
+// shape reason where the pair's kernel cannot take K, and no kernel where the set has
+// none of the pair and activation.
+TEST(SelectGridTest, PrintsTheChoiceOrTheReasonPerCell) {
+  std::string out;
+  ASSERT_EQ(RunCommand(::cubist::testing::SourceDir() + "/scripts/select-grid --cubist " +
+                           CliPath() + " --manifest " + ::cubist::testing::SourceDir() +
+                           "/examples/prebuilt/manifest.json --pairs bf16xbf16,fp8xfp8 "
+                           "--acts swiglu,relu2 --experts 8,2048 --tokens 8 --shapes "
+                           "5760x2880,1024x1000 --jobs 2 2>&1",
+                       &out),
+            0)
+      << out;
+  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 16u + 3u) << out;  // 2 x 2 x 2 x 1 x 2 cells, summary, 2 kernels
+  const std::string bf16 = "moe_gemm_tma_bf16_bf16_swiglu_m64n128k64 [0-9]+\\.[0-9]us";
+  EXPECT_THAT(lines[0], MatchesRegex("bf16xbf16 swiglu E=8 tpe=8 N=5760 K=2880: " + bf16));
+  EXPECT_THAT(lines[1], MatchesRegex("bf16xbf16 swiglu E=8 tpe=8 N=1024 K=1000: " + bf16));
+  EXPECT_THAT(lines[2], MatchesRegex("bf16xbf16 swiglu E=2048 tpe=8 N=5760 K=2880: " + bf16));
+  EXPECT_EQ(lines[4], "bf16xbf16 relu2 E=8 tpe=8 N=5760 K=2880: no kernel: none of this pair "
+                      "and activation");
+  EXPECT_EQ(lines[8], "fp8xfp8 swiglu E=8 tpe=8 N=5760 K=2880: no kernel: none of this pair "
+                      "and activation");
+  EXPECT_THAT(lines[12], MatchesRegex("fp8xfp8 relu2 E=8 tpe=8 N=5760 K=2880: "
+                                      "moe_gemm_tma_fp8_fp8_relu2_m64n128k128 .*"));
+  EXPECT_EQ(lines[13], "fp8xfp8 relu2 E=8 tpe=8 N=1024 K=1000: no kernel: shape: K=1000 is "
+                       "not a multiple of 16 (the kernel's k_align)");
+  EXPECT_EQ(lines[16], "# 16 cells: 6 chosen, 10 refused, 0 errors; 2 kernels chosen");
+  EXPECT_EQ(lines[17], "#       4 moe_gemm_tma_bf16_bf16_swiglu_m64n128k64");
+  EXPECT_EQ(lines[18], "#       2 moe_gemm_tma_fp8_fp8_relu2_m64n128k128");
 }
 
 }  // namespace

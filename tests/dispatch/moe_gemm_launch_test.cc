@@ -72,23 +72,6 @@ MoeGemmKernelInfo Tma(moe::MoeFormat f, moe::MoeActivation act, int tm, int tn, 
   return k;
 }
 
-TEST(MoeGemmLaunchTest, VersionOnePassesTheStructAndOneCtaPerTile) {
-  MapRecordingDriver d;
-  MoeGemmKernelInfo k;  // version 1, bf16
-  k.activation = moe::kSwiglu;
-  k.tile_m = 64;
-  k.tile_n = 128;
-  MoeGemmLaunch l;
-  const moe::MoeGemmParams p = Params(0x1000, 0x2000);
-  ASSERT_TRUE(PrepareMoeGemmLaunch(d, k, p, 132, &l).ok());
-  EXPECT_TRUE(d.calls.empty());
-  EXPECT_EQ(l.params.g.abi, moe::kMoeGemmAbiV1);
-  EXPECT_EQ(std::memcmp(&l.params.g, &p, sizeof(p)), 0);
-  EXPECT_EQ(*l.kernel_params(), static_cast<void*>(&l.params));
-  // (16384 + 128*63) / 64 = 382 M tiles, 2880 / 64 = 45 N tiles of the gated output.
-  EXPECT_EQ(l.grid.x, 382u * 45u);
-}
-
 TEST(MoeGemmLaunchTest, ConfigCarriesTheGridAndOnlyTheAttributesAsked) {
   MoeGemmLaunch l;
   l.grid = moe::MoeGemmGrid{264, 1, 1};
@@ -121,8 +104,9 @@ TEST(MoeGemmLaunchTest, VersionTwoEncodesBothMapsAndAPersistentGrid) {
   MoeGemmLaunch l;
   const MoeGemmKernelInfo k = Tma(moe::kBf16, moe::kSwiglu, 128, 256, 1);
   ASSERT_TRUE(PrepareMoeGemmLaunch(d, k, Params(0x11000, 0x22000), 132, &l).ok());
-  EXPECT_EQ(l.params.g.abi, moe::kMoeGemmAbiV2);
+  EXPECT_EQ(l.params.g.abi, moe::kMoeGemmAbiV2);  // the kernel's version, not the caller's
   EXPECT_EQ(l.params.g.n, 5760);
+  EXPECT_EQ(*l.kernel_params(), static_cast<void*>(&l.params));
   ASSERT_EQ(d.calls.size(), 2u);
   // A: [T, K] bf16, box 64 elements (128 bytes) x tile_m rows, 128-byte swizzle, zero fill.
   EXPECT_EQ(d.calls[0].type, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16);
@@ -181,7 +165,7 @@ TEST(MoeGemmLaunchTest, ClusterKernelsLoadHalfOfBAndLaunchWholeClusters) {
   EXPECT_EQ(l.grid.x, 4u);
 }
 
-TEST(MoeGemmLaunchTest, VersionTwoClusterShapesOtherThanTwoAlongXAreRefused) {
+TEST(MoeGemmLaunchTest, ClusterShapesOtherThanTwoAlongXAreRefused) {
   KernelSpec s;
   s.name = "moe_gemm_tma_bf16_bf16_identity_m128n256k64_c2";
   s.abi = 2;
@@ -197,8 +181,8 @@ TEST(MoeGemmLaunchTest, VersionTwoClusterShapesOtherThanTwoAlongXAreRefused) {
   EXPECT_THAT(MoeGemmKernelInfoOf(s),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("kernel moe_gemm_tma_bf16_bf16_identity_m128n256k64_c2: "
-                                 "cluster: [4, 1, 1]; version 2 moe_gemm kernels take "
-                                 "[1, 1, 1] or [2, 1, 1]")));
+                                 "cluster: [4, 1, 1]; moe_gemm kernels take [1, 1, 1] or "
+                                 "[2, 1, 1]")));
 }
 
 TEST(MoeGemmLaunchTest, MapsAreCachedPerThreadByPointerShapeAndBox) {
@@ -248,7 +232,7 @@ TEST(MoeGemmLaunchTest, DriverWithoutTensorMapsIsAPreconditionError) {
                                    Params(0xA1000, 0xB2000), 132, &l),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("cannot encode TMA tensor maps (cuTensorMapEncodeTiled needs "
-                                 "CUDA 12.0); update the NVIDIA driver or use a version-1")));
+                                 "CUDA 12.0); update the NVIDIA driver")));
   d.result = CUDA_ERROR_INVALID_VALUE;
   const absl::Status s = PrepareMoeGemmLaunch(d, Tma(moe::kBf16, moe::kIdentity, 64, 128, 2),
                                               Params(0xA1000, 0xB2000), 132, &l);
@@ -285,8 +269,20 @@ TEST(MoeGemmLaunchTest, KernelInfoFromTheManifestEntry) {
   EXPECT_THAT(MoeGemmKernelInfoOf(s),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("abi: parameter struct version 4; this build fills versions "
-                                 "1 to 3")));
+                                 "2 to 3")));
+  s.abi = 0;
+  EXPECT_THAT(MoeGemmKernelInfoOf(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("abi: parameter struct version 0; this build fills versions "
+                                 "2 to 3")));
+  // Generation 1's version is retired: the entry is refused with the fix.
   s.abi = 1;
+  EXPECT_THAT(MoeGemmKernelInfoOf(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("kernel moe_gemm_tma_fp8_fp8_relu2_m64n128k128: abi: parameter "
+                                 "struct version 1 (generation 1) is retired and no longer "
+                                 "launched; rebuild the family with scripts/build-artifacts")));
+  s.abi = 3;
   s.weight_format = "fp16";
   EXPECT_THAT(MoeGemmKernelInfoOf(s), StatusIs(absl::StatusCode::kInvalidArgument,
                                                HasSubstr("weight_format")));

@@ -41,7 +41,7 @@ size_t LayerParamBytes(std::string_view name) {
   if (name == "cubist_moe_gather_bf16") return sizeof(moe::MoeGatherParams);
   if (name == "cubist_moe_finalize") return sizeof(moe::MoeFinalizeParams);
   if (name.starts_with("cubist_moe_quantize_")) return sizeof(moe::MoeQuantizeParams);
-  return sizeof(moe::MoeGemmParams);  // the GEMM stubs (version 1)
+  return sizeof(moe::MoeGemmParamsV2);  // the GEMM stubs (version 3)
 }
 
 constexpr char kStubPath[] = "cubins/sm_90a/moe_stub.cubin";
@@ -62,7 +62,7 @@ constexpr Pair kPairs[] = {
     {"nvfp4", "nvfp4", DataFormat::kNvfp4, DataFormat::kNvfp4, "nvfp4_nvfp4"},
 };
 
-// The glue kernels as scripts/build-artifacts publishes them, and one version-1 GEMM stub
+// The glue kernels as scripts/build-artifacts publishes them, and one version-3 GEMM stub
 // per pair and activation (GEMM1 SwiGLU, GEMM2 identity).
 std::vector<TestKernel> LayerKernels() {
   std::vector<TestKernel> v;
@@ -274,7 +274,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
     }
     EXPECT_EQ(gathered_out, ws + pass->gathered);
 
-    const auto g1 = launches[3].As<moe::MoeGemmParams>();
+    const auto g1 = launches[3].gemm();
     EXPECT_EQ(g1.num_experts, 16);
     EXPECT_EQ(g1.num_tokens, 64) << "the row bucket, not T x k";
     EXPECT_EQ(g1.n, 256) << "2I rows: gated";
@@ -312,7 +312,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
                 pair.a == DataFormat::kNvfp4 ? ws + pass->global_scales + 4 : 0);
       gemm2_input = ws + pass->quantized;
     }
-    const auto g2 = launches[gemm2_at].As<moe::MoeGemmParams>();
+    const auto g2 = launches[gemm2_at].gemm();
     EXPECT_EQ(g2.n, 256);
     EXPECT_EQ(g2.k, 128);
     EXPECT_EQ(Addr(g2.a), gemm2_input);
@@ -369,7 +369,7 @@ TEST_F(MoeLayerFakeDriverTest, ChunkedPreRoutedPassesStepThroughTheBatch) {
     EXPECT_EQ(Addr(s.offsets), kWorkspace + w->offsets) << "every pass shares one layout";
     const auto g = l[5 * pass + 1].As<moe::MoeGatherParams>();
     EXPECT_EQ(Addr(g.input), kHidden + 2 * first * 256);
-    const auto g1 = l[5 * pass + 2].As<moe::MoeGemmParams>();
+    const auto g1 = l[5 * pass + 2].gemm();
     EXPECT_EQ(g1.num_tokens, 64);
     const auto f = l[5 * pass + 4].As<moe::MoeFinalizeParams>();
     EXPECT_EQ(f.num_tokens, tokens);

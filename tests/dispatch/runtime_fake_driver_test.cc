@@ -187,10 +187,11 @@ TEST_F(RuntimeFakeDriverTest, RunLaunchesTheSelectedKernelWithItsGeometry) {
   ASSERT_EQ(launches.size(), 2u);
   const auto& l = launches[0];
   EXPECT_EQ(l.function, (*d)->function);
-  // Grid: the ABI's bound on M tiles, (T + E*(tm-1)) / tm = (16384 + 8*127) / 128 = 135,
-  // times N tiles of the output half, (28672/2) / (128/2) = 224; rounded up to whole
-  // clusters of 2.
-  EXPECT_EQ(l.config.gridDimX, 135u * 224u + (135u * 224u) % 2);
+  // Grid: persistent, min(tiles, SMs x ctas_per_sm). Tiles: the ABI's bound on M tiles,
+  // (T + E*(tm-1)) / tm = (16384 + 8*127) / 128 = 135, times N tiles of the output half,
+  // (28672/2) / (128/2) = 224: far more than the fake H200's 132 SMs x 1 (the entry names
+  // no ctas_per_sm), a whole number of clusters of 2.
+  EXPECT_EQ(l.config.gridDimX, 132u);
   EXPECT_EQ(l.config.gridDimY, 1u);
   EXPECT_EQ(l.config.blockDimX, 256u);
   EXPECT_EQ(l.config.blockDimY, 1u);
@@ -200,7 +201,7 @@ TEST_F(RuntimeFakeDriverTest, RunLaunchesTheSelectedKernelWithItsGeometry) {
   EXPECT_EQ(l.attrs[0].id, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
   EXPECT_EQ(l.attrs[0].value.clusterDim.x, 2u);
   EXPECT_EQ(l.attrs[0].value.clusterDim.y, 1u);
-  EXPECT_EQ(l.gemm().abi, moe::kMoeGemmAbiV1);
+  EXPECT_EQ(l.gemm().abi, moe::kMoeGemmAbi);
   EXPECT_EQ(l.gemm().num_experts, 8);
   EXPECT_EQ(l.gemm().num_tokens, 16384);
   EXPECT_EQ(l.gemm().n, 28672);
@@ -226,15 +227,42 @@ TEST_F(RuntimeFakeDriverTest, DecodeProblemGetsTheDecodeTileAndNoClusterAttribut
   auto launches = driver_.launches();
   ASSERT_EQ(launches.size(), 1u);
   EXPECT_EQ(launches[0].config.blockDimX, 128u);
-  // m64n128: (1024 + 128*63) / 64 = 142 M tiles x 2880 / 64 = 45 N tiles.
-  EXPECT_EQ(launches[0].config.gridDimX, 142u * 45u);
+  // m64n128: (1024 + 128*63) / 64 = 142 M tiles x 2880 / 64 = 45 N tiles, more than
+  // 132 SMs x 1: the persistent grid is one CTA per SM.
+  EXPECT_EQ(launches[0].config.gridDimX, 132u);
   ASSERT_EQ(launches[0].attrs.size(), 1u);
   EXPECT_EQ(launches[0].attrs[0].id, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
   EXPECT_EQ(launches[0].attrs[0].value.programmaticStreamSerializationAllowed, 1);
 }
 
+// The expert counts generation 1 alone served before generation 2 ran groups of experts:
+// a multiple of 1,024 runs as that many full groups, and 1,024 as one launch.
+TEST_F(RuntimeFakeDriverTest, ExpertCountsThatAreMultiplesOfAGroupRunFullGroups) {
+  auto rt = Open();
+  ASSERT_NE(rt, nullptr);
+  auto gemm = MoeGemm::Create(*rt);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  size_t seen = 0;
+  for (const int64_t experts : {1024, 2048, 4096}) {
+    SCOPED_TRACE(experts);
+    const MoeGemmArgs args = Args(experts, experts, 256, 512);
+    CUBIST_ASSERT_OK((*gemm)->CanImplement(args));
+    CUBIST_ASSERT_OK((*gemm)->Run(args, nullptr));
+    const auto launches = driver_.launches();
+    ASSERT_EQ(launches.size() - seen, static_cast<size_t>(experts / 1024));
+    for (size_t i = seen; i < launches.size(); ++i) {
+      const moe::MoeGemmParams p = launches[i].gemm();
+      const uintptr_t group = i - seen;  // experts 1024 * group onwards
+      EXPECT_EQ(p.num_experts, 1024);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p.offsets), 0x300000 + 4 * 1024 * group);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p.b), 0x200000 + 2 * 256 * 512 * 1024 * group);
+    }
+    seen = launches.size();
+  }
+}
+
 TEST_F(RuntimeFakeDriverTest, MoreExpertsThanOneLaunchSchedulesRunAsGroupsOfExperts) {
-  // A generation-2 kernel schedules at most 1024 experts per launch; 2500 run as three
+  // A kernel schedules at most 1024 experts per launch; 2500 run as three
   // launches over experts 0..1023, 1024..2047 and 2048..2499.
   std::vector<TestKernel> kernels = StubKernels();
   TestKernel tma;

@@ -257,25 +257,62 @@ TEST_F(SelectTest, InexactKernelOnlyWhenAllowedOrPinned) {
   EXPECT_EQ(best->kernel->name(), "a_inexact_swiglu_m128n128k64");
 }
 
-// A build fills every version up to its own: older kernels stay selectable, newer ones
-// are refused by name.
-TEST_F(SelectTest, AbiNewerThanTheBuildRejects) {
+// A build fills moe_gemm versions kMoeGemmAbiOldest (2) to its own: older kernels of that
+// range stay selectable, newer ones are refused by name.
+TEST_F(SelectTest, AbiOutsideTheBuildRejects) {
   SelectOptions o;
+  o.abi = moe::kMoeGemmAbi;
+  EXPECT_TRUE(SelectKernel(*registry_, Bf16Swiglu(8, 64, 1024, 512), o).ok());
   o.abi = 2;
-  EXPECT_TRUE(SelectKernel(*registry_, Bf16Swiglu(8, 64, 1024, 512), o).ok());
-  o.abi = 1;
-  EXPECT_TRUE(SelectKernel(*registry_, Bf16Swiglu(8, 64, 1024, 512), o).ok());
+  EXPECT_THAT(SelectKernel(*registry_, Bf16Swiglu(8, 64, 1024, 512), o),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("abi: kernel takes parameter struct version 3, this build "
+                                 "fills versions 2 to 2")));
   testing::TestKernel k;
-  k.name = "abi3_m64n128k64";
-  k.abi = 3;
+  k.name = "abi2_m64n128k64";
+  k.abi = 2;
   auto m = ParseTestManifest({k});
   ASSERT_TRUE(m.ok()) << m.status();
   auto reg = Registry::Create(*m);
   ASSERT_TRUE(reg.ok()) << reg.status();
-  EXPECT_THAT(SelectKernel(*reg, Bf16Swiglu(8, 64, 1024, 512), o),
-              StatusIs(absl::StatusCode::kNotFound,
-                       HasSubstr("abi: kernel takes parameter struct version 3, this build "
-                                 "fills versions 1 to 1")));
+  auto best = SelectKernel(*reg, Bf16Swiglu(8, 64, 1024, 512), o);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "abi2_m64n128k64");
+}
+
+// Generation 1's parameter struct (version 1) is retired: a manifest that still lists such
+// kernels loads, its other kernels serve, and each version-1 kernel is rejected with the
+// fix, whatever version the caller fills (0: selection without launching) and when pinned.
+TEST_F(SelectTest, RetiredVersionOneKernelsAreRejectedWithTheFix) {
+  testing::TestKernel old;
+  old.name = "gen1_m128n128k64";  // the better tile for prefill, were it launchable
+  old.abi = 1;
+  old.tile_m = 128;
+  testing::TestKernel current;
+  current.name = "gen2_m64n128k64";
+  auto m = ParseTestManifest({old, current});
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto reg = Registry::Create(*m);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const MoeProblem prefill = Bf16Swiglu(8, 2048, 28672, 4096);
+  for (int abi : {0, moe::kMoeGemmAbi}) {
+    SCOPED_TRACE(abi);
+    SelectOptions o;
+    o.abi = abi;
+    auto best = SelectKernel(*reg, prefill, o);
+    ASSERT_TRUE(best.ok()) << best.status();
+    EXPECT_EQ(best->kernel->name(), "gen2_m64n128k64");
+    const std::vector<Verdict> verdicts = Explain(*reg, prefill, o);
+    ASSERT_EQ(verdicts[0].rejections.size(), 1u);
+    EXPECT_EQ(verdicts[0].rejections[0].reason, RejectReason::kAbi);
+    EXPECT_THAT(verdicts[0].rejections[0].detail,
+                HasSubstr("parameter struct version 1 (generation 1) is retired and no "
+                          "longer launched; rebuild the family with scripts/build-artifacts"));
+    o.pinned = "gen1_m128n128k64";
+    EXPECT_THAT(SelectKernel(*reg, prefill, o),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr("version 1 (generation 1) is retired")));
+  }
 }
 
 TEST_F(SelectTest, InvalidProblemIsInvalidArgument) {

@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdlib>
 #include <iterator>
+#include <map>
 #include <set>
 #include <string>
 
@@ -61,7 +62,7 @@ class MoeArtifactsTest : public ::testing::Test {
     } else {
       ::unlink(stamp.c_str());
       status_ = RunCommand("rm -rf '" + *dir_ + "' && " + SourceDir() +
-                               "/scripts/build-artifacts --small --version 3 '" + *dir_ +
+                               "/scripts/build-artifacts --small '" + *dir_ +
                                "' 2>&1",
                            output_);
       if (status_ == 0) WriteFileOrDie(stamp, run_id);
@@ -139,6 +140,8 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->name, "moe-gemm-sm90a");
+  // Without --version: the family's, raised when its set of kernels changed (3: generation
+  // 1 retired).
   EXPECT_EQ(m->version, 3);
   // The --small preset: 6 GEMMs in a cubin each, and the layer's 11 kernels in one.
   ASSERT_EQ(m->kernels.size(), 17u);
@@ -173,25 +176,19 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
       continue;
     }
     EXPECT_EQ(k.op, "moe_gemm");
-    // Generation 2 (TMA, persistent) kernels take parameter struct version 2.
-    const bool tma = k.name.rfind("moe_gemm_tma_", 0) == 0;
-    EXPECT_EQ(k.abi, tma ? moe::kMoeGemmAbiV3 : moe::kMoeGemmAbiV1);
+    // Every kernel is TMA, persistent, and takes the newest parameter struct (bias).
+    EXPECT_TRUE(k.name.starts_with("moe_gemm_tma_"));
+    EXPECT_EQ(k.abi, moe::kMoeGemmAbiV3);
     EXPECT_EQ(k.arch, "sm_90a");
     EXPECT_EQ(k.function, k.name);
     EXPECT_EQ(k.artifact, "cubins/sm_90a/" + k.name + ".cubin");
     EXPECT_EQ(k.cluster, (std::array<int, 3>{1, 1, 1}));
-    // 128 per 64 rows; kernels that decode fp4 in registers have at least 256; TMA
-    // kernels add a producer warpgroup, and fp4 TMA kernels swap the operands (64 weight
-    // rows, tile_n, per consumer).
-    const bool decoded = k.weight_format == "mxfp4" || k.weight_format == "nvfp4";
-    const bool fp4_tma = tma && decoded;
-    EXPECT_EQ(k.threads, fp4_tma ? (k.tile_n / 64 + 1) * 128
-                         : tma   ? (k.tile_m / 64 + 1) * 128
-                         : decoded ? 256
-                                   : k.tile_m / 64 * 128);
+    // A consumer warpgroup per 64 rows of tile_m and a producer warpgroup; fp4 kernels
+    // swap the operands (64 weight rows, of tile_n, per consumer).
+    const bool fp4 = k.weight_format == "mxfp4" || k.weight_format == "nvfp4";
+    EXPECT_EQ(k.threads, ((fp4 ? k.tile_n : k.tile_m) / 64 + 1) * 128);
     EXPECT_GT(k.shared_mem_bytes, 48 * 1024);
     EXPECT_LE(k.shared_mem_bytes, moe::kMaxDynamicSmem);
-    EXPECT_GE(k.stages, 3);
     EXPECT_EQ(k.extras.count("exact"), 0u);  // every kernel of the preset is exact
     formats.insert(k.weight_format + "x" + k.activation_format);
     // Extras the dispatcher reads (raw JSON text).
@@ -200,19 +197,26 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
     EXPECT_EQ(k.extras.at("gated"), gated ? "true" : "false");
     EXPECT_EQ(k.extras.at("n_multiple"), gated ? "16" : "8");
     EXPECT_THAT(k.extras.at("k_multiple"), ::testing::AnyOf("8", "16", "32"));
-    EXPECT_THAT(k.extras.at("grid"), HasSubstr("MoeGemmMaxMTiles"));
-    if (fp4_tma) {
-      // nvfp4 x nvfp4, 8 tokens: 22 KiB stages, two CTAs per SM.
-      EXPECT_THAT(k.extras.at("grid"), HasSubstr("MoeGemmPersistentGridFor"));
-      EXPECT_EQ(k.extras.at("ctas_per_sm"), "2");
-      EXPECT_EQ(k.stages, 4);
-      EXPECT_THAT(k.extras.at("decode"), HasSubstr("activations"));
-    } else if (tma) {
-      EXPECT_THAT(k.extras.at("grid"), HasSubstr("MoeGemmPersistentGridFor"));
-      EXPECT_EQ(k.extras.at("max_experts"), "1024");
-      EXPECT_EQ(k.extras.at("ctas_per_sm"), "1");  // 128-row tiles: one per SM
-      EXPECT_EQ(k.stages, 6);                       // 32 KiB stages for 128x128
-    }
+    EXPECT_THAT(k.extras.at("grid"), HasSubstr("MoeGemmPersistentGridFor"));
+    EXPECT_EQ(k.extras.at("max_experts"), "1024");
+    EXPECT_EQ(k.extras.count("decode"), 1u);
+    EXPECT_EQ(k.extras.at("decode").find("activations") != std::string::npos,
+              k.weight_format == "nvfp4");  // fp4 activations: decoded by converter warps
+    // Pipeline depth and CTAs per SM, as kernels/moe_gemm_meta.cc chooses them: 64-row
+    // bf16 tiles take 4 stages to fit two CTAs per SM; the fp8 one (16 KiB stages, past two
+    // per SM at 4) the deepest that fits, 8; 128-row bf16 tiles 6 of 32 KiB; fp4 tiles of
+    // 64 tokens 3 (decoded weights need room), of 8 tokens 4 at two per SM.
+    const std::map<std::string, std::pair<int, std::string>> pipeline = {
+        {"moe_gemm_tma_bf16_bf16_identity_m64n128k64", {4, "2"}},
+        {"moe_gemm_tma_bf16_bf16_swiglu_m64n128k64", {4, "2"}},
+        {"moe_gemm_tma_mxfp4_bf16_swiglu_m64n128k256", {3, "1"}},
+        {"moe_gemm_tma_fp8_fp8_relu2_m64n128k128", {8, "1"}},
+        {"moe_gemm_tma_bf16_bf16_swiglu_m128n128k64", {6, "1"}},
+        {"moe_gemm_tma_nvfp4_nvfp4_swiglu_m8n128k256", {4, "2"}},
+    };
+    ASSERT_EQ(pipeline.count(k.name), 1u);
+    EXPECT_EQ(k.stages, pipeline.at(k.name).first);
+    EXPECT_EQ(k.extras.at("ctas_per_sm"), pipeline.at(k.name).second);
     EXPECT_THAT(k.extras.at("mma"), HasSubstr("wgmma"));
   }
   EXPECT_EQ(formats,
@@ -272,15 +276,11 @@ TEST_F(MoeArtifactsTest, CubinsAreSm90aWithTheAbiParameterStruct) {
     const KernelInfo& ki = img.kernels[0];
     EXPECT_EQ(ki.name, k.function);
     ASSERT_TRUE(ki.param_bytes.has_value());
-    if (k.abi >= moe::kMoeGemmAbiV2) {
-      // The 64-byte aligned parameter (its tensor maps) starts at an aligned address of
-      // the constant bank, so the bank's parameter size includes up to 63 bytes of
-      // padding before it (496 with nvcc 13.0: 48 + 448).
-      EXPECT_GE(*ki.param_bytes, static_cast<int>(sizeof(moe::MoeGemmParamsV2)));
-      EXPECT_LT(*ki.param_bytes, static_cast<int>(sizeof(moe::MoeGemmParamsV2)) + 64);
-    } else {
-      EXPECT_EQ(*ki.param_bytes, static_cast<int>(sizeof(moe::MoeGemmParams)));
-    }
+    // The 64-byte aligned parameter (its tensor maps) starts at an aligned address of the
+    // constant bank, so the bank's parameter size includes up to 63 bytes of padding
+    // before it (496 with nvcc 13.0: 48 + 448).
+    EXPECT_GE(*ki.param_bytes, static_cast<int>(sizeof(moe::MoeGemmParamsV2)));
+    EXPECT_LT(*ki.param_bytes, static_cast<int>(sizeof(moe::MoeGemmParamsV2)) + 64);
     if (ki.max_threads) EXPECT_EQ(*ki.max_threads, k.threads);
     if (ki.frame_bytes) EXPECT_EQ(*ki.frame_bytes, 0) << "registers spilled to local memory";
   }
@@ -291,28 +291,25 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats mxfp4 "
                        "--activations swiglu,geglu --tiles 64x128 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
-            "moe_gemm_mxfp4_bf16_swiglu_m64n128k128\n"
             "moe_gemm_tma_mxfp4_bf16_swiglu_m64n128k256\n"
-            "moe_gemm_mxfp4_bf16_geglu_m64n128k128\n"
             "moe_gemm_tma_mxfp4_bf16_geglu_m64n128k256\n"
-            "moe_gemm_mxfp4_mxfp8_swiglu_m64n128k128\n"
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m64n128k256\n"
-            "moe_gemm_mxfp4_mxfp8_geglu_m64n128k128\n"
             "moe_gemm_tma_mxfp4_mxfp8_geglu_m64n128k256\n" +
                 std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
-  // The whole family: 95 generation-1 kernels, 135 generation-2 (TMA) ones; then the
-  // layer's 11, which the GEMM selection flags do not filter.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 241);
+  // The whole family: 135 TMA kernels (generation 2; generation 1's 95 are retired); then
+  // the layer's 11, which the GEMM selection flags do not filter.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 146);
+  EXPECT_THAT(out, ::testing::Not(::testing::ContainsRegex("(^|\n)moe_gemm_[^t]")));
   EXPECT_TRUE(out.ends_with(kLayerList)) << out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --no-layer 2>&1", &out),
             0);
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 230);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 135);
   EXPECT_THAT(out, ::testing::Not(HasSubstr("cubist_moe_")));
-  // mxfp4 x mxfp8 of generation 2: the bf16-MMA kernels up to 64 tokens
-  // (kernels/moe_gemm_fp4.cu), then the fp8-MMA one of 128 tokens, weights decoded by
-  // converters (kernels/moe_gemm_fp4_fp8.cu, tile_k 128): one design per tile.
-  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --generation 2 "
+  // mxfp4 x mxfp8: the bf16-MMA kernels up to 64 tokens (kernels/moe_gemm_fp4.cu), then
+  // the fp8-MMA one of 128 tokens, weights decoded by converters
+  // (kernels/moe_gemm_fp4_fp8.cu, tile_k 128): one design per tile.
+  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list "
                        "--formats mxfp4xmxfp8 --activations swiglu 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m8n128k256\n"
@@ -321,7 +318,7 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m64n128k256\n"
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m128n128k128\n" +
                 std::string(kLayerList));
-  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --generation 2 "
+  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list "
                        "--formats fp8 --activations relu2 --no-layer 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
             "moe_gemm_tma_fp8_fp8_relu2_m64n64k128\n"
@@ -331,6 +328,10 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
   EXPECT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats fp16 2>&1",
                        &out), 2);
   EXPECT_THAT(out, HasSubstr("--formats: unknown 'fp16'"));
+  // One generation is left: there is nothing to choose.
+  EXPECT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --generation 1 2>&1",
+                       &out), 2);
+  EXPECT_THAT(out, HasSubstr("unrecognized arguments: --generation 1"));
 }
 
 // ptxas serializes every wgmma of a kernel (a wait after each) when one is left in flight
@@ -346,7 +347,7 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   TempDir dir;
   std::string out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts '" + dir.Join("art") +
-                           "' --generation 2 --formats fp8,mxfp4xmxfp8 --activations relu2 "
+                           "' --formats fp8,mxfp4xmxfp8 --activations relu2 "
                            "--tiles 64x128x128,128x128x128,64x128x256 "
                            "--writer python --no-layer 2>&1",
                        &out),
@@ -371,7 +372,7 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   // Without --version: the family's version, raised when its set of kernels changed.
-  EXPECT_EQ(m->version, 2);
+  EXPECT_EQ(m->version, 3);
   ASSERT_EQ(m->kernels.size(), 4u);
   for (const KernelSpec& k : m->kernels) {
     EXPECT_EQ(k.extras.count("exact"), 0u) << k.name;

@@ -124,7 +124,7 @@ TEST(MoeGemmCheckTest, RejectsMissingScalesMisalignmentAndAbi) {
   p = ValidParams();
   p.abi = 0;
   EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128}),
-              HasSubstr("has abi 0, the kernels expect 1"));
+              HasSubstr("has abi 0, this build fills 3"));
 }
 
 TEST(MoeGemmCheckTest, OnlyVersionThreeKernelsTakeABias) {
@@ -140,21 +140,26 @@ TEST(MoeGemmCheckTest, OnlyVersionThreeKernelsTakeABias) {
               HasSubstr("(scales, alpha, beta, limit, bias) must be 4-byte aligned"));
 }
 
-TEST(MoeGemmCheckTest, VersionTwoKernelsBoundExpertsAndRows) {
+TEST(MoeGemmCheckTest, OneLaunchBoundsExpertsAndRows) {
   MoeGemmParams p = ValidParams();
   const MoeGemmKernelDesc tma{kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV2};
   EXPECT_EQ(MoeGemmCheck(p, tma), "");
   p.num_experts = kMoeGemmTmaMaxExperts + 1;
   EXPECT_THAT(MoeGemmCheck(p, tma),
-              HasSubstr("E = 1025 exceeds the 1024 experts a TMA (abi 2) kernel schedules"));
-  EXPECT_EQ(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256}), "");  // version 1
+              HasSubstr("E = 1025 exceeds the 1024 experts one launch schedules; launch "
+                        "groups of at most that many experts"));
   p.num_experts = 1000;
   p.n = 4 * 1024 * 1024;  // 4e9 weight rows: past a TMA coordinate
   EXPECT_THAT(MoeGemmCheck(p, tma), HasSubstr("weight rows exceed a TMA coordinate"));
   p = ValidParams();
   EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, 4}),
               HasSubstr("the kernel takes parameter struct version 4, this build fills "
-                        "versions 1 to 3"));
+                        "versions 2 to 3"));
+  // Generation 1's version is retired: the check names the fix.
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128, 1}),
+              HasSubstr("moe_gemm: the kernel's parameter struct version 1 (generation "
+                        "1) is retired and no longer launched; rebuild the family with "
+                        "scripts/build-artifacts"));
 }
 
 TEST(MoeGemmAbiTest, PersistentGridIsCappedBySmsAndTiles) {
@@ -180,10 +185,11 @@ TEST(MoeGemmAbiTest, GridIsAnUpperBoundOnTiles) {
   p.num_tokens = 130;  // e.g. 1 + 64 + 65 rows: 1 + 1 + 2 = 4 tiles of 64
   p.n = 512;
   EXPECT_EQ(MoeGemmMaxMTiles(130, 3, 64), 4);  // (130 + 3*63) / 64
-  EXPECT_EQ(MoeGemmGridFor(p, kIdentity, 64, 128).x, 4u * 4u);
-  EXPECT_EQ(MoeGemmGridFor(p, kSwiglu, 64, 128).x, 4u * 4u);  // 256 out cols / 64
-  p.num_tokens = 0;
-  EXPECT_GE(MoeGemmGridFor(p, kIdentity, 128, 128).x, 1u);
+  EXPECT_EQ(MoeGemmNTiles(512, kIdentity, 128), 4);
+  EXPECT_EQ(MoeGemmNTiles(512, kSwiglu, 128), 4);  // 256 out cols / 64
+  // With room for every tile, the persistent grid is the bound itself.
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kIdentity, 64, 128, 132, 1).x, 4u * 4u);
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kSwiglu, 64, 128, 132, 1).x, 4u * 4u);
 }
 
 // ---- GPU. ----
@@ -351,7 +357,7 @@ std::vector<ProblemCase> Problems(MoeFormat w, MoeFormat a) {
   out.push_back({"ragged", {w, a, 384, 320, RaggedCounts(12, 0), true, true, true}});
   out.push_back({"gptoss", {w, a, 1152, 2880, {40, 0, 300, 17, 128, 256}, false, false, false}});
   out.push_back({"last", {w, a, 128, 256, {0, 0, 0, 0, 0, 0, 0, 77}, false, true, false}});
-  // A bias row per expert (parameter struct version 3: generation-2 kernels only).
+  // A bias row per expert (parameter struct version 3).
   out.push_back({"bias", {w, a, 384, 320, RaggedCounts(12, 3), true, true, true}, AddBias});
   if (w == kFp8Block) {
     // N/2 = 224: a gated tile's 64 gate rows (224.., 288.., ...) straddle two 128-row
@@ -378,7 +384,7 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
     if (k.op != kMoeGemmOp) continue;
     auto w = ParseFormat(k.weight_format), a = ParseFormat(k.activation_format);
     ASSERT_TRUE(w && a && ParseAct(k.activation)) << k.name;
-    EXPECT_TRUE(k.abi == kMoeGemmAbiV1 || k.abi == kMoeGemmAbiV3) << k.name;
+    EXPECT_EQ(k.abi, kMoeGemmAbiV3) << k.name;
     by_pair[{*w, *a}].push_back(&k);
   }
 
@@ -456,7 +462,7 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
   if (results) *results << "moe_gemm: " << passed << " of " << launched << " passed\n";
 }
 
-// More experts than one generation-2 launch schedules (1,024): MoeGemm runs them as
+// More experts than one launch schedules (1,024): MoeGemm runs them as
 // launches over groups of experts (dispatch/moe_gemm_launch.h MoeGemmExpertGroup), each
 // with its own offsets, B, scales, activation parameters and bias. Through the dispatcher
 // (pinned to each version-3 SwiGLU kernel in turn), against the reference; rows in every
@@ -480,11 +486,11 @@ TEST(MoeGemmGpuTest, ManyExpertsRunAsLaunchesOverGroupsOfExperts) {
   }
   std::map<std::pair<MoeFormat, MoeFormat>, std::vector<const KernelSpec*>> by_pair;
   for (const KernelSpec& k : env.manifest.kernels) {
-    if (k.op == kMoeGemmOp && k.abi >= kMoeGemmAbiV3 && k.activation == "swiglu") {
+    if (k.op == kMoeGemmOp && k.activation == "swiglu") {
       by_pair[{*ParseFormat(k.weight_format), *ParseFormat(k.activation_format)}].push_back(&k);
     }
   }
-  ASSERT_FALSE(by_pair.empty()) << "the family has no version-3 swiglu kernel";
+  ASSERT_FALSE(by_pair.empty()) << "the family has no swiglu kernel";
   int launched = 0, passed = 0;
   uint64_t seed = 7000;
   for (const auto& [pair, kernels] : by_pair) {

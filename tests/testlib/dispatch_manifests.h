@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/moe_gemm_abi.h"
 #include "manifest/manifest.h"
 
 namespace cubist::testing {
@@ -24,7 +25,7 @@ struct TestKernel {
   int tile_k = 64;
   std::string arch = "sm_90a";
   std::string op = "moe_gemm";
-  int abi = 1;
+  int abi = moe::kMoeGemmAbi;
   int threads = 256;
   int shared_mem_bytes = 160 * 1024;  // one CTA per SM: ranking by tiles alone
   std::array<int, 3> cluster = {1, 1, 1};

@@ -36,11 +36,11 @@ class LaunchRecordingDriver : public FakeDriver {
       std::memcpy(&t, params.data(), std::min(params.size(), sizeof(T)));
       return t;
     }
-    // A moe_gemm launch's parameters (the first member of every version's struct).
-    moe::MoeGemmParams gemm() const { return As<moe::MoeGemmParams>(); }
+    // A moe_gemm launch's parameters (MoeGemmParamsV2's first member).
+    moe::MoeGemmParams gemm() const { return As<moe::MoeGemmParamsV2>().g; }
   };
   // How many bytes of a kernel's parameter struct to copy, by the kernel's name; the
-  // default is sizeof(moe::MoeGemmParams) for every kernel.
+  // default is sizeof(moe::MoeGemmParamsV2), what every moe_gemm kernel takes.
   using ParamBytes = std::function<size_t(std::string_view name)>;
 
   explicit LaunchRecordingDriver(ParamBytes param_bytes = nullptr)
@@ -54,7 +54,7 @@ class LaunchRecordingDriver : public FakeDriver {
     l.function = f;
     l.config = *config;
     l.attrs.assign(config->attrs, config->attrs + config->numAttrs);
-    const size_t bytes = param_bytes_ ? param_bytes_(l.name) : sizeof(moe::MoeGemmParams);
+    const size_t bytes = param_bytes_ ? param_bytes_(l.name) : sizeof(moe::MoeGemmParamsV2);
     l.params.assign(static_cast<const char*>(params[0]), bytes);
     absl::MutexLock lock(&mu_);
     launches_.push_back(std::move(l));
