@@ -246,51 +246,37 @@ absl::Status MoeGemm::CanImplement(const MoeGemmArgs& args) {
     if (params.out == nullptr) params.out = const_cast<void*>(placeholder);
   }
   // Each launch Run makes (one per group of experts when E exceeds what one schedules).
-  const int32_t per_launch = MoeGemmExpertsPerLaunch(d->info);
-  for (int32_t first = 0; first < params.num_experts; first += per_launch) {
-    const moe::MoeGemmParams p =
-        params.num_experts <= per_launch
-            ? params
-            : MoeGemmExpertGroup(params, d->info, first,
-                                 std::min(per_launch, params.num_experts - first));
-    std::string problem = moe::MoeGemmCheck(p, desc);
-    if (!problem.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(problem, " (kernel ", d->kernel->name(),
-                       p.num_experts < params.num_experts
-                           ? absl::StrCat(", experts ", first, "..", first + p.num_experts - 1)
-                           : "",
-                       ")"));
-    }
-  }
-  return absl::OkStatus();
+  return ForEachExpertGroup(
+      params, d->info, [&](const moe::MoeGemmParams& p, int32_t first) -> absl::Status {
+        const std::string problem = moe::MoeGemmCheck(p, desc);
+        if (problem.empty()) return absl::OkStatus();
+        return absl::InvalidArgumentError(absl::StrCat(
+            problem, " (kernel ", d->kernel->name(),
+            p.num_experts < params.num_experts
+                ? absl::StrCat(", experts ", first, "..", first + p.num_experts - 1)
+                : "",
+            ")"));
+      });
 }
 
 absl::Status MoeGemm::Launch(const MoeGemmDecision& d, const MoeGemmArgs& args,
                              CUstream stream) {
-  const moe::MoeGemmParams all = ParamsOf(args);
   // More experts than one launch schedules: one launch per group of experts, in order
   // (they write disjoint rows of out).
-  const int32_t per_launch = MoeGemmExpertsPerLaunch(d.info);
-  for (int32_t first = 0; first < all.num_experts; first += per_launch) {
-    const moe::MoeGemmParams p =
-        all.num_experts <= per_launch
-            ? all
-            : MoeGemmExpertGroup(all, d.info, first,
-                                 std::min(per_launch, all.num_experts - first));
-    MoeGemmLaunch launch;  // the launch reads its parameters through a void*
-    CUBIST_RETURN_IF_ERROR(PrepareMoeGemmLaunch(runtime_->driver(), d.info, p,
-                                                runtime_->device_info().sm_count, &launch));
-    const CUlaunchConfig config = launch.Config(d.block, d.shared_mem_bytes, d.cluster,
-                                                options_.programmatic_dependent_launch, stream);
-    DriverApi& driver = runtime_->driver();
-    const CUresult r =
-        driver.LaunchKernelEx(&config, d.function, launch.kernel_params(), nullptr);
-    if (r != CUDA_SUCCESS) {
-      return CuCheck(driver, r, absl::StrCat("launch ", d.kernel->name()));
-    }
-  }
-  return absl::OkStatus();
+  return ForEachExpertGroup(
+      ParamsOf(args), d.info, [&](const moe::MoeGemmParams& p, int32_t) -> absl::Status {
+        MoeGemmLaunch launch;  // the launch reads its parameters through a void*
+        CUBIST_RETURN_IF_ERROR(PrepareMoeGemmLaunch(runtime_->driver(), d.info, p,
+                                                    runtime_->device_info().sm_count, &launch));
+        const CUlaunchConfig config = launch.Config(
+            d.block, d.shared_mem_bytes, d.cluster, options_.programmatic_dependent_launch,
+            stream);
+        DriverApi& driver = runtime_->driver();
+        const CUresult r =
+            driver.LaunchKernelEx(&config, d.function, launch.kernel_params(), nullptr);
+        if (r == CUDA_SUCCESS) return absl::OkStatus();
+        return CuCheck(driver, r, absl::StrCat("launch ", d.kernel->name()));
+      });
 }
 
 absl::Status MoeGemm::Run(const MoeGemmArgs& args, CUstream stream) {

@@ -83,6 +83,23 @@ int32_t MoeGemmExpertsPerLaunch(const MoeGemmKernelInfo& k);
 moe::MoeGemmParams MoeGemmExpertGroup(const moe::MoeGemmParams& p, const MoeGemmKernelInfo& k,
                                       int32_t first, int32_t count);
 
+// Calls f(params, first_expert) for each launch of `p` on kernel `k`, in order: `p` itself
+// when one launch schedules all its experts (the common case: no copy), else the
+// MoeGemmExpertGroup of each group of MoeGemmExpertsPerLaunch(k) experts. Stops at f's
+// first error and returns it.
+template <typename F>
+absl::Status ForEachExpertGroup(const moe::MoeGemmParams& p, const MoeGemmKernelInfo& k,
+                                F&& f) {
+  const int32_t per_launch = MoeGemmExpertsPerLaunch(k);
+  if (p.num_experts <= per_launch) return f(p, 0);
+  for (int32_t first = 0; first < p.num_experts; first += per_launch) {
+    const int32_t count = per_launch < p.num_experts - first ? per_launch : p.num_experts - first;
+    absl::Status s = f(MoeGemmExpertGroup(p, k, first, count), first);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 // Fills `out` for launching kernel `k` on `p` (a struct from MoeGemmParamsInit; call
 // MoeGemmCheck first). sm_count is the device's multiprocessor count (the persistent
 // grid). Errors: FailedPrecondition when the driver cannot encode tensor maps (driver

@@ -228,7 +228,7 @@ __device__ __forceinline__ void NamedBarrier128(int id) {
 // Named barrier 1 + ci orders the consumer's 128 threads around the buffer.
 template <MoeFormat F, MoeActivation ACT, int TN, int R>
 __device__ __forceinline__ void StoreStaged(const MoeGemmParams& p, const MoeTile& t, int ci,
-                                            const float (&acc)[R], uint8_t* buf) {
+                                            float (&acc)[R], uint8_t* buf) {
   constexpr bool kGated = IsGated(ACT);
   constexpr int kTileCols = kGated ? TN / 2 : TN;
   // Chunks of 64 columns, or 32 where 64 do not divide the tile's columns (gated 192-row
@@ -241,8 +241,9 @@ __device__ __forceinline__ void StoreStaged(const MoeGemmParams& p, const MoeTil
   constexpr int kGroups = kChunkCols / 8;  // 8-column groups (16-byte pieces) per row
   constexpr int kRowB = kMoeGemmTmaEpilogueRowBytes;
   static_assert(64 * kGroups % 128 == 0, "whole pieces per thread");
-  const TileEpilogue<F, ACT> ep(p, t.e);
   const int tid = threadIdx.x % 128, lane = tid % 32, warp = tid / 32;
+  TileEpilogue<F, ACT> ep(p, t.e);
+  ep.template FoldBias<TN>(acc, t.n_tile * kTileCols + (lane % 4) * 2);
   const int row0 = t.row_begin + ci * 64;
   const int n_out = MoeGemmOutCols(p.n, ACT);
   __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
@@ -254,8 +255,7 @@ __device__ __forceinline__ void StoreStaged(const MoeGemmParams& p, const MoeTil
       const uint32_t row_addr = base + (warp * 16 + lane / 4 + 8 * h) * kRowB + (lane % 4) * 4;
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
-        const int col = t.n_tile * kTileCols + c * kChunkCols + g * 8 + (lane % 4) * 2;
-        const __nv_bfloat162 v = ep.template Pair<TN>(acc, c * kGroups + g, h, col);
+        const __nv_bfloat162 v = ep.template Pair<TN>(acc, c * kGroups + g, h);
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_addr + g * 16),
                      "r"(*reinterpret_cast<const uint32_t*>(&v))
                      : "memory");
