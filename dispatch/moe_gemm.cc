@@ -268,9 +268,10 @@ absl::Status MoeGemm::Launch(const MoeGemmDecision& d, const MoeGemmArgs& args,
         MoeGemmLaunch launch;  // the launch reads its parameters through a void*
         CUBIST_RETURN_IF_ERROR(PrepareMoeGemmLaunch(runtime_->driver(), d.info, p,
                                                     runtime_->device_info().sm_count, &launch));
+        // Only a kernel that waits for the previous grid may start before it ends.
         const CUlaunchConfig config = launch.Config(
-            d.block, d.shared_mem_bytes, d.cluster, options_.programmatic_dependent_launch,
-            stream);
+            d.block, d.shared_mem_bytes, d.cluster,
+            options_.programmatic_dependent_launch && d.info.pdl, stream);
         DriverApi& driver = runtime_->driver();
         const CUresult r =
             driver.LaunchKernelEx(&config, d.function, launch.kernel_params(), nullptr);

@@ -76,7 +76,10 @@ struct MoeGemmOptions {
   // Always use this kernel (debugging); CanImplement fails when it cannot serve.
   std::string pinned_kernel;
   // Launch with programmatic stream serialization allowed, so the kernel's prologue
-  // may overlap the previous kernel's tail on the stream.
+  // may overlap the previous kernel's tail on the stream. Applies to kernels whose entry
+  // says "pdl": true (they wait for the previous grid before reading memory, and let the
+  // next kernel launch early, so a next kernel launched with the attribute must wait
+  // too); others are launched in plain stream order.
   bool programmatic_dependent_launch = false;
   // Distinct problems remembered; beyond it problems are decided on every call.
   size_t decision_cache_capacity = 4096;

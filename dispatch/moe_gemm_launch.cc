@@ -145,6 +145,12 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
     }
     k.max_experts = std::min(k.max_experts, v);
   }
+  if (auto it = spec.extras.find("pdl"); it != spec.extras.end()) {
+    if (it->second != "true" && it->second != "false") {
+      return bad("pdl", absl::StrCat("expected true or false, got ", it->second));
+    }
+    k.pdl = it->second == "true";
+  }
   return k;
 }
 

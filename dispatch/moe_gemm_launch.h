@@ -44,11 +44,15 @@ struct MoeGemmKernelInfo {
   // expert's offsets in shared memory (kMoeGemmTmaMaxExperts, or the entry's smaller
   // extras "max_experts").
   int32_t max_experts = moe::kMoeGemmTmaMaxExperts;
+  // extras "pdl": the kernel waits for the previous grid (griddepcontrol.wait) before its
+  // first global read, so it may be launched with programmatic stream serialization.
+  // Kernels built before they waited lack it and are launched in plain stream order.
+  bool pdl = false;
 };
 
 // InvalidArgument naming the field when the entry is not a moe_gemm kernel this build can
 // launch (unknown format or activation, abi outside kMoeGemmAbiOldest..kMoeGemmAbi, a
-// retired version 1 saying how to rebuild, bad ctas_per_sm, cluster or max_experts).
+// retired version 1 saying how to rebuild, bad ctas_per_sm, cluster, max_experts or pdl).
 [[nodiscard]] absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec);
 
 // The parameter block and grid of one launch. Pass kernel_params() as cuLaunchKernel's

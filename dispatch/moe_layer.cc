@@ -246,12 +246,12 @@ absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(Runtime& runtime,
   CUBIST_ASSIGN_OR_RETURN(layer->method_, ParseRoutingMethod(options.routing_method));
   layer->logits_bf16_ = options.logits_format == "bf16";
   layer->local_experts_ = LocalExperts(options);
-  // The moe_gemm kernels do not wait on the previous grid (griddepcontrol.wait), while the
-  // glue kernels let their dependents launch early: a GEMM launched with programmatic
-  // serialization could read the gather's rows before they are written. The GEMMs are
-  // launched in plain stream order; the glue kernels, which wait, overlap their launch.
+  // Every kernel of the layer overlaps its prologue with the previous one's tail: the glue
+  // kernels and the GEMM kernels whose entries say "pdl" wait for the previous grid before
+  // reading; a GEMM entry without it (built before its kernels waited) is launched in
+  // plain stream order by MoeGemm, since the glue kernels let their dependents launch early.
   MoeGemmOptions gemm_options = options.gemm;
-  gemm_options.programmatic_dependent_launch = false;
+  gemm_options.programmatic_dependent_launch = options.programmatic_dependent_launch;
   CUBIST_ASSIGN_OR_RETURN(layer->gemm1_, MoeGemm::Create(runtime, gemm_options));
   CUBIST_ASSIGN_OR_RETURN(layer->gemm2_, MoeGemm::Create(runtime, gemm_options));
   return layer;

@@ -86,6 +86,9 @@ struct MoeLayerOptions {
   // "sum": the deterministic weighted sum into out. "none": no finalize; Run leaves the
   // unweighted rows, the routing and the permutation in the workspace (MoeLayerOutputs).
   std::string finalize = "sum";
+  // Launch every kernel with programmatic stream serialization, so each one's prologue
+  // overlaps the previous one's tail (the GEMMs only where their entries say "pdl"). It
+  // overrides gemm.programmatic_dependent_launch.
   bool programmatic_dependent_launch = true;
   MoeGemmOptions gemm;  // for both GEMMs (pinning, inexact kernels)
 };

@@ -169,6 +169,14 @@ __device__ __forceinline__ MoeTile TileAt(int64_t tile, int64_t m_tiles, int64_t
 // mbarriers (full: the producer's arrival plus the copy's bytes; empty: one arrival per
 // consumer warpgroup) and prefetches the tensor maps; then the CTA builds the tile prefix
 // sums (off, pre) for M tiles of tm rows. Returns the number of M tiles.
+//
+// Programmatic dependent launch (manifest "pdl": true): nothing above the wait reads
+// global memory (the barriers are shared memory, the maps live in the parameter block),
+// so under the launch attribute this part overlaps the previous kernel's tail, and every
+// global read (offsets, A, B, scales, bias) comes after the previous grid has completed
+// with its writes visible. The trigger then lets the next kernel's CTAs be scheduled as
+// this grid's CTAs exit: it waits for this grid's completion before its own reads, as
+// every kernel launched with the attribute must. Without the attribute both are no-ops.
 template <int kStages>
 __device__ __forceinline__ int64_t PipelinePrologue(const MoeGemmParamsV2& pv, uint32_t full_bar,
                                                     uint32_t empty_bar, int consumers, int tm,
@@ -182,6 +190,8 @@ __device__ __forceinline__ int64_t PipelinePrologue(const MoeGemmParamsV2& pv, u
     TmaPrefetchMap(&pv.a_map);
     TmaPrefetchMap(&pv.b_map);
   }
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   BuildTilePrefix(pv.g, tm, off, pre);
   return pre[pv.g.num_experts];
 }

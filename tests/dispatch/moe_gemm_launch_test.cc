@@ -262,6 +262,18 @@ TEST(MoeGemmLaunchTest, KernelInfoFromTheManifestEntry) {
                        HasSubstr("kernel moe_gemm_tma_fp8_fp8_relu2_m64n128k128: ctas_per_sm: "
                                  "expected an integer in 1..32, got 0")));
   s.extras.erase("ctas_per_sm");
+  // "pdl": whether the kernel waits for the previous grid; absent means it does not.
+  EXPECT_FALSE(MoeGemmKernelInfoOf(s)->pdl);
+  s.extras["pdl"] = "true";
+  EXPECT_TRUE(MoeGemmKernelInfoOf(s)->pdl);
+  s.extras["pdl"] = "false";
+  EXPECT_FALSE(MoeGemmKernelInfoOf(s)->pdl);
+  s.extras["pdl"] = "1";
+  EXPECT_THAT(MoeGemmKernelInfoOf(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("kernel moe_gemm_tma_fp8_fp8_relu2_m64n128k128: pdl: "
+                                 "expected true or false, got 1")));
+  s.extras.erase("pdl");
   s.abi = 3;  // version 2's struct with the bias
   ASSERT_TRUE(MoeGemmKernelInfoOf(s).ok());
   EXPECT_EQ(MoeGemmKernelInfoOf(s)->abi, 3);

@@ -63,7 +63,8 @@ constexpr Pair kPairs[] = {
 };
 
 // The glue kernels as scripts/build-artifacts publishes them, and one version-3 GEMM stub
-// per pair and activation (GEMM1 SwiGLU, GEMM2 identity).
+// per pair and activation (GEMM1 SwiGLU, GEMM2 identity). The GEMM stubs say "pdl" (they
+// wait for the previous grid), except bf16's identity one, like a kernel built before.
 std::vector<TestKernel> LayerKernels() {
   std::vector<TestKernel> v;
   const std::pair<const char*, const char*> glue[] = {
@@ -102,6 +103,7 @@ std::vector<TestKernel> LayerKernels() {
       k.tile_k = p.w == DataFormat::kBf16 ? 64 : 128;
       k.threads = 128;
       k.shared_mem_bytes = 100000;
+      if (k.name != "layer_bf16_bf16_identity") k.extras = "\"pdl\": true";
       v.push_back(k);
     }
   }
@@ -402,6 +404,37 @@ TEST_F(MoeLayerFakeDriverTest, NoFinalizeStopsAfterGemm2AndWeightOnInputReachesT
   const auto q = launches[2].As<moe::MoeQuantizeParams>();
   EXPECT_EQ(Addr(q.weights), kWorkspace + w->topk_weights);
   EXPECT_EQ(launches[4].As<moe::MoeQuantizeParams>().weights, nullptr);
+}
+
+// Programmatic dependent launch: every kernel of the layer overlaps the previous one's
+// tail, except a GEMM whose entry does not say it waits; the option off, none does.
+TEST_F(MoeLayerFakeDriverTest, EveryKernelThatWaitsIsLaunchedProgrammatically) {
+  for (const bool pdl : {true, false}) {
+    SCOPED_TRACE(pdl);
+    driver_.Clear();
+    MoeLayerOptions o = Options(kPairs[0]);  // bf16: GEMM2's stub does not wait
+    o.programmatic_dependent_launch = pdl;
+    auto layer = MoeLayer::Create(*runtime_, o);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    auto w = MoeLayer::WorkspaceLayout(o, 5);
+    ASSERT_TRUE(w.ok());
+    const MoeLayerArgs a = Args(o, 5, w->bytes);
+    CUBIST_ASSERT_OK((*layer)->CanImplement(a, 5));
+    CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+    const auto launches = driver_.launches();
+    ASSERT_THAT(Names(launches),
+                ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", "cubist_moe_gather_bf16",
+                            "layer_bf16_bf16_swiglu", "layer_bf16_bf16_identity",
+                            "cubist_moe_finalize"));
+    for (const auto& l : launches) {
+      const bool expected = pdl && l.name != "layer_bf16_bf16_identity";
+      ASSERT_EQ(l.attrs.size(), expected ? 1u : 0u) << l.name;
+      if (expected) {
+        EXPECT_EQ(l.attrs[0].id, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+        EXPECT_EQ(l.attrs[0].value.programmaticStreamSerializationAllowed, 1);
+      }
+    }
+  }
 }
 
 TEST_F(MoeLayerFakeDriverTest, AScaleForAPairThatTakesNoneIsRefusedBeforeAnyLaunch) {

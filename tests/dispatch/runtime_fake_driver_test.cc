@@ -56,7 +56,9 @@ std::vector<TestKernel> StubKernels() {
     return v.back();
   };
   add("bf16_swiglu_m64n64", "moe_stub_m64n64", 64, 64);
-  add("bf16_swiglu_m64n128", "moe_stub_m64n128", 64, 128);
+  // It waits for the previous grid (a real kernel's griddepcontrol.wait); the others,
+  // like kernels built before they waited, say nothing and are launched in stream order.
+  add("bf16_swiglu_m64n128", "moe_stub_m64n128", 64, 128).extras = "\"pdl\": true";
   {
     TestKernel& k = add("bf16_swiglu_m128n128", "moe_stub_m128n128", 128, 128);
     k.threads = 256;
@@ -233,6 +235,30 @@ TEST_F(RuntimeFakeDriverTest, DecodeProblemGetsTheDecodeTileAndNoClusterAttribut
   ASSERT_EQ(launches[0].attrs.size(), 1u);
   EXPECT_EQ(launches[0].attrs[0].id, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
   EXPECT_EQ(launches[0].attrs[0].value.programmaticStreamSerializationAllowed, 1);
+}
+
+// Programmatic serialization only for a kernel whose entry says it waits ("pdl"): one that
+// does not could read its inputs before the previous kernel (which may let it launch
+// early) has written them. Without the option, no kernel gets it.
+TEST_F(RuntimeFakeDriverTest, ProgrammaticLaunchOnlyForKernelsThatWait) {
+  auto rt = Open();
+  ASSERT_NE(rt, nullptr);
+  const MoeGemmArgs args = Args(128, 128 * 8, 5760, 2880);
+  auto attrs_of = [&](const std::string& pinned, bool pdl) {
+    MoeGemmOptions o;
+    o.pinned_kernel = pinned;
+    o.programmatic_dependent_launch = pdl;
+    auto gemm = MoeGemm::Create(*rt, o);
+    EXPECT_TRUE(gemm.ok()) << gemm.status();
+    const size_t before = driver_.launches().size();
+    EXPECT_TRUE((*gemm)->Run(args, nullptr).ok());
+    const auto launches = driver_.launches();
+    EXPECT_EQ(launches.size(), before + 1);
+    return launches.back().attrs.size();
+  };
+  EXPECT_EQ(attrs_of("bf16_swiglu_m64n128", true), 1u);
+  EXPECT_EQ(attrs_of("bf16_swiglu_m64n128", false), 0u);
+  EXPECT_EQ(attrs_of("bf16_swiglu_m64n64", true), 0u);
 }
 
 // The expert counts generation 1 alone served before generation 2 ran groups of experts:

@@ -199,6 +199,7 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
     EXPECT_THAT(k.extras.at("k_multiple"), ::testing::AnyOf("8", "16", "32"));
     EXPECT_THAT(k.extras.at("grid"), HasSubstr("MoeGemmPersistentGridFor"));
     EXPECT_EQ(k.extras.at("max_experts"), "1024");
+    EXPECT_EQ(k.extras.at("pdl"), "true");  // PipelinePrologue waits for the previous grid
     EXPECT_EQ(k.extras.count("decode"), 1u);
     EXPECT_EQ(k.extras.at("decode").find("activations") != std::string::npos,
               k.weight_format == "nvfp4");  // fp4 activations: decoded by converter warps
