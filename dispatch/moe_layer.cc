@@ -267,11 +267,13 @@ absl::Status MoeLayer::LoadGlue() {
     Op op;
     const char* function;
     Kernel* slot;
+    bool optional = false;  // a manifest published before the kernel existed lacks it
   };
   const char* quantize = QuantizeFunction(options_.activation_format);
   const Want wants[] = {
       {Op::kMoeQuantize, quantize, &quantize_},
       {Op::kMoeRoute, "cubist_moe_route", &route_},
+      {Op::kMoeRoute, "cubist_moe_route_sort", &route_sort_, /*optional=*/true},
       {Op::kMoeSort, "cubist_moe_sort_fused", &sort_fused_},
       {Op::kMoeSort, "cubist_moe_sort_count", &sort_count_},
       {Op::kMoeSort, "cubist_moe_sort_scan", &sort_scan_},
@@ -299,7 +301,7 @@ absl::Status MoeLayer::LoadGlue() {
       w.slot->function = *f;
       break;
     }
-    if (w.slot->function == nullptr) {
+    if (w.slot->function == nullptr && !(w.optional && tried.empty())) {
       return absl::NotFoundError(absl::StrCat(
           "moe layer: the manifest ", reg.manifest_source(), " has no ", Sv(OpName(w.op)),
           " kernel ", w.function, " for this GPU",
@@ -307,19 +309,32 @@ absl::Status MoeLayer::LoadGlue() {
           "; publish the layer's kernels (scripts/build-artifacts builds them)"));
     }
   }
-  // The route kernel keeps one token's logits per warp in dynamic shared memory; past
-  // the driver's default 48 KiB (E > 3072) the function's limit must be raised first.
-  const int route_shared = moe::MoeRouteSharedBytes(static_cast<int32_t>(options_.num_experts));
-  if (route_shared > 48 * 1024) {
-    DriverApi& driver = runtime_->driver();
+  CUBIST_RETURN_IF_ERROR(RaiseSharedLimits());
+  glue_loaded_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+// The route kernels keep tokens' logits in dynamic shared memory: past the driver's
+// default (48 KiB with the static part) the function's limit must be raised first.
+absl::Status MoeLayer::RaiseSharedLimits() {
+  const int32_t e = static_cast<int32_t>(options_.num_experts);
+  const struct {
+    const Kernel& k;
+    int bytes;
+  } raises[] = {
+      {route_, moe::MoeRouteSharedBytes(e) > 48 * 1024 ? moe::MoeRouteSharedBytes(e) : 0},
+      {route_sort_, route_sort_.function != nullptr ? moe::kMoeRouteSortMaxSharedBytes : 0},
+  };
+  DriverApi& driver = runtime_->driver();
+  for (const auto& r : raises) {
+    if (r.bytes == 0) continue;
     CUBIST_RETURN_IF_ERROR(CuCheck(
         driver,
-        driver.FuncSetAttribute(route_.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                route_shared),
-        absl::StrCat("moe layer: raise ", route_.entry->name(), "'s shared memory to ",
-                     route_shared, " bytes")));
+        driver.FuncSetAttribute(r.k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                r.bytes),
+        absl::StrCat("moe layer: raise ", r.k.entry->name(), "'s shared memory to ", r.bytes,
+                     " bytes")));
   }
-  glue_loaded_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -504,7 +519,7 @@ unsigned MoeLayer::RowCtas(int64_t rows) const {
       std::min<int64_t>(rows, int64_t{8} * runtime_->device_info().sm_count));
 }
 
-absl::Status MoeLayer::Route(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
+moe::MoeRouteParams MoeLayer::RouteParams(const MoeLayerArgs& a, const Pass& pass) const {
   moe::MoeRouteParams p{};
   p.abi = moe::kMoeLayerAbi;
   p.method = method_;
@@ -520,12 +535,10 @@ absl::Status MoeLayer::Route(const MoeLayerArgs& a, const Pass& pass, CUstream s
   p.bias = reinterpret_cast<const float*>(a.routing_bias);
   p.topk_ids = reinterpret_cast<int32_t*>(pass.ids);
   p.topk_weights = reinterpret_cast<float*>(pass.weights);
-  const int64_t per_cta = moe::kMoeRouteThreads / 32;  // a warp per token
-  return Launch(route_, static_cast<unsigned>((pass.tokens + per_cta - 1) / per_cta),
-                moe::kMoeRouteThreads, moe::MoeRouteSharedBytes(p.num_experts), &p, stream);
+  return p;
 }
 
-absl::Status MoeLayer::Sort(const Pass& pass, CUstream stream) {
+moe::MoeSortParams MoeLayer::SortParams(const Pass& pass) const {
   const MoeLayerWorkspace& w = pass.w;
   moe::MoeSortParams s{};
   s.abi = moe::kMoeLayerAbi;
@@ -540,10 +553,33 @@ absl::Status MoeLayer::Sort(const Pass& pass, CUstream stream) {
   s.permuted_to_expanded = pass.At<int32_t>(w.permuted_to_expanded);
   s.chunk_counts = pass.At<int32_t>(w.chunk_counts);
   s.dropped = pass.At<int32_t>(w.dropped);
-  if (pass.slots <= moe::kMoeSortChunk) {
+  return s;
+}
+
+absl::Status MoeLayer::RouteAndSort(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
+  moe::MoeSortParams sort = SortParams(pass);
+  if (a.router_logits == 0) return Sort(sort, pass.slots, stream);  // pre-routed
+  moe::MoeRouteParams route = RouteParams(a, pass);
+  if (route_sort_.function != nullptr &&
+      moe::MoeRouteSortServes(pass.tokens, route.top_k, route.num_experts)) {
+    moe::MoeRouteSortParams both{route, sort};
+    return Launch(route_sort_, 1, moe::kMoeSortThreads,
+                  moe::MoeRouteSortSharedBytes(pass.tokens, route.num_experts), &both, stream);
+  }
+  const int64_t per_cta = moe::kMoeRouteThreads / 32;  // a warp per token
+  CUBIST_RETURN_IF_ERROR(Launch(route_,
+                                static_cast<unsigned>((pass.tokens + per_cta - 1) / per_cta),
+                                moe::kMoeRouteThreads,
+                                moe::MoeRouteSharedBytes(route.num_experts), &route, stream));
+  return Sort(sort, pass.slots, stream);
+}
+
+absl::Status MoeLayer::Sort(const moe::MoeSortParams& params, int64_t slots, CUstream stream) {
+  moe::MoeSortParams s = params;  // Launch passes a non-const pointer
+  if (slots <= moe::kMoeSortChunk) {
     return Launch(sort_fused_, 1, moe::kMoeSortThreads, 0, &s, stream);
   }
-  const unsigned chunks = static_cast<unsigned>(moe::MoeSortChunks(pass.slots));
+  const unsigned chunks = static_cast<unsigned>(moe::MoeSortChunks(slots));
   CUBIST_RETURN_IF_ERROR(Launch(sort_count_, chunks, moe::kMoeSortThreads, 0, &s, stream));
   CUBIST_RETURN_IF_ERROR(Launch(sort_scan_, 1, moe::kMoeSortThreads, 0, &s, stream));
   return Launch(sort_scatter_, chunks, moe::kMoeSortThreads, 0, &s, stream);
@@ -642,8 +678,7 @@ absl::Status MoeLayer::RunChunk(const MoeLayerArgs& a, int64_t first, int64_t to
   pass.ids = routed ? pass.ws + pass.w.topk_ids : a.topk_ids + 4 * first * k;
   pass.weights = routed ? pass.ws + pass.w.topk_weights : a.topk_weights + 4 * first * k;
 
-  if (routed) CUBIST_RETURN_IF_ERROR(Route(a, pass, stream));
-  CUBIST_RETURN_IF_ERROR(Sort(pass, stream));
+  CUBIST_RETURN_IF_ERROR(RouteAndSort(a, pass, stream));
   CUBIST_RETURN_IF_ERROR(GatherInput(a, pass, stream));
   CUBIST_RETURN_IF_ERROR(gemm1_->Run(GemmArgs(a, 1, pass.ws, pass.w), stream));
   if (Quantized(options_.activation_format)) {

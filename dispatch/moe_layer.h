@@ -183,12 +183,17 @@ class MoeLayer {
   struct Pass;  // one pass over a chunk of tokens (moe_layer.cc)
   MoeLayer(Runtime& runtime, const MoeLayerOptions& options);
   absl::Status LoadGlue();
+  absl::Status RaiseSharedLimits();
   absl::Status ValidateArgs(const MoeLayerArgs& args, int64_t max_tokens) const;
   // The steps of one pass, in launch order.
   absl::Status RunChunk(const MoeLayerArgs& args, int64_t first_token, int64_t tokens,
                         CUstream stream);
-  absl::Status Route(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
-  absl::Status Sort(const Pass& pass, CUstream stream);
+  // Route (with logits) and Sort: one launch of cubist_moe_route_sort where it serves the
+  // pass (decode) and the manifest has it, else the route kernel and the sort kernels.
+  absl::Status RouteAndSort(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
+  moe::MoeRouteParams RouteParams(const MoeLayerArgs& args, const Pass& pass) const;
+  moe::MoeSortParams SortParams(const Pass& pass) const;
+  absl::Status Sort(const moe::MoeSortParams& params, int64_t slots, CUstream stream);
   absl::Status GatherInput(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
   absl::Status QuantizeIntermediate(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
   absl::Status Finalize(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
@@ -209,6 +214,7 @@ class MoeLayer {
   absl::Mutex glue_mu_;
   std::atomic<bool> glue_loaded_{false};
   Kernel route_, sort_fused_, sort_count_, sort_scan_, sort_scatter_, gather_, finalize_;
+  Kernel route_sort_;  // optional: null when the manifest predates it
   Kernel quantize_;  // for the activation format (quantized formats only)
   std::unique_ptr<MoeGemm> gemm1_, gemm2_;
 };

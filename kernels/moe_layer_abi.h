@@ -5,6 +5,7 @@
 //
 //   op            function                 parameter          what it does
 //   moe_route     cubist_moe_route         MoeRouteParams     logits [T, E] -> ids, weights [T, k]
+//   moe_route     cubist_moe_route_sort    MoeRouteSortParams route + fused sort, one CTA (decode)
 //   moe_sort      cubist_moe_sort_fused    MoeSortParams      ids -> offsets, permutation (one CTA)
 //   moe_sort      cubist_moe_sort_count    MoeSortParams      per-chunk expert counts
 //   moe_sort      cubist_moe_sort_scan     MoeSortParams      chunk bases and offsets (one CTA)
@@ -160,6 +161,30 @@ struct MoeSortParams {
   int64_t reserved[2];
 };
 static_assert(sizeof(MoeSortParams) == 88, "MoeSortParams layout is ABI");
+
+// cubist_moe_route_sort: decode's route and sort in one launch - one CTA of
+// kMoeSortThreads threads, warp t routing token t as cubist_moe_route does, then the sort
+// of cubist_moe_sort_fused - for T <= kMoeRouteSortMaxTokens and T x k <= 256 (the small
+// sort; MoeRouteSortServes). Dynamic shared memory MoeRouteSortSharedBytes(T, E) (past 48
+// KiB the launcher raises the function's limit). `route` and `sort` are filled as for the
+// two kernels (sort.topk_ids = route.topk_ids). Optional: a manifest without it gets the
+// two launches.
+inline constexpr int32_t kMoeRouteSortMaxTokens = kMoeSortThreads / 32;
+inline constexpr int32_t kMoeRouteSortMaxSlots = 256;
+inline constexpr int32_t kMoeRouteSortMaxSharedBytes = 96 * 1024;
+CUBIST_HD constexpr int32_t MoeRouteSortSharedBytes(int64_t tokens, int32_t num_experts) {
+  return static_cast<int32_t>(tokens) * num_experts * 4;
+}
+CUBIST_HD constexpr bool MoeRouteSortServes(int64_t tokens, int32_t top_k, int32_t num_experts) {
+  return tokens >= 1 && tokens <= kMoeRouteSortMaxTokens &&
+         tokens * top_k <= kMoeRouteSortMaxSlots &&
+         static_cast<int64_t>(tokens) * num_experts * 4 <= kMoeRouteSortMaxSharedBytes;
+}
+struct MoeRouteSortParams {
+  MoeRouteParams route;
+  MoeSortParams sort;
+};
+static_assert(sizeof(MoeRouteSortParams) == 176, "MoeRouteSortParams layout is ABI");
 
 // cubist_moe_gather_bf16: row r of `out` = the bf16 hidden row of the token of slot
 // permuted_to_expanded[r], for r < offsets[L]; with `weights` set, multiplied by the

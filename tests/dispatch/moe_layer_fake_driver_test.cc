@@ -37,6 +37,7 @@ using ::testing::HasSubstr;
 // The parameter struct of each kernel the layer launches, by its published name.
 size_t LayerParamBytes(std::string_view name) {
   if (name == "cubist_moe_route") return sizeof(moe::MoeRouteParams);
+  if (name == "cubist_moe_route_sort") return sizeof(moe::MoeRouteSortParams);
   if (name.starts_with("cubist_moe_sort_")) return sizeof(moe::MoeSortParams);
   if (name == "cubist_moe_gather_bf16") return sizeof(moe::MoeGatherParams);
   if (name == "cubist_moe_finalize") return sizeof(moe::MoeFinalizeParams);
@@ -69,6 +70,7 @@ std::vector<TestKernel> LayerKernels() {
   std::vector<TestKernel> v;
   const std::pair<const char*, const char*> glue[] = {
       {"cubist_moe_route", "moe_route"},
+      {"cubist_moe_route_sort", "moe_route"},
       {"cubist_moe_sort_fused", "moe_sort"},
       {"cubist_moe_sort_count", "moe_sort"},
       {"cubist_moe_sort_scan", "moe_sort"},
@@ -117,16 +119,28 @@ constexpr CUdeviceptr kHidden = 0x1000000, kLogits = 0x2000000, kW1 = 0x3000000,
                       kIntermediateScale = 0x6300000, kOut = 0x7000000,
                       kWorkspace = 0x10000000, kIds = 0x8000000, kWeights = 0x9000000;
 
+template <typename T>
+CUdeviceptr Addr(T* p) {
+  return reinterpret_cast<CUdeviceptr>(p);
+}
+
 class MoeLayerFakeDriverTest : public ::testing::Test {
  protected:
   void SetUp() override {
 #ifndef CUBIST_DISPATCH_STUB_CUBIN
     GTEST_SKIP() << "no nvcc at build time: the stub cubin was not built";
 #else
+    OpenWith(LayerKernels());
+#endif
+  }
+
+  // A runtime over the stub cubin and a manifest of `kernels`.
+  void OpenWith(const std::vector<TestKernel>& kernels) {
+#ifdef CUBIST_DISPATCH_STUB_CUBIN
     const std::string cubin = ReadFileOrDie(CUBIST_DISPATCH_STUB_CUBIN);
     WriteFileOrDie(dir_.Join(std::string("repo/") + kStubPath), cubin);
     std::vector<std::string> ks;
-    for (const TestKernel& k : LayerKernels()) ks.push_back(KernelJson(k));
+    for (const TestKernel& k : kernels) ks.push_back(KernelJson(k));
     const std::string manifest = dir_.Join("repo/manifest.json");
     WriteFileOrDie(manifest,
                    absl::StrCat(R"({"schema": "cubist.manifest/1", "name": "stub", "version": 1,
@@ -137,7 +151,7 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
                                 absl::StrJoin(ks, ",\n"), "]}\n"));
     RuntimeOptions options;
     options.manifest = manifest;
-    options.cache_dir = dir_.Join("cache");
+    options.cache_dir = dir_.Join(absl::StrCat("cache", opens_++));  // one per manifest
     options.tuning_file = dir_.Join("tuning.json");
     options.driver = &driver_;
     auto rt = Runtime::Open(options);
@@ -183,6 +197,28 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
     return a;
   }
 
+  // The route's and the sort's parameters of a pass of `tokens` tokens (Options: E = 16,
+  // k = 4) whose workspace starts at ws, laid out as w.
+  static void ExpectRouteWiring(const moe::MoeRouteParams& route, int tokens, CUdeviceptr ws,
+                                const MoeLayerWorkspace& w) {
+    EXPECT_EQ(route.num_tokens, tokens);
+    EXPECT_EQ(route.num_experts, 16);
+    EXPECT_EQ(route.top_k, 4);
+    EXPECT_EQ(Addr(route.logits), kLogits);
+    EXPECT_EQ(Addr(route.topk_ids), ws + w.topk_ids);
+    EXPECT_EQ(Addr(route.topk_weights), ws + w.topk_weights);
+  }
+  static void ExpectSortWiring(const moe::MoeSortParams& sort, int slots, CUdeviceptr ws,
+                               const MoeLayerWorkspace& w) {
+    EXPECT_EQ(sort.num_slots, slots);
+    EXPECT_EQ(sort.num_local_experts, 16);
+    EXPECT_EQ(Addr(sort.topk_ids), ws + w.topk_ids);
+    EXPECT_EQ(Addr(sort.offsets), ws + w.offsets);
+    EXPECT_EQ(Addr(sort.permuted_to_expanded), ws + w.permuted_to_expanded);
+    EXPECT_EQ(Addr(sort.expanded_to_permuted), ws + w.expanded_to_permuted);
+    EXPECT_EQ(Addr(sort.dropped), ws + w.dropped);
+  }
+
   static std::vector<std::string> Names(const std::vector<LaunchRecordingDriver::Launch>& v) {
     std::vector<std::string> out;
     for (const auto& l : v) out.push_back(l.name);
@@ -190,14 +226,10 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  int opens_ = 0;
   LaunchRecordingDriver driver_{LayerParamBytes};
   std::unique_ptr<Runtime> runtime_;
 };
-
-template <typename T>
-CUdeviceptr Addr(T* p) {
-  return reinterpret_cast<CUdeviceptr>(p);
-}
 
 TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
   for (const Pair& pair : kPairs) {
@@ -225,37 +257,26 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
     const std::string gemm1 = absl::StrCat("layer_", pair.stub, "_swiglu");
     const std::string gemm2 = absl::StrCat("layer_", pair.stub, "_identity");
     const auto launches = driver_.launches();
+    // Five tokens: decode's route and sort in one launch.
     if (quantized) {
-      ASSERT_THAT(Names(launches),
-                  ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", quantize, gemm1,
-                              quantize, gemm2, "cubist_moe_finalize"));
+      ASSERT_THAT(Names(launches), ElementsAre("cubist_moe_route_sort", quantize, gemm1,
+                                               quantize, gemm2, "cubist_moe_finalize"));
     } else {
       ASSERT_THAT(Names(launches),
-                  ElementsAre("cubist_moe_route", "cubist_moe_sort_fused",
-                              "cubist_moe_gather_bf16", gemm1, gemm2, "cubist_moe_finalize"));
+                  ElementsAre("cubist_moe_route_sort", "cubist_moe_gather_bf16", gemm1, gemm2,
+                              "cubist_moe_finalize"));
     }
-    const auto route = launches[0].As<moe::MoeRouteParams>();
-    EXPECT_EQ(route.num_tokens, 5);
-    EXPECT_EQ(route.num_experts, 16);
-    EXPECT_EQ(route.top_k, 4);
-    EXPECT_EQ(Addr(route.logits), kLogits);
-    EXPECT_EQ(Addr(route.topk_ids), ws + pass->topk_ids);
-    EXPECT_EQ(Addr(route.topk_weights), ws + pass->topk_weights);
-    EXPECT_EQ(launches[0].config.gridDimX, 2u) << "a warp per token, 4 per CTA";
-
-    const auto sort = launches[1].As<moe::MoeSortParams>();
-    EXPECT_EQ(sort.num_slots, 20);
-    EXPECT_EQ(sort.num_local_experts, 16);
-    EXPECT_EQ(Addr(sort.topk_ids), ws + pass->topk_ids);
-    EXPECT_EQ(Addr(sort.offsets), ws + pass->offsets);
-    EXPECT_EQ(Addr(sort.permuted_to_expanded), ws + pass->permuted_to_expanded);
-    EXPECT_EQ(Addr(sort.expanded_to_permuted), ws + pass->expanded_to_permuted);
-    EXPECT_EQ(Addr(sort.dropped), ws + pass->dropped);
+    const auto both = launches[0].As<moe::MoeRouteSortParams>();
+    ExpectRouteWiring(both.route, 5, ws, *pass);
+    ExpectSortWiring(both.sort, 20, ws, *pass);
+    EXPECT_EQ(launches[0].config.gridDimX, 1u);
+    EXPECT_EQ(launches[0].config.blockDimX, static_cast<unsigned>(moe::kMoeSortThreads));
+    EXPECT_EQ(launches[0].config.sharedMemBytes, 5u * 16 * 4) << "a token's scores per warp";
 
     // GEMM1's input: gathered (and quantized on the way) from hidden_states.
     CUdeviceptr gathered_out = 0, gathered_scale = 0;
     if (quantized) {
-      const auto q = launches[2].As<moe::MoeQuantizeParams>();
+      const auto q = launches[1].As<moe::MoeQuantizeParams>();
       EXPECT_EQ(q.cols, 256);
       EXPECT_EQ(q.top_k, 4);
       EXPECT_EQ(Addr(q.input), kHidden);
@@ -268,7 +289,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
       gathered_out = Addr(q.out);
       gathered_scale = Addr(q.out_scale);
     } else {
-      const auto g = launches[2].As<moe::MoeGatherParams>();
+      const auto g = launches[1].As<moe::MoeGatherParams>();
       EXPECT_EQ(g.hidden, 256);
       EXPECT_EQ(Addr(g.input), kHidden);
       EXPECT_EQ(Addr(g.offsets), ws + pass->offsets);
@@ -276,7 +297,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
     }
     EXPECT_EQ(gathered_out, ws + pass->gathered);
 
-    const auto g1 = launches[3].gemm();
+    const auto g1 = launches[2].gemm();
     EXPECT_EQ(g1.num_experts, 16);
     EXPECT_EQ(g1.num_tokens, 64) << "the row bucket, not T x k";
     EXPECT_EQ(g1.n, 256) << "2I rows: gated";
@@ -299,10 +320,10 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
     EXPECT_EQ(Addr(g1.a_global_scale), a1_global);
 
     // GEMM2's input: GEMM1's output, quantized into its own array first.
-    const size_t gemm2_at = quantized ? 5 : 4;
+    const size_t gemm2_at = quantized ? 4 : 3;
     CUdeviceptr gemm2_input = ws + pass->activated;
     if (quantized) {
-      const auto q = launches[4].As<moe::MoeQuantizeParams>();
+      const auto q = launches[3].As<moe::MoeQuantizeParams>();
       EXPECT_EQ(q.cols, 128);
       EXPECT_EQ(q.top_k, 0);
       EXPECT_EQ(Addr(q.input), ws + pass->activated);
@@ -382,6 +403,52 @@ TEST_F(MoeLayerFakeDriverTest, ChunkedPreRoutedPassesStepThroughTheBatch) {
   }
 }
 
+// Past decode's limits (here more than 32 tokens) routing and the sort are two launches
+// wired as the fused one is.
+TEST_F(MoeLayerFakeDriverTest, LargerBatchesRouteAndSortInTwoLaunches) {
+  const MoeLayerOptions o = Options(kPairs[0]);
+  auto layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  auto w = MoeLayer::WorkspaceLayout(o, 40);
+  ASSERT_TRUE(w.ok());
+  const MoeLayerArgs a = Args(o, 40, w->bytes);
+  CUBIST_ASSERT_OK((*layer)->CanImplement(a, 40));
+  CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+  const auto launches = driver_.launches();
+  ASSERT_THAT(Names(launches),
+              ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", "cubist_moe_gather_bf16",
+                          "layer_bf16_bf16_swiglu", "layer_bf16_bf16_identity",
+                          "cubist_moe_finalize"));
+  ExpectRouteWiring(launches[0].As<moe::MoeRouteParams>(), 40, kWorkspace, *w);
+  EXPECT_EQ(launches[0].config.gridDimX, 10u) << "a warp per token, 4 per CTA";
+  EXPECT_EQ(launches[0].config.sharedMemBytes, static_cast<unsigned>(moe::MoeRouteSharedBytes(16)));
+  ExpectSortWiring(launches[1].As<moe::MoeSortParams>(), 160, kWorkspace, *w);
+}
+
+// A manifest published before the fused kernel: decode takes the two launches, and
+// nothing else changes.
+TEST_F(MoeLayerFakeDriverTest, WithoutTheFusedKernelDecodeRoutesAndSortsInTwoLaunches) {
+  std::vector<TestKernel> kernels = LayerKernels();
+  std::erase_if(kernels, [](const TestKernel& k) { return k.name == "cubist_moe_route_sort"; });
+  OpenWith(kernels);
+  ASSERT_NE(runtime_, nullptr);
+  const MoeLayerOptions o = Options(kPairs[0]);
+  auto layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  auto w = MoeLayer::WorkspaceLayout(o, 5);
+  ASSERT_TRUE(w.ok());
+  const MoeLayerArgs a = Args(o, 5, w->bytes);
+  CUBIST_ASSERT_OK((*layer)->CanImplement(a, 5));
+  CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+  const auto launches = driver_.launches();
+  ASSERT_THAT(Names(launches),
+              ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", "cubist_moe_gather_bf16",
+                          "layer_bf16_bf16_swiglu", "layer_bf16_bf16_identity",
+                          "cubist_moe_finalize"));
+  ExpectRouteWiring(launches[0].As<moe::MoeRouteParams>(), 5, kWorkspace, *w);
+  ExpectSortWiring(launches[1].As<moe::MoeSortParams>(), 20, kWorkspace, *w);
+}
+
 TEST_F(MoeLayerFakeDriverTest, NoFinalizeStopsAfterGemm2AndWeightOnInputReachesTheGather) {
   MoeLayerOptions o = Options(kPairs[1]);  // fp8: the gather quantizes
   o.top_k = 1;
@@ -398,12 +465,12 @@ TEST_F(MoeLayerFakeDriverTest, NoFinalizeStopsAfterGemm2AndWeightOnInputReachesT
   CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
   const auto launches = driver_.launches();
   ASSERT_THAT(Names(launches),
-              ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", "cubist_moe_quantize_fp8",
+              ElementsAre("cubist_moe_route_sort", "cubist_moe_quantize_fp8",
                           "layer_fp8_fp8_swiglu", "cubist_moe_quantize_fp8",
                           "layer_fp8_fp8_identity"));
-  const auto q = launches[2].As<moe::MoeQuantizeParams>();
+  const auto q = launches[1].As<moe::MoeQuantizeParams>();
   EXPECT_EQ(Addr(q.weights), kWorkspace + w->topk_weights);
-  EXPECT_EQ(launches[4].As<moe::MoeQuantizeParams>().weights, nullptr);
+  EXPECT_EQ(launches[3].As<moe::MoeQuantizeParams>().weights, nullptr);
 }
 
 // Programmatic dependent launch: every kernel of the layer overlaps the previous one's
@@ -423,7 +490,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryKernelThatWaitsIsLaunchedProgrammatically) {
     CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
     const auto launches = driver_.launches();
     ASSERT_THAT(Names(launches),
-                ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", "cubist_moe_gather_bf16",
+                ElementsAre("cubist_moe_route_sort", "cubist_moe_gather_bf16",
                             "layer_bf16_bf16_swiglu", "layer_bf16_bf16_identity",
                             "cubist_moe_finalize"));
     for (const auto& l : launches) {

@@ -88,6 +88,8 @@ struct LayerKernel {
 constexpr LayerKernel kLayerKernels[] = {
     {"cubist_moe_route", moe::kMoeRouteOp, moe::kMoeRouteThreads,
      sizeof(moe::MoeRouteParams)},
+    {"cubist_moe_route_sort", moe::kMoeRouteOp, moe::kMoeSortThreads,
+     sizeof(moe::MoeRouteSortParams)},
     {"cubist_moe_sort_fused", moe::kMoeSortOp, moe::kMoeSortThreads,
      sizeof(moe::MoeSortParams)},
     {"cubist_moe_sort_count", moe::kMoeSortOp, moe::kMoeSortThreads,
@@ -113,6 +115,7 @@ constexpr char kLayerCubin[] = "cubins/sm_90a/moe_layer.cubin";
 // What --list prints after the selected GEMMs.
 constexpr char kLayerList[] =
     "cubist_moe_route\n"
+    "cubist_moe_route_sort\n"
     "cubist_moe_sort_fused\n"
     "cubist_moe_sort_count\n"
     "cubist_moe_sort_scan\n"
@@ -143,8 +146,8 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   // Without --version: the family's, raised when its set of kernels changed (3: generation
   // 1 retired).
   EXPECT_EQ(m->version, 3);
-  // The --small preset: 6 GEMMs in a cubin each, and the layer's 11 kernels in one.
-  ASSERT_EQ(m->kernels.size(), 17u);
+  // The --small preset: 6 GEMMs in a cubin each, and the layer's 12 kernels in one.
+  ASSERT_EQ(m->kernels.size(), 18u);
   ASSERT_EQ(m->artifacts.size(), 7u);
   std::set<std::string> formats, layer;
   for (const KernelSpec& k : m->kernels) {
@@ -168,7 +171,9 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
       EXPECT_EQ(k.shared_mem_bytes, 0);
       EXPECT_THAT(k.extras.at("grid"), HasSubstr("CTA"));
       EXPECT_THAT(k.extras.at("registers"), ::testing::MatchesRegex("[1-9][0-9]*"));
-      if (k.op == moe::kMoeRouteOp) {
+      if (k.function == "cubist_moe_route_sort") {
+        EXPECT_EQ(k.extras.at("dynamic_shared"), "\"MoeRouteSortSharedBytes(T, E)\"");
+      } else if (k.op == moe::kMoeRouteOp) {
         EXPECT_EQ(k.extras.at("dynamic_shared"), "\"MoeRouteSharedBytes(E)\"");
       } else {
         EXPECT_EQ(k.extras.count("dynamic_shared"), 0u);
@@ -256,7 +261,7 @@ TEST_F(MoeArtifactsTest, CubinsAreSm90aWithTheAbiParameterStruct) {
     EXPECT_EQ(img.sm.minor, 0);
     EXPECT_EQ(img.sm.variant, SmTarget::Variant::kArch);  // sm_90a: wgmma needs it
     if (const LayerKernel* l = FindLayerKernel(k.function)) {
-      // The layer's cubin holds its eleven kernels and nothing else.
+      // The layer's cubin holds its twelve kernels and nothing else.
       std::set<std::string> names;
       for (const KernelInfo& ki : img.kernels) names.insert(ki.name);
       EXPECT_EQ(names.size(), std::size(kLayerKernels));
@@ -299,8 +304,8 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
                 std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
   // The whole family: 115 TMA kernels (generation 2; generation 1's 95 are retired); then
-  // the layer's 11, which the GEMM selection flags do not filter.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 126);
+  // the layer's 12, which the GEMM selection flags do not filter.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 127);
   EXPECT_THAT(out, ::testing::Not(::testing::ContainsRegex("(^|\n)moe_gemm_[^t]")));
   EXPECT_TRUE(out.ends_with(kLayerList)) << out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --no-layer 2>&1", &out),
