@@ -5,6 +5,7 @@
 // the H200 (tests/dispatch/moe_layer_gpu_test.cc); this checks how the steps are wired: which kernels run
 // in which order, and that each reads what the previous one wrote.
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -127,11 +128,21 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
 #ifndef CUBIST_DISPATCH_STUB_CUBIN
     GTEST_SKIP() << "no nvcc at build time: the stub cubin was not built";
 #else
+    auto rt = OpenRuntime("repo", LayerKernels());
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    runtime_ = std::move(*rt);
+#endif
+  }
+
+#ifdef CUBIST_DISPATCH_STUB_CUBIN
+  // A runtime on a manifest of `kernels` in the stub cubin, under dir_/<repo>.
+  absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const std::string& repo,
+                                                       const std::vector<TestKernel>& kernels) {
     const std::string cubin = ReadFileOrDie(CUBIST_DISPATCH_STUB_CUBIN);
-    WriteFileOrDie(dir_.Join(std::string("repo/") + kStubPath), cubin);
+    WriteFileOrDie(dir_.Join(repo + "/" + kStubPath), cubin);
     std::vector<std::string> ks;
-    for (const TestKernel& k : LayerKernels()) ks.push_back(KernelJson(k));
-    const std::string manifest = dir_.Join("repo/manifest.json");
+    for (const TestKernel& k : kernels) ks.push_back(KernelJson(k));
+    const std::string manifest = dir_.Join(repo + "/manifest.json");
     WriteFileOrDie(manifest,
                    absl::StrCat(R"({"schema": "cubist.manifest/1", "name": "stub", "version": 1,
   "artifacts": [{"path": ")",
@@ -142,13 +153,11 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
     RuntimeOptions options;
     options.manifest = manifest;
     options.cache_dir = dir_.Join("cache");
-    options.tuning_file = dir_.Join("tuning.json");
+    options.tuning_file = dir_.Join(repo + "-tuning.json");
     options.driver = &driver_;
-    auto rt = Runtime::Open(options);
-    ASSERT_TRUE(rt.ok()) << rt.status();
-    runtime_ = std::move(*rt);
-#endif
+    return Runtime::Open(options);
   }
+#endif
 
   // Qwen3-30B-A3B's shape, scaled down.
   static MoeLayerOptions Options(const Pair& p) {
@@ -187,6 +196,31 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
     return a;
   }
 
+  // The expert-major masked layout: L = 16 experts of max_m = 8 rows each, no routing.
+  static MoeLayerOptions MaskedOptions(const Pair& p) {
+    MoeLayerOptions o = Options(p);
+    o.top_k = 0;
+    o.input_layout = "expert_major_masked";
+    o.max_m = 8;
+    return o;
+  }
+
+  static MoeLayerArgs MaskedArgs(const MoeLayerOptions& o, size_t workspace_bytes) {
+    MoeLayerArgs a = Args(o, 16 * 8, workspace_bytes);
+    a.router_logits = 0;
+    a.masked_counts = kCounts;
+    return a;
+  }
+
+  // The pair's quantize kernel and its GEMM1 and GEMM2 stubs, by name.
+  static std::tuple<std::string, std::string, std::string> StepNames(const Pair& pair) {
+    return {absl::StrCat("cubist_moe_quantize_", pair.a == DataFormat::kFp8Block
+                                                     ? "fp8_block"
+                                                     : Sv(DataFormatName(pair.a))),
+            absl::StrCat("layer_", pair.stub, "_swiglu"),
+            absl::StrCat("layer_", pair.stub, "_identity")};
+  }
+
   static std::vector<std::string> Names(const std::vector<LaunchRecordingDriver::Launch>& v) {
     std::vector<std::string> out;
     for (const auto& l : v) out.push_back(l.name);
@@ -223,11 +257,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
     ASSERT_TRUE(pass.ok());
     const CUdeviceptr ws = kWorkspace;
     const bool quantized = pair.a != DataFormat::kBf16;
-    const std::string quantize =
-        absl::StrCat("cubist_moe_quantize_",
-                     pair.a == DataFormat::kFp8Block ? "fp8_block" : Sv(DataFormatName(pair.a)));
-    const std::string gemm1 = absl::StrCat("layer_", pair.stub, "_swiglu");
-    const std::string gemm2 = absl::StrCat("layer_", pair.stub, "_identity");
+    const auto [quantize, gemm1, gemm2] = StepNames(pair);
     const auto launches = driver_.launches();
     if (quantized) {
       ASSERT_THAT(Names(launches),
@@ -461,44 +491,6 @@ TEST_F(MoeLayerFakeDriverTest, AScaleForAPairThatTakesNoneIsRefusedBeforeAnyLaun
   EXPECT_TRUE(driver_.launches().empty());
 }
 
-// The expert-major masked layout: L = 16 experts of max_m = 8 rows each.
-MoeLayerOptions MaskedOptions(const Pair& p) {
-  MoeLayerOptions o;
-  o.weight_format = p.w;
-  o.activation_format = p.a;
-  o.num_experts = 16;
-  o.hidden = 256;
-  o.intermediate = 128;
-  o.input_layout = "expert_major_masked";
-  o.max_m = 8;
-  return o;
-}
-
-MoeLayerArgs MaskedArgs(const MoeLayerOptions& o, size_t workspace_bytes) {
-  MoeLayerArgs a;
-  a.tokens = 16 * 8;
-  a.hidden_states = kHidden;
-  a.masked_counts = kCounts;
-  a.w1 = kW1;
-  a.w2 = kW2;
-  if (moe::FormatScaleBlock(o.weight_format) != 0) {
-    a.w1_scale = kW1Scale;
-    a.w2_scale = kW2Scale;
-  }
-  if (moe::FormatHasGlobalScale(o.weight_format)) {
-    a.w1_global_scale = kW1Global;
-    a.w2_global_scale = kW2Global;
-  }
-  if (moe::FormatHasGlobalScale(o.activation_format)) {
-    a.input_scale = kInputScale;
-    a.intermediate_scale = kIntermediateScale;
-  }
-  a.out = kOut;
-  a.workspace = kWorkspace;
-  a.workspace_bytes = workspace_bytes;
-  return a;
-}
-
 TEST_F(MoeLayerFakeDriverTest, MaskedWorkspaceHoldsEveryRowOfTheSlots) {
   const MoeLayerOptions o = MaskedOptions(kPairs[1]);  // fp8
   auto w = MoeLayer::WorkspaceLayout(o, 3);
@@ -532,11 +524,7 @@ TEST_F(MoeLayerFakeDriverTest, MaskedEveryPairCompactsRunsBothGemmsAndScattersBa
 
     const CUdeviceptr ws = kWorkspace;
     const bool quantized = pair.a != DataFormat::kBf16;
-    const std::string quantize =
-        absl::StrCat("cubist_moe_quantize_",
-                     pair.a == DataFormat::kFp8Block ? "fp8_block" : Sv(DataFormatName(pair.a)));
-    const std::string gemm1 = absl::StrCat("layer_", pair.stub, "_swiglu");
-    const std::string gemm2 = absl::StrCat("layer_", pair.stub, "_identity");
+    const auto [quantize, gemm1, gemm2] = StepNames(pair);
     const auto launches = driver_.launches();
     if (quantized) {
       ASSERT_THAT(Names(launches), ElementsAre("cubist_moe_sort_masked", quantize, gemm1,
@@ -698,6 +686,34 @@ TEST_F(MoeLayerFakeDriverTest, MaskedArgsRefuseRoutingBeforeAnyLaunch) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("masked_counts: is for expert_major_masked input only")));
   EXPECT_TRUE(driver_.launches().empty());
+}
+
+// A manifest published before the masked kernels still serves the token-major layer;
+// the masked one says which function is missing.
+TEST_F(MoeLayerFakeDriverTest, AManifestWithoutTheMaskedKernelsServesOnlyTokenMajor) {
+#ifdef CUBIST_DISPATCH_STUB_CUBIN
+  std::vector<TestKernel> older;
+  for (const TestKernel& k : LayerKernels()) {
+    if (!k.name.ends_with("_masked")) older.push_back(k);
+  }
+  auto rt = OpenRuntime("older", older);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  const MoeLayerOptions token = Options(kPairs[0]);
+  auto layer = MoeLayer::Create(**rt, token);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  auto w = MoeLayer::WorkspaceLayout(token, 4);
+  ASSERT_TRUE(w.ok());
+  CUBIST_EXPECT_OK((*layer)->CanImplement(Args(token, 4, w->bytes), 4));
+  const MoeLayerOptions masked = MaskedOptions(kPairs[0]);
+  auto masked_layer = MoeLayer::Create(**rt, masked);
+  ASSERT_TRUE(masked_layer.ok()) << masked_layer.status();
+  auto mw = MoeLayer::WorkspaceLayout(masked, 0);
+  ASSERT_TRUE(mw.ok());
+  EXPECT_THAT((*masked_layer)->CanImplement(MaskedArgs(masked, mw->bytes), 0),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("has no moe_sort kernel cubist_moe_sort_masked for this GPU")));
+  EXPECT_TRUE(driver_.launches().empty());
+#endif
 }
 
 }  // namespace
