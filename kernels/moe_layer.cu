@@ -1,7 +1,8 @@
 // The routed MoE layer's own kernels for sm_90a: routing, the sort of token slots by
-// expert, the gather of token rows, the quantization of activations and the weighted
-// finalize (the layer's two GEMMs are moe_gemm kernels). All twelve live in one cubin,
-// built by scripts/build-artifacts with
+// expert, the gather of token rows, the quantization of activations, the weighted
+// finalize and the compaction of the expert-major masked layout (the layer's two GEMMs
+// are moe_gemm kernels). All fourteen live in one cubin, built by scripts/build-artifacts
+// with
 //   nvcc -std=c++17 -O3 -cubin -gencode=arch=compute_90a,code=sm_90a -I<repo>
 // Contract: kernels/moe_layer_abi.h (parameter structs, grids, thread counts, the
 // semantics of every routing method, tie and NaN rules); docs/kernels.md, "The layer's
@@ -834,3 +835,70 @@ CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_fp8_block, kFp8Block)
 CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_mxfp8, kMxfp8)
 CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_nvfp4, kNvfp4)
 #undef CUBIST_MOE_QUANTIZE_KERNEL
+
+// ---------------------------------------------------------------------------------
+// The expert-major masked layout (kernels/moe_layer_abi.h, MoeMaskedParams): the scan of
+// the clamped counts into offsets and the row map, and the scatter of GEMM2's rows back
+// into [L, max_m, H].
+
+namespace cubist::moe {
+namespace {
+
+using ScanMasked = cub::BlockScan<int32_t, kMoeMaskedThreads>;
+constexpr int kMaskedScanItems = (kMoeSortMaxExperts + kMoeMaskedThreads - 1) / kMoeMaskedThreads;
+
+__device__ __forceinline__ int32_t ClampedCount(const MoeMaskedParams& p, int e) {
+  return min(max(p.counts[e], 0), p.max_m);
+}
+
+}  // namespace
+}  // namespace cubist::moe
+
+// Every CTA scans the L clamped counts (a few thousand at most) itself, so no CTA waits
+// for another; each then writes the row map of its experts.
+extern "C" __global__ void __launch_bounds__(kMoeMaskedThreads)
+    cubist_moe_sort_masked(const __grid_constant__ MoeMaskedParams p) {
+  __shared__ ScanMasked::TempStorage scan;
+  __shared__ int32_t offsets[kMoeSortMaxExperts + 1];
+  GridDependencyWait();
+  LaunchDependents();
+  const int L = max(0, min(p.num_local_experts, kMoeSortMaxExperts));
+  int32_t items[kMaskedScanItems];
+  const int first = threadIdx.x * kMaskedScanItems;  // blocked: thread i owns a run
+#pragma unroll
+  for (int j = 0; j < kMaskedScanItems; ++j) {
+    items[j] = first + j < L ? ClampedCount(p, first + j) : 0;
+  }
+  int32_t total;
+  ScanMasked(scan).ExclusiveSum(items, items, total);
+#pragma unroll
+  for (int j = 0; j < kMaskedScanItems; ++j) {
+    if (first + j < L) offsets[first + j] = items[j];
+  }
+  if (threadIdx.x == 0) offsets[L] = total;
+  __syncthreads();
+  if (blockIdx.x == 0) {
+    for (int e = threadIdx.x; e <= L; e += kMoeMaskedThreads) p.offsets[e] = offsets[e];
+  }
+  for (int e = blockIdx.x; e < L; e += gridDim.x) {
+    const int32_t base = offsets[e], n = offsets[e + 1] - base;
+    const int32_t row0 = e * p.max_m;  // L x max_m fits int32 (the host checks)
+    for (int i = threadIdx.x; i < n; i += kMoeMaskedThreads) p.row_map[base + i] = row0 + i;
+  }
+}
+
+// Rows in a grid-stride loop, 16-byte vectors; rows past a count are never touched.
+extern "C" __global__ void __launch_bounds__(kMoeMaskedThreads)
+    cubist_moe_finalize_masked(const __grid_constant__ MoeMaskedParams p) {
+  GridDependencyWait();
+  LaunchDependents();
+  const int32_t rows = p.offsets[p.num_local_experts];
+  const int vecs = p.hidden / 8;
+  const uint4* __restrict__ in = static_cast<const uint4*>(p.rows);
+  uint4* __restrict__ out = static_cast<uint4*>(p.out);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const uint4* src = in + r * vecs;
+    uint4* dst = out + static_cast<int64_t>(p.row_map[r]) * vecs;
+    for (int v = threadIdx.x; v < vecs; v += kMoeMaskedThreads) dst[v] = __ldg(src + v);
+  }
+}

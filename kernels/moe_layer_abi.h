@@ -10,8 +10,10 @@
 //   moe_sort      cubist_moe_sort_count    MoeSortParams      per-chunk expert counts
 //   moe_sort      cubist_moe_sort_scan     MoeSortParams      chunk bases and offsets (one CTA)
 //   moe_sort      cubist_moe_sort_scatter  MoeSortParams      permutation of each chunk
+//   moe_sort      cubist_moe_sort_masked   MoeMaskedParams    counts [L] -> offsets, row map
 //   moe_gather    cubist_moe_gather_bf16   MoeGatherParams    token rows in expert order
 //   moe_finalize  cubist_moe_finalize      MoeFinalizeParams  weighted sum of each token's rows
+//   moe_finalize  cubist_moe_finalize_masked  MoeMaskedParams  rows back to [L, max_m, H]
 //   moe_quantize  cubist_moe_quantize_fp8  MoeQuantizeParams  bf16 rows -> fp8, per-tensor scale
 //   moe_quantize  cubist_moe_quantize_fp8_block  (same)    -> fp8 with 1x128 block scales
 //   moe_quantize  cubist_moe_quantize_mxfp8      (same)    -> mxfp8 (ue8m0 per 32)
@@ -23,7 +25,9 @@
 //
 // Versions: each struct starts with `abi`; kMoeLayerAbi is recorded in every kernel's
 // manifest entry ("abi"). A change to a struct's layout or a field's meaning is a new
-// version.
+// version; a new function with a struct of its own is not (the masked-layout kernels
+// came later than the others: a manifest without them serves every mode but the masked
+// one, and the layer says which function is missing).
 #ifndef CUBIST_KERNELS_MOE_LAYER_ABI_H_
 #define CUBIST_KERNELS_MOE_LAYER_ABI_H_
 
@@ -284,6 +288,40 @@ struct MoeQuantizeParams {
   int64_t reserved[2];
 };
 static_assert(sizeof(MoeQuantizeParams) == 96, "MoeQuantizeParams layout is ABI");
+
+// The expert-major masked layout that low-latency all-to-all libraries deliver (DeepEP's
+// low-latency dispatch, DeepGEMM's m_grouped_*_masked): hidden states [L, max_m, H] and
+// per-expert counts [L]; rows i < count of expert e's slot are valid, the rest padding.
+// The layer compacts the valid rows so the moe_gemm kernels see contiguous experts, and
+// writes GEMM2's rows back into the same layout. A count is clamped to 0..max_m first
+// (a bad count never reads or writes outside its expert's slot).
+//
+// cubist_moe_sort_masked: c_e = min(max(counts[e], 0), max_m);
+//   offsets[e] = c_0 + ... + c_{e-1}, offsets[L] = the valid rows;
+//   row_map[offsets[e] + i] = e * max_m + i for i < c_e (the row of [L x max_m, H]).
+// The gather (cubist_moe_gather_bf16, or a quantize kernel) then reads input row
+// row_map[r] with top_k = 1: row_map is its permuted_to_expanded.
+// Grid: any number of CTAs of kMoeMaskedThreads threads; each computes the scan in
+// shared memory (L <= kMoeSortMaxExperts) and writes the row map of experts blockIdx.x,
+// blockIdx.x + gridDim.x, ...; CTA 0 writes offsets.
+//
+// cubist_moe_finalize_masked: out row row_map[r] = rows[r] (bf16, H wide) for
+// r < offsets[L]; every other row of out is left as it was. Grid: any number of CTAs of
+// kMoeMaskedThreads threads (rows in a grid-stride loop).
+inline constexpr int32_t kMoeMaskedThreads = 128;
+struct MoeMaskedParams {
+  int32_t abi;                // kMoeLayerAbi
+  int32_t num_local_experts;  // L, 1..kMoeSortMaxExperts
+  int32_t max_m;              // rows per expert slot, L x max_m <= INT32_MAX
+  int32_t hidden;             // H, a multiple of 8 (finalize)
+  const int32_t* counts;      // [L] (sort)
+  int32_t* offsets;           // [L + 1]: out of the sort, read by the finalize
+  int32_t* row_map;           // [L x max_m]: out of the sort, read by the finalize
+  const void* rows;           // [rows, H] bf16: GEMM2's output (finalize)
+  void* out;                  // [L, max_m, H] bf16 (finalize)
+  int64_t reserved[2];
+};
+static_assert(sizeof(MoeMaskedParams) == 72, "MoeMaskedParams layout is ABI");
 
 }  // namespace cubist::moe
 

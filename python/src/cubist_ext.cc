@@ -631,7 +631,8 @@ class PyMoeLayer {
              int64_t n_group, int64_t topk_group, double routed_scaling_factor,
              bool apply_weight_on_input, const std::string& logits,
              int64_t local_expert_offset, int64_t num_local_experts,
-             int64_t max_chunk_tokens, const std::string& finalize, bool pdl) {
+             int64_t max_chunk_tokens, const std::string& finalize, bool pdl,
+             const std::string& input_layout, int64_t max_m) {
     MoeLayerOptions& o = options_;
     o.weight_format = Check(ParseDataFormat(weights));
     o.activation_format = Check(ParseDataFormat(activations));
@@ -651,6 +652,8 @@ class PyMoeLayer {
     o.max_chunk_tokens = max_chunk_tokens;
     o.finalize = finalize;
     o.programmatic_dependent_launch = pdl;
+    o.input_layout = input_layout;
+    o.max_m = max_m;
     op_ = Check(MoeLayer::Create(rt.get(), o));
   }
 
@@ -684,8 +687,8 @@ class PyMoeLayer {
 
   // p: hidden_states, router_logits, routing_bias, topk_ids, topk_weights, w1, w2,
   // w1_scale, w2_scale, w1_global_scale, w2_global_scale, input_scale, intermediate_scale,
-  // w1_bias, w2_bias, alpha, beta, limit, out, workspace (MoeLayerArgs' order; 0 for an
-  // absent tensor).
+  // w1_bias, w2_bias, alpha, beta, limit, out, workspace, masked_counts (MoeLayerArgs'
+  // order, masked_counts last; 0 for an absent tensor).
   void Run(int64_t tokens, const std::vector<uint64_t>& p, size_t workspace_bytes,
            bool accumulate, uintptr_t stream, int64_t max_tokens) {
     MoeLayerArgs a = ArgsOf(tokens, p, workspace_bytes, accumulate);
@@ -699,7 +702,7 @@ class PyMoeLayer {
  private:
   static MoeLayerArgs ArgsOf(int64_t tokens, const std::vector<uint64_t>& p,
                              size_t workspace_bytes, bool accumulate) {
-    if (p.size() != 20) Raise(absl::InvalidArgumentError("moe layer: 20 pointers expected"));
+    if (p.size() != 21) Raise(absl::InvalidArgumentError("moe layer: 21 pointers expected"));
     MoeLayerArgs a;
     a.tokens = tokens;
     a.hidden_states = p[0];
@@ -722,6 +725,7 @@ class PyMoeLayer {
     a.limit = p[17];
     a.out = p[18];
     a.workspace = p[19];
+    a.masked_counts = p[20];
     a.workspace_bytes = workspace_bytes;
     a.accumulate = accumulate;
     return a;
@@ -1018,7 +1022,7 @@ NB_MODULE(_cubist, m) {
       .def(nb::init<PyRuntime&, const std::string&, const std::string&, const std::string&,
                     int64_t, int64_t, int64_t, int64_t, const std::string&, int64_t, int64_t,
                     double, bool, const std::string&, int64_t, int64_t, int64_t,
-                    const std::string&, bool>(),
+                    const std::string&, bool, const std::string&, int64_t>(),
            nb::keep_alive<1, 2>())
       .def("workspace_size", &PyMoeLayer::WorkspaceSize)
       .def("workspace_layout", &PyMoeLayer::WorkspaceLayout)

@@ -746,6 +746,7 @@ def layer_without_gpu(weights="bf16", activations="bf16", activation="swiglu"):
     layer.weights, layer.activations = weights, activations
     layer.num_local_experts = 4
     layer._gated = activation in ("swiglu", "geglu", "situ")
+    layer.input_layout, layer.max_m = "token_major", 0
     layer._native = RecordingNativeLayer()
     return layer
 
@@ -782,7 +783,7 @@ PAIRS = [("bf16", "bf16"), ("fp8", "fp8"), ("fp8-block", "fp8-block"), ("mxfp4",
 ORDER = ("x", "router_logits", "routing_bias", "topk_ids", "topk_weights", "w1", "w2",
          "w1_scale", "w2_scale", "w1_global_scale", "w2_global_scale", "input_scale",
          "intermediate_scale", "w1_bias", "w2_bias", "alpha", "beta", "limit", "out",
-         "workspace")
+         "workspace", "masked_counts")
 
 
 def ptr(c):
@@ -798,7 +799,7 @@ def test_layer_hands_every_pairs_tensors_to_the_native_op_in_order(weights, acti
     t, ptrs, ws_bytes, accumulate, stream, max_tokens = layer._native.runs[-1]
     assert (t, ws_bytes, accumulate, stream, max_tokens) == (T, 1 << 20, False, 0, -1)
     given = dict(kw, x=x, w1=w1, w2=w2)
-    assert len(ptrs) == 20
+    assert len(ptrs) == 21
     assert ptrs == [ptr(given[n]) if n in given else 0 for n in ORDER]
     # prepare: the same tensors; placeholders only for what it may make itself.
     kw.pop("stream")
@@ -886,3 +887,71 @@ def test_layer_refuses_a_bias_of_the_wrong_shape():
     with pytest.raises(cubist.InvalidArgumentError,
                        match=r"w2_bias: expected float32 \[%d, %d\] \(\[L, H\]\), got float32" % (E, H)):
         layer(x, w1, w2, **kw)
+
+
+# The expert-major masked layout (input_layout="expert_major_masked"): x and out
+# [L, max_m, H], per-expert counts, no routing tensors.
+MAX_M = 8
+
+
+def masked_layer_without_gpu(weights="bf16", activations="bf16"):
+    layer = layer_without_gpu(weights, activations)
+    layer.input_layout, layer.max_m, layer.top_k = "expert_major_masked", MAX_M, 0
+    return layer
+
+
+def masked_args():
+    (_, w1, w2), kw = layer_args("bf16", "bf16")
+    del kw["router_logits"]
+    kw.update(out=Cai((E, MAX_M, H), BF16), masked_counts=Cai((E,), I32))
+    return (Cai((E, MAX_M, H), BF16), w1, w2), kw
+
+
+def test_masked_layer_hands_x_counts_and_out_to_the_native_op():
+    layer = masked_layer_without_gpu()
+    (x, w1, w2), kw = masked_args()
+    assert layer(x, w1, w2, **kw) is kw["out"]
+    t, ptrs, ws_bytes, accumulate, stream, max_tokens = layer._native.runs[-1]
+    assert (t, ws_bytes, accumulate, stream, max_tokens) == (E * MAX_M, 1 << 20, False, 0, -1)
+    given = dict(kw, x=x, w1=w1, w2=w2)
+    assert ptrs == [ptr(given[n]) if n in given else 0 for n in ORDER]
+    assert ptrs[ORDER.index("router_logits")] == 0
+    kw.pop("stream")
+    layer.prepare(0, w1, w2, x=x, **kw)
+    assert layer._native.runs[-1][1] == ptrs
+
+
+@pytest.mark.parametrize("change, error", [
+    (dict(router_logits=Cai((E * MAX_M, E), F32)),
+     r"^router_logits: is given, but expert_major_masked input is routed already; "
+     r"pass masked_counts$"),
+    (dict(topk_ids=Cai((E * MAX_M, 2), I32)), r"^topk_ids: is given, but expert_major"),
+    (dict(masked_counts=None),
+     r"^masked_counts: expert_major_masked input needs int32 \[L\] per-expert row counts"),
+    (dict(masked_counts=Cai((E + 1,), I32)), r"^masked_counts: expected int32 \[4\], got"),
+    (dict(masked_counts=Cai((E,), F32)), r"^masked_counts: expected int32 \[4\], got"),
+    (dict(out=Cai((E * MAX_M, H), BF16)), r"^out: expected bfloat16 \[4, 8, 256\], got"),
+    (dict(x=Cai((E * MAX_M, H), BF16)),
+     r"^x: expected bfloat16 \[L, max_m, H\] = \[4, 8, 256\], got bfloat16 \[32, 256\]$"),
+])
+def test_masked_layer_refuses_routing_tensors_and_wrong_shapes(change, error):
+    layer = masked_layer_without_gpu()
+    (x, w1, w2), kw = masked_args()
+    x = change.pop("x", x)
+    kw.update(change)
+    with pytest.raises(cubist.InvalidArgumentError, match=error):
+        layer(x, w1, w2, **kw)
+    assert not layer._native.runs
+
+
+def test_token_major_layer_refuses_counts_and_the_torch_op_refuses_masked_input():
+    layer = layer_without_gpu()
+    (x, w1, w2), kw = layer_args("bf16", "bf16")
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"^masked_counts: is for input_layout='expert_major_masked' only$"):
+        layer(x, w1, w2, masked_counts=Cai((E,), I32), **kw)
+    masked = masked_layer_without_gpu()
+    (x, w1, w2), kw = masked_args()
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"^input_layout: torch.ops.cubist.moe serves token_major input"):
+        masked.op(x, w1, w2, masked_counts=kw["masked_counts"])

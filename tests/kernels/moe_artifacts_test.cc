@@ -102,6 +102,10 @@ constexpr LayerKernel kLayerKernels[] = {
      sizeof(moe::MoeGatherParams)},
     {"cubist_moe_finalize", moe::kMoeFinalizeOp, moe::kMoeFinalizeThreads,
      sizeof(moe::MoeFinalizeParams)},
+    {"cubist_moe_sort_masked", moe::kMoeSortOp, moe::kMoeMaskedThreads,
+     sizeof(moe::MoeMaskedParams)},
+    {"cubist_moe_finalize_masked", moe::kMoeFinalizeOp, moe::kMoeMaskedThreads,
+     sizeof(moe::MoeMaskedParams)},
     {"cubist_moe_quantize_fp8", moe::kMoeQuantizeOp, moe::kMoeQuantizeThreads,
      sizeof(moe::MoeQuantizeParams)},
     {"cubist_moe_quantize_fp8_block", moe::kMoeQuantizeOp, moe::kMoeQuantizeThreads,
@@ -122,6 +126,8 @@ constexpr char kLayerList[] =
     "cubist_moe_sort_scatter\n"
     "cubist_moe_gather_bf16\n"
     "cubist_moe_finalize\n"
+    "cubist_moe_sort_masked\n"
+    "cubist_moe_finalize_masked\n"
     "cubist_moe_quantize_fp8\n"
     "cubist_moe_quantize_fp8_block\n"
     "cubist_moe_quantize_mxfp8\n"
@@ -146,8 +152,8 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   // Without --version: the family's, raised when its set of kernels changed (3: generation
   // 1 retired).
   EXPECT_EQ(m->version, 3);
-  // The --small preset: 6 GEMMs in a cubin each, and the layer's 12 kernels in one.
-  ASSERT_EQ(m->kernels.size(), 18u);
+  // The --small preset: 6 GEMMs in a cubin each, and the layer's 14 kernels in one.
+  ASSERT_EQ(m->kernels.size(), 20u);
   ASSERT_EQ(m->artifacts.size(), 7u);
   std::set<std::string> formats, layer;
   for (const KernelSpec& k : m->kernels) {
@@ -261,7 +267,7 @@ TEST_F(MoeArtifactsTest, CubinsAreSm90aWithTheAbiParameterStruct) {
     EXPECT_EQ(img.sm.minor, 0);
     EXPECT_EQ(img.sm.variant, SmTarget::Variant::kArch);  // sm_90a: wgmma needs it
     if (const LayerKernel* l = FindLayerKernel(k.function)) {
-      // The layer's cubin holds its twelve kernels and nothing else.
+      // The layer's cubin holds its fourteen kernels and nothing else.
       std::set<std::string> names;
       for (const KernelInfo& ki : img.kernels) names.insert(ki.name);
       EXPECT_EQ(names.size(), std::size(kLayerKernels));
@@ -304,8 +310,8 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
                 std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
   // The whole family: 115 TMA kernels (generation 2; generation 1's 95 are retired); then
-  // the layer's 12, which the GEMM selection flags do not filter.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 127);
+  // the layer's 14, which the GEMM selection flags do not filter.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 129);
   EXPECT_THAT(out, ::testing::Not(::testing::ContainsRegex("(^|\n)moe_gemm_[^t]")));
   EXPECT_TRUE(out.ends_with(kLayerList)) << out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --no-layer 2>&1", &out),
