@@ -9,7 +9,8 @@ same layer, on an H200, in one process (docs/benchmarks.md, "The MoE layer").
 For each model and batch size T (uniform random routing logits from a fixed seed; router
 logits are an input, the router GEMM is the engine's):
   ours     cubist.MoeLayer: routing, sort, gather, GEMM1 + activation, GEMM2, finalize
-  gemms    our two GEMMs alone on pre-permuted inputs (the layer's routing, taken once)
+  gemms    our two GEMMs alone on pre-permuted inputs (the layer's routing, taken once),
+           with gpt-oss's per-expert biases as in the layer
   torch    the same layer in torch: the model's routing and activation in torch,
            torch._grouped_mm for both GEMMs, index_add finalize (examples/moe_layer.py's
            torch_layer, made model-faithful); for the fp8 pair torch._scaled_grouped_mm
@@ -308,6 +309,9 @@ def bench_model(rt, name, pair, args, flush):
                   b_global_scale=q1[2], activation="swiglu", **gact)
         g2 = dict(weights=wf, activations=af, a_scale=h_s, a_global_scale=h_g, b_scale=q2[1],
                   b_global_scale=q2[2], activation="identity")
+        if b1 is not None:  # gpt-oss: the same GEMMs as the layer's, biases included
+            g1.update(bias=b1)
+            g2.update(bias=b2)
         if af == "bf16":
             hq = hbuf
 
