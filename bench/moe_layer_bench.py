@@ -9,7 +9,8 @@ same layer, on an H200, in one process (docs/benchmarks.md, "The MoE layer").
 For each model and batch size T (uniform random routing logits from a fixed seed; router
 logits are an input, the router GEMM is the engine's):
   ours     cubist.MoeLayer: routing, sort, gather, GEMM1 + activation, GEMM2, finalize
-  gemms    our two GEMMs alone on pre-permuted inputs (the layer's routing, taken once)
+  gemms    our two GEMMs alone on pre-permuted inputs (the layer's routing, taken once),
+           with gpt-oss's per-expert biases as in the layer
   torch    the same layer in torch: the model's routing and activation in torch,
            torch._grouped_mm for both GEMMs, index_add finalize (examples/moe_layer.py's
            torch_layer, made model-faithful); for the fp8 pair torch._scaled_grouped_mm
@@ -47,11 +48,6 @@ TITLES = {"qwen3": "Qwen3-30B-A3B", "gptoss": "gpt-oss-120b", "deepseek": "DeepS
 PAIRS = {"bf16": ("bf16", "bf16"), "fp8": ("fp8", "fp8"), "fp8-block": ("fp8-block", "fp8-block"),
          "mxfp4": ("mxfp4", "bf16"), "mxfp4-mxfp8": ("mxfp4", "mxfp8"),
          "nvfp4": ("nvfp4", "nvfp4")}
-# Calibrated activation magnitudes (inputs N(0, 1); GEMM1's output O(1)), as an engine
-# would measure them: the per-tensor scales of fp8 and nvfp4 activations.
-INPUT_AMAX, INTER_AMAX = 5.0, 4.0
-
-
 def act_scale(af, amax):
     """fp8: the dequantization scale s; nvfp4: FlashInfer's global scale g."""
     s = amax / 448.0 if af == "fp8" else 448.0 * 6.0 / amax if af == "nvfp4" else 1.0
@@ -143,12 +139,28 @@ def torch_finalize(x, token, weight, y):
     return out.to(torch.bfloat16)
 
 
-def torch_layer(x, logits, w1, w2, m, bias, b1=None, b2=None):
+def torch_first_half(x, logits, w1, m, bias, b1=None):
+    """Routing, GEMM1 and the activation: (expert, token, weight, offsets, intermediate)."""
     expert, token, weight, offs = torch_permute(x, logits, m, bias, w1.shape[0])
     c = torch._grouped_mm(x[token], w1.transpose(-2, -1), offs=offs)
     if b1 is not None:  # gpt-oss: per-expert biases after each GEMM
         c = (c.float() + b1[expert]).to(torch.bfloat16)
-    h = torch_act(c, m)
+    return expert, token, weight, offs, torch_act(c, m)
+
+
+def calibrate(m, w1, bias, b1):
+    """The activations' amax on a calibration batch of 512 tokens, as an engine measures
+    them once: (the hidden states', GEMM1's output's). Per-tensor fp8 and nvfp4 scales
+    come from these (too small an amax saturates, too large wastes precision)."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(512, m["h"], device="cuda", generator=g).to(torch.bfloat16)
+    logits = torch.randn(512, m["e"], device="cuda", generator=g)
+    h = torch_first_half(x, logits, w1, m, bias, b1)[4]
+    return x.float().abs().max().item(), h.float().abs().max().item()
+
+
+def torch_layer(x, logits, w1, w2, m, bias, b1=None, b2=None):
+    expert, token, weight, offs, h = torch_first_half(x, logits, w1, m, bias, b1)
     y = torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
     if b2 is not None:
         y = (y.float() + b2[expert]).to(torch.bfloat16)
@@ -240,7 +252,8 @@ def bench_model(rt, name, pair, args, flush):
     if wf != "bf16":
         w1 = cubist.dequantize_weights(*q1, wf).to(torch.bfloat16)
         w2 = cubist.dequantize_weights(*q2, wf).to(torch.bfloat16)
-    s1, s2 = act_scale(af, INPUT_AMAX), act_scale(af, INTER_AMAX)
+    in_amax, inter_amax = calibrate(m, w1, bias, b1)
+    s1, s2 = act_scale(af, in_amax), act_scale(af, inter_amax)
     wkw = {}
     if wf != "bf16":
         wkw = dict(w1_scale=q1[1], w2_scale=q2[1], w1_global_scale=q1[2],
@@ -255,7 +268,7 @@ def bench_model(rt, name, pair, args, flush):
         max_chunk_tokens=args.chunk)
     max_t = max(int(t) for t in args.tokens.split(","))
     layer.prepare(max_t, q1[0], q2[0], **act, **wkw)
-    gemm = cubist.MoeGemm(rt)
+    gemm = cubist.MoeGemm(rt, pdl=True)  # the baseline overlaps its two launches too
     # Bytes per expert of both GEMMs' weights with their scales: the floor's unit.
     per_expert = sum(nbytes(t) for t in (*q1, *q2)) / e
     rows = []
@@ -296,6 +309,9 @@ def bench_model(rt, name, pair, args, flush):
                   b_global_scale=q1[2], activation="swiglu", **gact)
         g2 = dict(weights=wf, activations=af, a_scale=h_s, a_global_scale=h_g, b_scale=q2[1],
                   b_global_scale=q2[2], activation="identity")
+        if b1 is not None:  # gpt-oss: the same GEMMs as the layer's, biases included
+            g1.update(bias=b1)
+            g2.update(bias=b2)
         if af == "bf16":
             hq = hbuf
 

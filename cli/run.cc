@@ -297,6 +297,13 @@ void RegisterRun(CLI::App& app, Globals& g) {
                   "moe: deepseek_v3 weight scale");
   cmd->add_option("--max-chunk-tokens", f->layer.max_chunk_tokens,
                   "moe: tokens per pass (bounds the workspace; 0: one pass)");
+  cmd->add_option("--input-layout", f->layer.input_layout,
+                  "moe: token_major (default), or expert_major_masked: [E, max_m, H] rows "
+                  "with per-expert counts, as low-latency all-to-all libraries deliver them")
+      ->type_name("LAYOUT");
+  cmd->add_option("--max-m", f->layer.max_m,
+                  "moe: expert_major_masked rows per expert (T = E x max_m; no --tokens)")
+      ->type_name("N");
   cmd->add_option("--check-tokens", f->layer.check_tokens,
                   "moe: tokens checked against the CPU reference (default 16)");
   cmd->add_option("--kernel", f->pin, "Use this kernel (debugging)")->type_name("NAME");

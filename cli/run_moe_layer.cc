@@ -2,7 +2,9 @@
 // states, router logits and weights, checks a sample of tokens against the CPU reference
 // (dispatch/moe_layer_reference.h: routing in fp32, the GEMMs in double) and prints the
 // median time next to the floor: one read of the weights of the experts the batch
-// touches, at the device's copy bandwidth.
+// touches, at the device's copy bandwidth. --input-layout expert_major_masked runs the
+// masked layout instead: [E, max_m, H] rows, per-expert counts drawn from the seed, a
+// sample of valid rows checked and the row after each partial expert checked untouched.
 #include "cli/run_moe_layer.h"
 
 #include <algorithm>
@@ -264,6 +266,95 @@ absl::StatusOr<LayerRun> RunLayer(const MoeLayerRunFlags& f, Runtime& rt,
   return r;
 }
 
+// The masked layout's counts: expert 0 full, expert 1 empty (when E > 1), the others
+// uniform in 0..max_m.
+std::vector<int32_t> MaskedCounts(uint64_t seed, int experts, int max_m) {
+  std::mt19937_64 rng(seed ^ 0x6D61736B);
+  std::uniform_int_distribution<int32_t> ud(0, max_m);
+  std::vector<int32_t> counts(experts);
+  for (int e = 0; e < experts; ++e) counts[e] = e == 0 ? max_m : e == 1 ? 0 : ud(rng);
+  return counts;
+}
+
+// --check-tokens valid rows (e, i), spread over them, against the reference as one-slot
+// tokens of weight 1 (the masked layer's row is that token's output); and the row after
+// each partial expert's last must still hold the 0xFF bytes out was filled with.
+absl::StatusOr<ref::Comparison> CheckMaskedSample(const MoeLayerRunFlags& f,
+                                                  const LayerInputs& in,
+                                                  const std::vector<int32_t>& counts,
+                                                  const DeviceBuffer& out, int* checked) {
+  const ref::MoeLayerData& data = in.data;
+  const int h = data.hidden, max_m = static_cast<int>(f.max_m);
+  std::vector<int> valid;  // row e x max_m + i of each valid row
+  for (size_t e = 0; e < counts.size(); ++e) {
+    for (int i = 0; i < counts[e]; ++i) valid.push_back(static_cast<int>(e) * max_m + i);
+  }
+  const int n = std::min<int>(valid.size(), std::max(1, f.check_tokens));
+  ref::MoeLayerData sub = data;
+  ref::Routing routing;
+  sub.tokens = routing.tokens = n;
+  routing.top_k = 1;
+  sub.x.clear();
+  std::vector<uint16_t> got, row(h);
+  for (int j = 0; j < n; ++j) {
+    const int r = valid[size_t(j) * valid.size() / n];
+    sub.x.insert(sub.x.end(), data.x.begin() + size_t(r) * h, data.x.begin() + size_t(r + 1) * h);
+    routing.ids.push_back(r / max_m);
+    routing.weights.push_back(1.0f);
+    CUBIST_RETURN_IF_ERROR(out.CopyToHost(row.data(), size_t(h) * 2, size_t(r) * h * 2));
+    got.insert(got.end(), row.begin(), row.end());
+  }
+  *checked = n;
+  ref::Comparison cmp = ref::CompareBf16(got, ref::MoeLayerReference(sub, routing),
+                                         ref::MoeLayerTolerance(data.activation_format));
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] >= max_m) continue;
+    CUBIST_RETURN_IF_ERROR(out.CopyToHost(row.data(), size_t(h) * 2,
+                                          (e * max_m + counts[e]) * size_t(h) * 2));
+    if (std::any_of(row.begin(), row.end(), [](uint16_t v) { return v != 0xFFFF; })) {
+      cmp.ok = false;
+      cmp.summary += absl::StrCat("; expert ", e, "'s row ", counts[e], " (past its count) "
+                                  "was written");
+      break;
+    }
+  }
+  return cmp;
+}
+
+absl::StatusOr<LayerRun> RunMaskedLayer(const MoeLayerRunFlags& f, Runtime& rt,
+                                        const MoeLayerOptions& o) {
+  DriverApi& d = rt.driver();
+  MoeLayerRunFlags rows = f;
+  rows.tokens = static_cast<int>(o.num_experts * o.max_m);
+  const LayerInputs in = RandomLayerInputs(rows, o);
+  const std::vector<int32_t> counts =
+      MaskedCounts(f.seed, static_cast<int>(o.num_experts), static_cast<int>(o.max_m));
+  CUBIST_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::Create(rt, o));
+  CUBIST_ASSIGN_OR_RETURN(size_t ws_bytes, MoeLayer::WorkspaceSize(o, 0));
+  CUBIST_ASSIGN_OR_RETURN(LayerBuffers buffers, UploadLayer(d, in, o, ws_bytes));
+  CUBIST_ASSIGN_OR_RETURN(const DeviceBuffer counts_d, Upload(d, counts));
+  CUBIST_RETURN_IF_ERROR(buffers.out.Fill(0xFF));
+  CUBIST_ASSIGN_OR_RETURN(Stream stream, Stream::Create(d));
+  MoeLayerArgs a = LayerArgs(buffers, in, o);
+  a.router_logits = a.routing_bias = 0;
+  a.masked_counts = counts_d.get();
+  CUBIST_RETURN_IF_ERROR(layer->CanImplement(a, 0));
+  CUBIST_RETURN_IF_ERROR(layer->Run(a, stream.get()));
+  CUBIST_RETURN_IF_ERROR(stream.Synchronize());
+
+  LayerRun r;
+  CUBIST_ASSIGN_OR_RETURN(const ref::Comparison cmp,
+                          CheckMaskedSample(f, in, counts, buffers.out, &r.checked_tokens));
+  r.ok = cmp.ok;
+  r.check_summary = cmp.summary;
+  CUBIST_ASSIGN_OR_RETURN(r.time_us,
+                          MedianRunUs(d, *layer, a, stream, f.warmup, f.iterations));
+  r.experts_touched = static_cast<int>(
+      std::count_if(counts.begin(), counts.end(), [](int32_t c) { return c > 0; }));
+  r.floor_us = WeightFloorUs(o, r.experts_touched, f.copy_tbps);
+  return r;
+}
+
 }  // namespace
 
 absl::StatusOr<MoeLayerOptions> MoeLayerOptionsFromFlags(const MoeLayerRunFlags& f) {
@@ -290,18 +381,35 @@ absl::StatusOr<MoeLayerOptions> MoeLayerOptionsFromFlags(const MoeLayerRunFlags&
   o.routed_scaling_factor = f.routed_scaling_factor;
   o.apply_weight_on_input = f.routing == "llama4";
   o.max_chunk_tokens = f.max_chunk_tokens;
-  if (f.tokens < 0) return absl::InvalidArgumentError("--tokens: give the batch's token count (T)");
-  CUBIST_RETURN_IF_ERROR(MoeLayer::WorkspaceSize(o, f.tokens).status());
+  o.input_layout = f.input_layout;
+  o.max_m = f.max_m;
+  if (o.input_layout == "expert_major_masked") {
+    if (f.tokens >= 0) {
+      return absl::InvalidArgumentError(
+          "--tokens: expert_major_masked input has E x max_m rows; give --max-m instead");
+    }
+    CUBIST_RETURN_IF_ERROR(MoeLayer::WorkspaceSize(o, 0).status());
+    return o;
+  }
+  if (f.tokens < 0 && o.input_layout == "token_major") {
+    return absl::InvalidArgumentError("--tokens: give the batch's token count (T)");
+  }
+  CUBIST_RETURN_IF_ERROR(MoeLayer::WorkspaceSize(o, std::max(f.tokens, 0)).status());
   return o;
 }
 
 int RunMoeLayer(const MoeLayerRunFlags& f, const MoeLayerOptions& o, Runtime& rt) {
-  absl::StatusOr<LayerRun> r = RunLayer(f, rt, o);
+  const bool masked = o.input_layout == "expert_major_masked";
+  absl::StatusOr<LayerRun> r = masked ? RunMaskedLayer(f, rt, o) : RunLayer(f, rt, o);
   if (!r.ok()) return PrintError(r.status());
-  const std::string problem = absl::StrFormat(
-      "moe layer %s x %s, %s routing, E=%d top-%d, H=%d, I=%d, %s, T=%d", f.weights,
-      f.activations, f.routing, f.experts, f.top_k, f.hidden, f.intermediate, f.activation,
-      f.tokens);
+  const std::string problem =
+      masked ? absl::StrFormat("moe layer %s x %s, expert_major_masked, E=%d max_m=%d, H=%d, "
+                               "I=%d, %s",
+                               f.weights, f.activations, f.experts, f.max_m, f.hidden,
+                               f.intermediate, f.activation)
+             : absl::StrFormat("moe layer %s x %s, %s routing, E=%d top-%d, H=%d, I=%d, %s, T=%d",
+                               f.weights, f.activations, f.routing, f.experts, f.top_k,
+                               f.hidden, f.intermediate, f.activation, f.tokens);
   if (f.json) {
     nlohmann::json j = {{"device", rt.device_name()},
                         {"problem", problem},

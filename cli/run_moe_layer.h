@@ -27,6 +27,10 @@ struct MoeLayerRunFlags {
   int topk_group = 0;
   float routed_scaling_factor = 1.0f;
   int64_t max_chunk_tokens = 0;
+  // "token_major", or "expert_major_masked": [E, max_m, H] rows with per-expert counts
+  // drawn from the seed (T = E x max_m; no routing).
+  std::string input_layout = "token_major";
+  int64_t max_m = 0;
   int check_tokens = 16;   // tokens compared with the reference
   int iterations = 20;
   int warmup = 3;

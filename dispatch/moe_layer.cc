@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -93,7 +94,48 @@ absl::Status ValidatePair(const MoeLayerOptions& o) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateOptions(const MoeLayerOptions& o) {
+bool Masked(const MoeLayerOptions& o) { return o.input_layout == "expert_major_masked"; }
+
+// The expert-major masked layout: its row count, and no option of the token-major
+// layer's routing or finalize (a caller setting one expects it to be used).
+absl::Status ValidateMaskedOptions(const MoeLayerOptions& o) {
+  const int64_t l = LocalExperts(o);
+  if (o.max_m < 1 || o.max_m > kInt32Max / l) {
+    return Bad("max_m", absl::StrCat(o.max_m, " is outside 1..", kInt32Max / l,
+                                     " (L x max_m rows must fit the kernels' int32 rows)"));
+  }
+  const MoeLayerOptions defaults;
+  const struct {
+    const char* field;
+    bool set;
+  } routing[] = {
+      {"top_k", o.top_k != 0},
+      {"routing_method", o.routing_method != defaults.routing_method},
+      {"n_group", o.n_group != 0},
+      {"topk_group", o.topk_group != 0},
+      {"routed_scaling_factor", o.routed_scaling_factor != 1.0f},
+      {"apply_weight_on_input", o.apply_weight_on_input},
+      {"logits_format", o.logits_format != defaults.logits_format},
+  };
+  for (const auto& r : routing) {
+    if (r.set) {
+      return Bad(r.field, "is a routing option; expert_major_masked input is routed already "
+                          "(by the all-to-all): leave it unset");
+    }
+  }
+  if (o.finalize != "sum") {
+    return Bad("finalize", "expert_major_masked input has no finalize (the all-to-all "
+                           "combines): leave it 'sum', the rows go to out");
+  }
+  if (o.max_chunk_tokens != 0) {
+    return Bad("max_chunk_tokens", "expert_major_masked input runs in one pass (its workspace "
+                                   "holds L x max_m rows); set 0");
+  }
+  return absl::OkStatus();
+}
+
+// The shapes and the format pair, common to both input layouts.
+absl::Status ValidateShapes(const MoeLayerOptions& o) {
   if (!OpSupports(Op::kMoeGemm, o.activation) || !moe::MoeGemmEncodes(o.activation)) {
     return Bad("activation", "not a moe_gemm activation");
   }
@@ -110,6 +152,23 @@ absl::Status ValidateOptions(const MoeLayerOptions& o) {
                             " experts; set local_expert_offset and num_local_experts so "
                             "that offset + count <= num_experts"));
   }
+  if (o.hidden < 8 || o.hidden % 8 != 0) {
+    return Bad("hidden", absl::StrCat(o.hidden, " is not a positive multiple of 8"));
+  }
+  if (o.intermediate < 8 || o.intermediate % 8 != 0) {
+    return Bad("intermediate", absl::StrCat(o.intermediate, " is not a positive multiple of 8"));
+  }
+  return ValidatePair(o);
+}
+
+absl::Status ValidateOptions(const MoeLayerOptions& o) {
+  CUBIST_RETURN_IF_ERROR(ValidateShapes(o));
+  if (Masked(o)) return ValidateMaskedOptions(o);
+  if (o.input_layout != "token_major") {
+    return Bad("input_layout", absl::StrCat("'", o.input_layout,
+                                            "' is not token_major or expert_major_masked"));
+  }
+  if (o.max_m != 0) return Bad("max_m", "is for expert_major_masked input only; set 0");
   if (o.top_k < 1 || o.top_k > o.num_experts) {
     return Bad("top_k", absl::StrCat(o.top_k, " is outside 1..num_experts (", o.num_experts, ")"));
   }
@@ -117,13 +176,6 @@ absl::Status ValidateOptions(const MoeLayerOptions& o) {
     return Bad("top_k", absl::StrCat(o.top_k, " exceeds the kernels' limit of ",
                                      moe::kMoeRouteMaxTopK));
   }
-  if (o.hidden < 8 || o.hidden % 8 != 0) {
-    return Bad("hidden", absl::StrCat(o.hidden, " is not a positive multiple of 8"));
-  }
-  if (o.intermediate < 8 || o.intermediate % 8 != 0) {
-    return Bad("intermediate", absl::StrCat(o.intermediate, " is not a positive multiple of 8"));
-  }
-  CUBIST_RETURN_IF_ERROR(ValidatePair(o));
   CUBIST_ASSIGN_OR_RETURN(moe::MoeRoutingMethod m, ParseRoutingMethod(o.routing_method));
   if (m == moe::kRouteDeepSeekV3) {
     if (o.n_group < 1 || o.num_experts % o.n_group != 0) {
@@ -158,13 +210,16 @@ absl::Status ValidateOptions(const MoeLayerOptions& o) {
   return absl::OkStatus();
 }
 
-// The workspace for passes of up to `rows` rows (a RowBucketFor value).
+// The workspace for passes of up to `rows` rows (a RowBucketFor value; the masked
+// layout: L x max_m, with no routing slots and a row map of `rows` entries).
 MoeLayerWorkspace LayoutForRows(const MoeLayerOptions& o, int64_t chunk_tokens, int64_t rows) {
   MoeLayerWorkspace w;
   w.chunk_tokens = chunk_tokens;
   w.row_capacity = rows;
   const int64_t l = LocalExperts(o);
-  const size_t slots = static_cast<size_t>(chunk_tokens * o.top_k);
+  const bool masked = Masked(o);
+  const size_t slots = masked ? 0 : static_cast<size_t>(chunk_tokens * o.top_k);
+  const size_t map = masked ? static_cast<size_t>(rows) : slots;
   size_t at = 0;
   auto take = [&](size_t bytes) {
     const size_t here = at;
@@ -176,7 +231,7 @@ MoeLayerWorkspace LayoutForRows(const MoeLayerOptions& o, int64_t chunk_tokens, 
   w.offsets = take(4 * static_cast<size_t>(l + 1));
   w.dropped = take(4);
   w.expanded_to_permuted = take(4 * slots);
-  w.permuted_to_expanded = take(4 * slots);
+  w.permuted_to_expanded = take(4 * map);
   w.chunk_counts =
       take(4 * static_cast<size_t>(moe::MoeSortChunks(static_cast<int64_t>(slots)) * (l + 1)));
   // GEMM1's output is I wide either way (gated: 2I rows make I columns).
@@ -192,6 +247,12 @@ MoeLayerWorkspace LayoutForRows(const MoeLayerOptions& o, int64_t chunk_tokens, 
   w.rows = take(2 * static_cast<size_t>(rows * o.hidden));
   w.bytes = at;
   return w;
+}
+
+// The masked layout's one pass: every row of [L, max_m, H] may be valid.
+MoeLayerWorkspace MaskedLayout(const MoeLayerOptions& o) {
+  const int64_t rows = LocalExperts(o) * o.max_m;
+  return LayoutForRows(o, rows, rows);
 }
 
 }  // namespace
@@ -219,6 +280,7 @@ absl::StatusOr<MoeLayerWorkspace> MoeLayer::WorkspaceLayout(const MoeLayerOption
                                                             int64_t max_tokens) {
   CUBIST_RETURN_IF_ERROR(ValidateOptions(options));
   if (max_tokens < 0) return Bad("max_tokens", "is negative");
+  if (Masked(options)) return MaskedLayout(options);
   const int64_t chunk = ChunkTokens(options, std::max<int64_t>(max_tokens, 1));
   const int64_t rows = RowBucketFor(chunk, options.top_k);
   if (rows > kInt32Max) {
@@ -244,6 +306,7 @@ absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(Runtime& runtime,
   CUBIST_RETURN_IF_ERROR(ValidateOptions(options));
   std::unique_ptr<MoeLayer> layer(new MoeLayer(runtime, options));
   CUBIST_ASSIGN_OR_RETURN(layer->method_, ParseRoutingMethod(options.routing_method));
+  layer->masked_ = Masked(options);
   layer->logits_bf16_ = options.logits_format == "bf16";
   layer->local_experts_ = LocalExperts(options);
   // Every kernel of the layer overlaps its prologue with the previous one's tail: the glue
@@ -267,21 +330,29 @@ absl::Status MoeLayer::LoadGlue() {
     Op op;
     const char* function;
     Kernel* slot;
+    bool optional = false;  // a manifest published before the kernel existed lacks it
   };
+  // Each layout loads only what it launches: a manifest published before the masked
+  // kernels still serves the token-major layer.
   const char* quantize = QuantizeFunction(options_.activation_format);
+  auto token = [&](const char* f) { return masked_ ? nullptr : f; };
+  auto masked = [&](const char* f) { return masked_ ? f : nullptr; };
   const Want wants[] = {
       {Op::kMoeQuantize, quantize, &quantize_},
-      {Op::kMoeRoute, "cubist_moe_route", &route_},
-      {Op::kMoeSort, "cubist_moe_sort_fused", &sort_fused_},
-      {Op::kMoeSort, "cubist_moe_sort_count", &sort_count_},
-      {Op::kMoeSort, "cubist_moe_sort_scan", &sort_scan_},
-      {Op::kMoeSort, "cubist_moe_sort_scatter", &sort_scatter_},
+      {Op::kMoeRoute, token("cubist_moe_route"), &route_},
+      {Op::kMoeRoute, token("cubist_moe_route_sort"), &route_sort_, /*optional=*/true},
+      {Op::kMoeSort, token("cubist_moe_sort_fused"), &sort_fused_},
+      {Op::kMoeSort, token("cubist_moe_sort_count"), &sort_count_},
+      {Op::kMoeSort, token("cubist_moe_sort_scan"), &sort_scan_},
+      {Op::kMoeSort, token("cubist_moe_sort_scatter"), &sort_scatter_},
+      {Op::kMoeSort, masked("cubist_moe_sort_masked"), &sort_masked_},
       {Op::kMoeGather, "cubist_moe_gather_bf16", &gather_},
-      {Op::kMoeFinalize, "cubist_moe_finalize", &finalize_},
+      {Op::kMoeFinalize, token("cubist_moe_finalize"), &finalize_},
+      {Op::kMoeFinalize, masked("cubist_moe_finalize_masked"), &finalize_masked_},
   };
   const Registry& reg = runtime_->registry();
   for (const Want& w : wants) {
-    if (w.function == nullptr) continue;  // bf16 activations quantize nothing
+    if (w.function == nullptr) continue;  // not this layout's, or bf16's quantizer
     std::string tried;
     for (const KernelEntry& k : reg.kernels()) {
       if (!k.op.has_value() || *k.op != w.op || k.spec.function != w.function) continue;
@@ -299,7 +370,7 @@ absl::Status MoeLayer::LoadGlue() {
       w.slot->function = *f;
       break;
     }
-    if (w.slot->function == nullptr) {
+    if (w.slot->function == nullptr && !(w.optional && tried.empty())) {
       return absl::NotFoundError(absl::StrCat(
           "moe layer: the manifest ", reg.manifest_source(), " has no ", Sv(OpName(w.op)),
           " kernel ", w.function, " for this GPU",
@@ -307,24 +378,72 @@ absl::Status MoeLayer::LoadGlue() {
           "; publish the layer's kernels (scripts/build-artifacts builds them)"));
     }
   }
-  // The route kernel keeps one token's logits per warp in dynamic shared memory; past
-  // the driver's default 48 KiB (E > 3072) the function's limit must be raised first.
-  const int route_shared = moe::MoeRouteSharedBytes(static_cast<int32_t>(options_.num_experts));
-  if (route_shared > 48 * 1024) {
-    DriverApi& driver = runtime_->driver();
+  CUBIST_RETURN_IF_ERROR(RaiseSharedLimits());
+  glue_loaded_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+// The route kernels keep tokens' logits in dynamic shared memory: past the driver's
+// default (48 KiB with the static part) the function's limit must be raised first.
+absl::Status MoeLayer::RaiseSharedLimits() {
+  const int32_t e = static_cast<int32_t>(options_.num_experts);
+  const struct {
+    const Kernel& k;
+    int bytes;
+  } raises[] = {
+      {route_, !masked_ && moe::MoeRouteSharedBytes(e) > 48 * 1024 ? moe::MoeRouteSharedBytes(e)
+                                                                     : 0},
+      {route_sort_, route_sort_.function != nullptr ? moe::kMoeRouteSortMaxSharedBytes : 0},
+  };
+  DriverApi& driver = runtime_->driver();
+  for (const auto& r : raises) {
+    if (r.bytes == 0) continue;
     CUBIST_RETURN_IF_ERROR(CuCheck(
         driver,
-        driver.FuncSetAttribute(route_.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                route_shared),
-        absl::StrCat("moe layer: raise ", route_.entry->name(), "'s shared memory to ",
-                     route_shared, " bytes")));
+        driver.FuncSetAttribute(r.k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                r.bytes),
+        absl::StrCat("moe layer: raise ", r.k.entry->name(), "'s shared memory to ", r.bytes,
+                     " bytes")));
   }
-  glue_loaded_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+// The arguments the masked layout takes differently: its row count, its counts, and none
+// of the routing's (the pointer table of ValidateArgs checks the rest).
+absl::Status ValidateMaskedArgs(const MoeLayerOptions& o, const MoeLayerArgs& a) {
+  const int64_t rows = LocalExperts(o) * o.max_m;
+  if (!Masked(o)) {
+    if (a.masked_counts != 0) {
+      return Bad("masked_counts", "is for expert_major_masked input only; set input_layout");
+    }
+    return absl::OkStatus();
+  }
+  if (a.tokens != 0 && a.tokens != rows) {
+    return Bad("tokens", absl::StrCat(a.tokens, ": expert_major_masked input holds L x max_m = ",
+                                      rows, " rows; set tokens to ", rows, " (0: a no-op)"));
+  }
+  const struct {
+    const char* field;
+    bool set;
+  } routing[] = {
+      {"router_logits", a.router_logits != 0},
+      {"routing_bias", a.routing_bias != 0},
+      {"topk_ids", a.topk_ids != 0},
+      {"topk_weights", a.topk_weights != 0},
+      {"accumulate", a.accumulate},
+  };
+  for (const auto& r : routing) {
+    if (r.set) {
+      return Bad(r.field, "is given, but expert_major_masked input is routed already and "
+                          "combined by the all-to-all; leave it unset");
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) const {
   if (a.tokens < 0) return Bad("tokens", absl::StrCat(a.tokens, " is negative"));
+  CUBIST_RETURN_IF_ERROR(ValidateMaskedArgs(options_, a));
   if (a.tokens == 0) return absl::OkStatus();
   // Each device pointer: whether it must be given, its alignment, and whether it is one of
   // the format pair's scales (refused when given to a pair that takes no such scale, since
@@ -344,8 +463,9 @@ absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) c
       {"hidden_states", a.hidden_states, true, 16},
       {"router_logits", a.router_logits, false, logits_bf16_ ? 2u : 4u},
       {"routing_bias", a.routing_bias, false, 4},
-      {"topk_ids", a.topk_ids, !routed, 4},
-      {"topk_weights", a.topk_weights, !routed, 4},
+      {"topk_ids", a.topk_ids, !routed && !masked_, 4},
+      {"topk_weights", a.topk_weights, !routed && !masked_, 4},
+      {"masked_counts", a.masked_counts, masked_, 4},
       {"w1", a.w1, true, 16},
       {"w2", a.w2, true, 16},
       {"w1_scale", a.w1_scale, wblock, 16, true},
@@ -384,15 +504,16 @@ absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) c
   if (a.routing_bias != 0 && method_ != moe::kRouteDeepSeekV3) {
     return Bad("routing_bias", "only deepseek_v3 routing takes a bias");
   }
-  const int64_t tokens = std::max(a.tokens, max_tokens);
+  const int64_t tokens = masked_ ? a.tokens : std::max(a.tokens, max_tokens);
   const int64_t chunk = ChunkTokens(options_, tokens);
-  const size_t need =
-      LayoutForRows(options_, chunk, RowBucketFor(chunk, options_.top_k)).bytes;
+  const size_t need = masked_ ? MaskedLayout(options_).bytes
+                              : LayoutForRows(options_, chunk,
+                                              RowBucketFor(chunk, options_.top_k)).bytes;
   if (a.workspace_bytes < need) {
     return Bad("workspace", absl::StrCat(a.workspace_bytes, " bytes, ", need, " needed for ",
                                          tokens, " tokens; size it with WorkspaceSize"));
   }
-  if (RowBucketFor(chunk, options_.top_k) > kInt32Max) {
+  if (!masked_ && RowBucketFor(chunk, options_.top_k) > kInt32Max) {
     return Bad("tokens", "too many rows for one pass; set max_chunk_tokens");
   }
   return absl::OkStatus();
@@ -403,7 +524,8 @@ absl::Status MoeLayer::ValidateArgs(const MoeLayerArgs& a, int64_t max_tokens) c
 // layout every pass shares.
 struct MoeLayer::Pass {
   int64_t first = 0, tokens = 0;
-  int64_t slots = 0;  // tokens x k
+  int64_t slots = 0;  // tokens x k (the masked layout: L x max_m rows)
+  int64_t gather_k = 0;  // the gather's top_k: input row = permuted_to_expanded[r] / it
   MoeLayerWorkspace w;
   CUdeviceptr ws = 0;  // the workspace's base
   CUdeviceptr ids = 0, weights = 0;
@@ -454,14 +576,22 @@ MoeGemmArgs MoeLayer::GemmArgs(const MoeLayerArgs& a, int gemm, CUdeviceptr ws,
 absl::Status MoeLayer::CanImplement(const MoeLayerArgs& args, int64_t max_tokens) {
   CUBIST_RETURN_IF_ERROR(ValidateArgs(args, max_tokens));
   CUBIST_RETURN_IF_ERROR(LoadGlue());
-  // Every GEMM problem a batch of up to max_tokens tokens poses: one per row bucket.
-  const int64_t chunk = ChunkTokens(options_, std::max<int64_t>(max_tokens, 1));
-  const int64_t top = RowBucketFor(chunk, options_.top_k);
+  // Every GEMM problem a batch of up to max_tokens tokens poses: one per row bucket (the
+  // masked layout: its one pass of L x max_m rows).
+  std::vector<MoeLayerWorkspace> layouts;
+  if (masked_) {
+    layouts.push_back(MaskedLayout(options_));
+  } else {
+    const int64_t chunk = ChunkTokens(options_, std::max<int64_t>(max_tokens, 1));
+    const int64_t top = RowBucketFor(chunk, options_.top_k);
+    for (int64_t rows = 64; rows <= top; rows *= 2) {
+      layouts.push_back(LayoutForRows(options_, chunk, rows));
+    }
+  }
   // Aligned stand-ins for what may be null before the first batch: only shapes, formats
   // and which optional operands exist (a bias) are checked.
   const CUdeviceptr placeholder = 256;
-  for (int64_t rows = 64; rows <= top; rows *= 2) {
-    const MoeLayerWorkspace w = LayoutForRows(options_, chunk, rows);
+  for (const MoeLayerWorkspace& w : layouts) {
     for (int gemm : {1, 2}) {
       MoeGemmArgs g = GemmArgs(args, gemm, placeholder, w);
       if (g.b == 0) g.b = placeholder;
@@ -504,7 +634,7 @@ unsigned MoeLayer::RowCtas(int64_t rows) const {
       std::min<int64_t>(rows, int64_t{8} * runtime_->device_info().sm_count));
 }
 
-absl::Status MoeLayer::Route(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
+moe::MoeRouteParams MoeLayer::RouteParams(const MoeLayerArgs& a, const Pass& pass) const {
   moe::MoeRouteParams p{};
   p.abi = moe::kMoeLayerAbi;
   p.method = method_;
@@ -520,12 +650,10 @@ absl::Status MoeLayer::Route(const MoeLayerArgs& a, const Pass& pass, CUstream s
   p.bias = reinterpret_cast<const float*>(a.routing_bias);
   p.topk_ids = reinterpret_cast<int32_t*>(pass.ids);
   p.topk_weights = reinterpret_cast<float*>(pass.weights);
-  const int64_t per_cta = moe::kMoeRouteThreads / 32;  // a warp per token
-  return Launch(route_, static_cast<unsigned>((pass.tokens + per_cta - 1) / per_cta),
-                moe::kMoeRouteThreads, moe::MoeRouteSharedBytes(p.num_experts), &p, stream);
+  return p;
 }
 
-absl::Status MoeLayer::Sort(const Pass& pass, CUstream stream) {
+moe::MoeSortParams MoeLayer::SortParams(const Pass& pass) const {
   const MoeLayerWorkspace& w = pass.w;
   moe::MoeSortParams s{};
   s.abi = moe::kMoeLayerAbi;
@@ -540,10 +668,33 @@ absl::Status MoeLayer::Sort(const Pass& pass, CUstream stream) {
   s.permuted_to_expanded = pass.At<int32_t>(w.permuted_to_expanded);
   s.chunk_counts = pass.At<int32_t>(w.chunk_counts);
   s.dropped = pass.At<int32_t>(w.dropped);
-  if (pass.slots <= moe::kMoeSortChunk) {
+  return s;
+}
+
+absl::Status MoeLayer::RouteAndSort(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
+  moe::MoeSortParams sort = SortParams(pass);
+  if (a.router_logits == 0) return Sort(sort, pass.slots, stream);  // pre-routed
+  moe::MoeRouteParams route = RouteParams(a, pass);
+  if (route_sort_.function != nullptr &&
+      moe::MoeRouteSortServes(pass.tokens, route.top_k, route.num_experts)) {
+    moe::MoeRouteSortParams both{route, sort};
+    return Launch(route_sort_, 1, moe::kMoeSortThreads,
+                  moe::MoeRouteSortSharedBytes(pass.tokens, route.num_experts), &both, stream);
+  }
+  const int64_t per_cta = moe::kMoeRouteThreads / 32;  // a warp per token
+  CUBIST_RETURN_IF_ERROR(Launch(route_,
+                                static_cast<unsigned>((pass.tokens + per_cta - 1) / per_cta),
+                                moe::kMoeRouteThreads,
+                                moe::MoeRouteSharedBytes(route.num_experts), &route, stream));
+  return Sort(sort, pass.slots, stream);
+}
+
+absl::Status MoeLayer::Sort(const moe::MoeSortParams& params, int64_t slots, CUstream stream) {
+  moe::MoeSortParams s = params;  // Launch passes a non-const pointer
+  if (slots <= moe::kMoeSortChunk) {
     return Launch(sort_fused_, 1, moe::kMoeSortThreads, 0, &s, stream);
   }
-  const unsigned chunks = static_cast<unsigned>(moe::MoeSortChunks(pass.slots));
+  const unsigned chunks = static_cast<unsigned>(moe::MoeSortChunks(slots));
   CUBIST_RETURN_IF_ERROR(Launch(sort_count_, chunks, moe::kMoeSortThreads, 0, &s, stream));
   CUBIST_RETURN_IF_ERROR(Launch(sort_scan_, 1, moe::kMoeSortThreads, 0, &s, stream));
   return Launch(sort_scatter_, chunks, moe::kMoeSortThreads, 0, &s, stream);
@@ -564,7 +715,7 @@ absl::Status MoeLayer::GatherInput(const MoeLayerArgs& a, const Pass& pass, CUst
     q.num_local_experts = static_cast<int32_t>(local_experts_);
     q.offsets = pass.At<int32_t>(w.offsets);
     q.cols = static_cast<int32_t>(h);
-    q.top_k = static_cast<int32_t>(options_.top_k);
+    q.top_k = static_cast<int32_t>(pass.gather_k);
     q.input = input;
     q.permuted_to_expanded = pass.At<int32_t>(w.permuted_to_expanded);
     q.weights = weights;
@@ -579,7 +730,7 @@ absl::Status MoeLayer::GatherInput(const MoeLayerArgs& a, const Pass& pass, CUst
   moe::MoeGatherParams g{};
   g.abi = moe::kMoeLayerAbi;
   g.hidden = static_cast<int32_t>(h);
-  g.top_k = static_cast<int32_t>(options_.top_k);
+  g.top_k = static_cast<int32_t>(pass.gather_k);
   g.num_local_experts = static_cast<int32_t>(local_experts_);
   g.input = input;
   g.offsets = pass.At<int32_t>(w.offsets);
@@ -636,14 +787,14 @@ absl::Status MoeLayer::RunChunk(const MoeLayerArgs& a, int64_t first, int64_t to
   pass.first = first;
   pass.tokens = tokens;
   pass.slots = tokens * k;
+  pass.gather_k = k;
   pass.w = LayoutForRows(options_, chunk, RowBucketFor(chunk, k));
   pass.ws = a.workspace;
   const bool routed = a.router_logits != 0;
   pass.ids = routed ? pass.ws + pass.w.topk_ids : a.topk_ids + 4 * first * k;
   pass.weights = routed ? pass.ws + pass.w.topk_weights : a.topk_weights + 4 * first * k;
 
-  if (routed) CUBIST_RETURN_IF_ERROR(Route(a, pass, stream));
-  CUBIST_RETURN_IF_ERROR(Sort(pass, stream));
+  CUBIST_RETURN_IF_ERROR(RouteAndSort(a, pass, stream));
   CUBIST_RETURN_IF_ERROR(GatherInput(a, pass, stream));
   CUBIST_RETURN_IF_ERROR(gemm1_->Run(GemmArgs(a, 1, pass.ws, pass.w), stream));
   if (Quantized(options_.activation_format)) {
@@ -654,10 +805,50 @@ absl::Status MoeLayer::RunChunk(const MoeLayerArgs& a, int64_t first, int64_t to
   return Finalize(a, pass, stream);
 }
 
+// The masked layout's compaction (sort_masked_) and scatter back (finalize_masked_):
+// one parameter struct, the grid of each as kernels/moe_layer_abi.h states it.
+absl::Status MoeLayer::MaskedStep(const Kernel& k, const MoeLayerArgs& a, const Pass& pass,
+                                  CUstream stream) {
+  moe::MoeMaskedParams m{};
+  m.abi = moe::kMoeLayerAbi;
+  m.num_local_experts = static_cast<int32_t>(local_experts_);
+  m.max_m = static_cast<int32_t>(options_.max_m);
+  m.hidden = static_cast<int32_t>(options_.hidden);
+  m.counts = reinterpret_cast<const int32_t*>(a.masked_counts);
+  m.offsets = pass.At<int32_t>(pass.w.offsets);
+  m.row_map = pass.At<int32_t>(pass.w.permuted_to_expanded);
+  m.rows = pass.At<const void>(pass.w.rows);
+  m.out = reinterpret_cast<void*>(a.out);
+  const bool sort = &k == &sort_masked_;
+  return Launch(k, RowCtas(sort ? local_experts_ : pass.slots), moe::kMoeMaskedThreads, 0, &m,
+                stream);
+}
+
+// Compaction of the valid rows (offsets and the row map from the counts, then the usual
+// gather or quantizing gather with top_k 1 reading hidden_states' row map[r]), the two
+// GEMMs as in a token-major pass, and GEMM2's rows written back to out[e, i].
+absl::Status MoeLayer::RunMasked(const MoeLayerArgs& a, CUstream stream) {
+  Pass pass;
+  pass.w = MaskedLayout(options_);
+  pass.tokens = pass.w.row_capacity;
+  pass.slots = pass.w.row_capacity;
+  pass.gather_k = 1;
+  pass.ws = a.workspace;
+  CUBIST_RETURN_IF_ERROR(MaskedStep(sort_masked_, a, pass, stream));
+  CUBIST_RETURN_IF_ERROR(GatherInput(a, pass, stream));
+  CUBIST_RETURN_IF_ERROR(gemm1_->Run(GemmArgs(a, 1, pass.ws, pass.w), stream));
+  if (Quantized(options_.activation_format)) {
+    CUBIST_RETURN_IF_ERROR(QuantizeIntermediate(a, pass, stream));
+  }
+  CUBIST_RETURN_IF_ERROR(gemm2_->Run(GemmArgs(a, 2, pass.ws, pass.w), stream));
+  return MaskedStep(finalize_masked_, a, pass, stream);
+}
+
 absl::Status MoeLayer::Run(const MoeLayerArgs& args, CUstream stream) {
   if (args.tokens == 0) return absl::OkStatus();
   CUBIST_RETURN_IF_ERROR(ValidateArgs(args, 0));
   CUBIST_RETURN_IF_ERROR(LoadGlue());
+  if (masked_) return RunMasked(args, stream);
   if (options_.finalize == "none" && ChunkTokens(options_, args.tokens) < args.tokens) {
     return Bad("finalize", "'none' leaves one pass's rows in the workspace; a batch larger "
                            "than max_chunk_tokens needs finalize 'sum'");

@@ -34,6 +34,24 @@
 // rounding): the token rows on their way into expert order, and GEMM1's bf16 output.
 // Other pairs are refused by Create (Unimplemented naming the pair).
 //
+// Masked input (input_layout "expert_major_masked"): the expert-major layout that
+// low-latency all-to-all libraries deliver (DeepEP's low-latency dispatch; DeepGEMM's
+// m_grouped_*_masked GEMMs take it): hidden_states bf16 [L, max_m, H] and
+// masked_counts int32 [L] on the device, expert e's rows 0 .. counts[e] - 1 valid. The
+// tokens are routed already and the library combines them afterwards, so the layer runs
+// no routing and no finalize: out bf16 [L, max_m, H] gets, for each valid row (e, i),
+// bf16(GEMM2(act(GEMM1(row)))) - the same per-row arithmetic, quantization and biases as
+// the token-major layer - and rows i >= counts[e] of out are left untouched (neither
+// read nor written). Counts are clamped to 0..max_m on the device, so a bad count never
+// reads or writes outside its expert's slot. The valid rows are compacted on the device
+// (moe_sort's cubist_moe_sort_masked, then the usual gather or quantizing gather), both
+// GEMMs run on them as in the token-major layer, and moe_finalize's
+// cubist_moe_finalize_masked writes them back; no host synchronization. Options: top_k,
+// the routing options, apply_weight_on_input, finalize "none" and max_chunk_tokens are
+// refused (InvalidArgument naming the field); args.tokens is L x max_m (0: a no-op
+// that launches nothing); router_logits, routing_bias, topk_ids, topk_weights and
+// accumulate are refused. The workspace holds L x max_m rows whatever max_tokens is.
+//
 // Thread safety: CanImplement and Run may be called from any number of threads at once;
 // the calling thread's current context must be the runtime's (as for MoeGemm).
 #ifndef CUBIST_DISPATCH_MOE_LAYER_H_
@@ -90,12 +108,20 @@ struct MoeLayerOptions {
   // overlaps the previous one's tail (the GEMMs only where their entries say "pdl"). It
   // overrides gemm.programmatic_dependent_launch.
   bool programmatic_dependent_launch = true;
+  // "token_major": hidden_states [T, H], routed and summed into out [T, H] as above.
+  // "expert_major_masked": hidden_states [L, max_m, H] with per-expert counts, out
+  // [L, max_m, H] ("Masked input" above).
+  std::string input_layout = "token_major";
+  int64_t max_m = 0;  // expert_major_masked: rows per expert slot (L x max_m <= 2^31 - 1)
   MoeGemmOptions gemm;  // for both GEMMs (pinning, inexact kernels)
 };
 
 struct MoeLayerArgs {
-  int64_t tokens = 0;              // T
-  CUdeviceptr hidden_states = 0;   // bf16 [T, H]
+  int64_t tokens = 0;              // T (expert_major_masked: L x max_m, or 0)
+  CUdeviceptr hidden_states = 0;   // bf16 [T, H] (expert_major_masked: [L, max_m, H])
+  // expert_major_masked: int32 [L] on the device, the valid rows of each expert's slot
+  // (clamped to 0..max_m on the device). 0 in the token-major layout.
+  CUdeviceptr masked_counts = 0;
   // Routed on the device from logits [T, E] (logits_format), with an optional fp32
   // bias [E] (deepseek_v3); or pre-routed: router_logits 0 and topk_ids int32 [T, k] +
   // topk_weights fp32 [T, k] given. Ids outside 0..E-1 are dropped (never read or
@@ -122,7 +148,7 @@ struct MoeLayerArgs {
   // weighted sum (gpt-oss). Served by the generation-2 GEMMs (parameter struct version 3).
   CUdeviceptr w1_bias = 0, w2_bias = 0;
   CUdeviceptr alpha = 0, beta = 0, limit = 0;
-  CUdeviceptr out = 0;     // bf16 [T, H]
+  CUdeviceptr out = 0;     // bf16 [T, H] (expert_major_masked: [L, max_m, H])
   bool accumulate = false;  // add into out (a shared expert's output computed beside)
   CUdeviceptr workspace = 0;  // WorkspaceSize bytes, 256-byte aligned, owned by the caller
   size_t workspace_bytes = 0;
@@ -130,6 +156,10 @@ struct MoeLayerArgs {
 
 // Where the intermediate arrays lie in the workspace (for the no-finalize mode, tests and
 // debugging): byte offsets from the workspace's start, sized for `chunk_tokens` tokens.
+// expert_major_masked: chunk_tokens = row_capacity = L x max_m; offsets holds the
+// compacted experts' offsets, permuted_to_expanded the row map (row r of the compacted
+// rows is row e x max_m + i of hidden_states), and the routing arrays (topk_ids,
+// topk_weights, dropped, expanded_to_permuted, chunk_counts) are unused.
 struct MoeLayerWorkspace {
   int64_t chunk_tokens = 0;  // tokens per pass
   int64_t row_capacity = 0;  // chunk_tokens x k
@@ -183,15 +213,24 @@ class MoeLayer {
   struct Pass;  // one pass over a chunk of tokens (moe_layer.cc)
   MoeLayer(Runtime& runtime, const MoeLayerOptions& options);
   absl::Status LoadGlue();
+  absl::Status RaiseSharedLimits();
   absl::Status ValidateArgs(const MoeLayerArgs& args, int64_t max_tokens) const;
   // The steps of one pass, in launch order.
   absl::Status RunChunk(const MoeLayerArgs& args, int64_t first_token, int64_t tokens,
                         CUstream stream);
-  absl::Status Route(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
-  absl::Status Sort(const Pass& pass, CUstream stream);
+  // Route (with logits) and Sort: one launch of cubist_moe_route_sort where it serves the
+  // pass (decode) and the manifest has it, else the route kernel and the sort kernels.
+  absl::Status RouteAndSort(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
+  moe::MoeRouteParams RouteParams(const MoeLayerArgs& args, const Pass& pass) const;
+  moe::MoeSortParams SortParams(const Pass& pass) const;
+  absl::Status Sort(const moe::MoeSortParams& params, int64_t slots, CUstream stream);
   absl::Status GatherInput(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
   absl::Status QuantizeIntermediate(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
   absl::Status Finalize(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
+  // The expert-major masked layout: compaction, both GEMMs, the scatter back.
+  absl::Status RunMasked(const MoeLayerArgs& args, CUstream stream);
+  absl::Status MaskedStep(const Kernel& k, const MoeLayerArgs& args, const Pass& pass,
+                          CUstream stream);
   absl::Status Launch(const Kernel& k, unsigned grid, unsigned block, unsigned shared,
                       void* params, CUstream stream);
   // GEMM `gemm` (1 or 2) of a pass whose workspace starts at `ws`, laid out as `w`.
@@ -203,12 +242,15 @@ class MoeLayer {
   Runtime* runtime_;
   MoeLayerOptions options_;
   moe::MoeRoutingMethod method_ = moe::kRouteRenormalize;
+  bool masked_ = false;  // input_layout "expert_major_masked"
   bool logits_bf16_ = false;
   int64_t local_experts_ = 0;  // L
   // The glue kernels, resolved once (LoadGlue) and read without a lock afterwards.
   absl::Mutex glue_mu_;
   std::atomic<bool> glue_loaded_{false};
   Kernel route_, sort_fused_, sort_count_, sort_scan_, sort_scatter_, gather_, finalize_;
+  Kernel route_sort_;  // optional: null when the manifest predates it
+  Kernel sort_masked_, finalize_masked_;  // expert_major_masked only
   Kernel quantize_;  // for the activation format (quantized formats only)
   std::unique_ptr<MoeGemm> gemm1_, gemm2_;
 };

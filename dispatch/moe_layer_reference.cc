@@ -255,12 +255,34 @@ std::vector<int> SlotOrder(const Routing& routing, int token) {
   return order;
 }
 
+namespace {
+
+// GEMM2's output in double (before its bf16 rounding) for the rows `a` [rows, H] (bf16)
+// grouped by local expert as `offsets` [L + 1] says: Q(bf16(act(Q(a) W1^T))) W2^T (+ w2_bias).
+std::vector<double> ExpertRows(const MoeLayerData& layer, const std::vector<int32_t>& offsets,
+                               const std::vector<uint16_t>& a) {
+  const int h = layer.hidden, inter = layer.intermediate;
+  const int n1 = moe::IsGated(layer.activation) ? 2 * inter : inter;
+  const int rows = offsets.back();
+  MoeProblemData g1 = LayerGemm(layer, offsets, rows, n1, h, a, /*second=*/false);
+  g1.alpha = CompactParams(layer.alpha, offsets);
+  g1.beta = CompactParams(layer.beta, offsets);
+  g1.limit = CompactParams(layer.limit, offsets);
+  const std::vector<double> act =
+      ApplyActivation(g1, ReferenceGemm(g1), layer.activation);  // [rows, I]
+
+  std::vector<uint16_t> a2(act.size());
+  for (size_t i = 0; i < act.size(); ++i) a2[i] = FloatToBf16(static_cast<float>(act[i]));
+  const MoeProblemData g2 = LayerGemm(layer, offsets, rows, h, inter, a2, /*second=*/true);
+  return ApplyActivation(g2, ReferenceGemm(g2), moe::kIdentity);  // [rows, H], + w2_bias
+}
+
+}  // namespace
+
 std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& routing,
                                       const std::vector<uint16_t>& accumulate_into) {
   const int t_count = layer.tokens, h = layer.hidden, k = routing.top_k;
-  const int inter = layer.intermediate, l = layer.num_local_experts;
-  const bool gated = moe::IsGated(layer.activation);
-  const int n1 = gated ? 2 * inter : inter;
+  const int l = layer.num_local_experts;
   const SlotSort sort = SortSlots(routing.ids, layer.num_experts, layer.local_expert_offset, l);
   const int rows = sort.offsets[l];
 
@@ -276,18 +298,7 @@ std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& 
               : x[i];
     }
   }
-  MoeProblemData g1 = LayerGemm(layer, sort.offsets, rows, n1, h, a, /*second=*/false);
-  g1.alpha = CompactParams(layer.alpha, sort.offsets);
-  g1.beta = CompactParams(layer.beta, sort.offsets);
-  g1.limit = CompactParams(layer.limit, sort.offsets);
-  const std::vector<double> act =
-      ApplyActivation(g1, ReferenceGemm(g1), layer.activation);  // [rows, I]
-
-  std::vector<uint16_t> a2(act.size());
-  for (size_t i = 0; i < act.size(); ++i) a2[i] = FloatToBf16(static_cast<float>(act[i]));
-  const MoeProblemData g2 = LayerGemm(layer, sort.offsets, rows, h, inter, a2, /*second=*/true);
-  const std::vector<double> y =
-      ApplyActivation(g2, ReferenceGemm(g2), moe::kIdentity);  // [rows, H], + w2_bias
+  const std::vector<double> y = ExpertRows(layer, sort.offsets, a);  // [rows, H]
 
   std::vector<double> out(static_cast<size_t>(t_count) * h, 0.0);
   for (int t = 0; t < t_count; ++t) {
@@ -303,6 +314,30 @@ std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& 
       for (int i = 0; i < h; ++i) {
         o[i] += w * Bf16ToFloat(FloatToBf16(static_cast<float>(y[static_cast<size_t>(row) * h + i])));
       }
+    }
+  }
+  return out;
+}
+
+std::vector<double> MaskedMoeLayerReference(const MoeLayerData& layer,
+                                            const std::vector<int32_t>& counts, int max_m) {
+  const int h = layer.hidden, l = layer.num_local_experts;
+  std::vector<int32_t> offsets(1, 0);
+  std::vector<uint16_t> a;
+  for (int e = 0; e < l; ++e) {
+    const int c = std::clamp(counts[e], 0, max_m);
+    const auto row0 = layer.x.begin() + static_cast<ptrdiff_t>(e) * max_m * h;
+    a.insert(a.end(), row0, row0 + static_cast<ptrdiff_t>(c) * h);
+    offsets.push_back(offsets.back() + c);
+  }
+  const std::vector<double> y =
+      offsets.back() > 0 ? ExpertRows(layer, offsets, a) : std::vector<double>{};
+  std::vector<double> out(static_cast<size_t>(l) * max_m * h,
+                          std::numeric_limits<double>::quiet_NaN());
+  for (int e = 0; e < l; ++e) {
+    for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
+      const size_t to = (static_cast<size_t>(e) * max_m + (r - offsets[e])) * h;
+      for (int i = 0; i < h; ++i) out[to + i] = y[static_cast<size_t>(r) * h + i];
     }
   }
   return out;

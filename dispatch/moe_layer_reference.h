@@ -113,6 +113,14 @@ Tolerance MoeLayerTolerance(moe::MoeFormat activation_format);
 std::vector<double> MoeLayerReference(const MoeLayerData& layer, const Routing& routing,
                                       const std::vector<uint16_t>& accumulate_into = {});
 
+// The expert-major masked layer (MoeLayerOptions::input_layout "expert_major_masked"):
+// layer.x is [L, max_m, H], expert e's rows 0 .. clamp(counts[e], 0, max_m) - 1 valid.
+// Returns [L, max_m, H] in double: each valid row's y as MoeLayerReference computes it
+// (before the final bf16 rounding; no routing weight, no sum), NaN for the rows past a
+// count (the layer leaves them untouched). layer.tokens is not read.
+std::vector<double> MaskedMoeLayerReference(const MoeLayerData& layer,
+                                            const std::vector<int32_t>& counts, int max_m);
+
 }  // namespace cubist::reference
 
 #endif  // CUBIST_DISPATCH_MOE_LAYER_REFERENCE_H_

@@ -107,6 +107,23 @@ struct MoeGemmFp4 {
   // activations of larger tiles arrive by TMA in natural order and keep the gather.
   static constexpr bool kPermuted = kRawBoxes > 0;
 
+  // What every role of a CTA shares: shared memory, the pipeline's barriers (at + 8 *
+  // stage; conv_bar only with raw activations), the scheduler's offsets and the tile
+  // space (PipelinePrologue).
+  struct Cta {
+    const MoeGemmParamsV2& pv;
+    uint8_t* smem;
+    uint32_t smem_base, full_bar, empty_bar, conv_bar;
+    const int* off;
+    const int* pre;
+    int experts;
+    int64_t m_tiles, n_tiles, tiles;
+    int num_kt;
+  };
+
+  // Setup, the prologue, then each thread's role: warp 0's thread 0 produces, the other
+  // warps of warpgroup 0 and the extra warpgroup (if any) convert, warpgroups 1 ..
+  // kConsumers consume.
   __device__ static void Run(const MoeGemmParamsV2& pv) {
     const MoeGemmParams& p = pv.g;
     extern __shared__ uint8_t smem_raw[];
@@ -130,62 +147,79 @@ struct MoeGemmFp4 {
     const int64_t m_tiles =
         PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers, TT, off, pre);
     const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, W);
-    const int64_t tiles = m_tiles * n_tiles;
-    const int num_kt = (p.k + kMoeGemmFp4KTile - 1) / kMoeGemmFp4KTile;
+    const Cta c{pv, smem, smem_base, full_bar, empty_bar, conv_bar, off, pre, E, m_tiles, n_tiles,
+                m_tiles * n_tiles, (p.k + kMoeGemmFp4KTile - 1) / kMoeGemmFp4KTile};
     const int wg = threadIdx.x / 128;
-
     if (wg == 0 || wg > kConsumers) {
       if (threadIdx.x >= 32) {
         // Converters: warps 1-3 of warpgroup 0, then the extra warpgroup if any.
         const int ct = wg == 0 ? threadIdx.x - 32 : threadIdx.x - 128 * kConsumers - 32;
-        if constexpr (kRawBoxes > 0) {
-          Convert(p, tiles, m_tiles, n_tiles, num_kt, off, pre, smem_base, full_bar, conv_bar,
-                  ct);
-        }
+        if constexpr (kRawBoxes > 0) Convert(c, ct);
         return;
       }
-      if (threadIdx.x != 0) return;
-      StageRing<ST> ring;
-      for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const MoeTile t = TileAt(tile, m_tiles, n_tiles, E, TT, off, pre);
-        const int w_row = t.e * p.n + t.n_tile * kWRows;
-        for (int kt = 0; kt < num_kt; ++kt) {
-          MbarWait(empty_bar + 8 * ring.s, ring.phase ^ 1);
-          IssueStage(pv, t, w_row, kt, full_bar + 8 * ring.s, smem_base + ring.s * L.stage_bytes);
-          ring.Advance();
-        }
-      }
+      if (threadIdx.x == 0) Produce(c);
       return;
     }
+    Consume(c, wg - 1);
+  }
 
-    const int ci = wg - 1;
+  // The producer (thread 0): per stage, waits for `empty` (the consumers released it) and
+  // issues its TMA copies (IssueStage), which complete on `full`.
+  __device__ __forceinline__ static void Produce(const Cta& c) {
+    const MoeGemmParams& p = c.pv.g;
+    StageRing<ST> ring;
+    for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
+      const MoeTile t = TileAt(tile, c.m_tiles, c.n_tiles, c.experts, TT, c.off, c.pre);
+      const int w_row = t.e * p.n + t.n_tile * kWRows;
+      for (int kt = 0; kt < c.num_kt; ++kt) {
+        MbarWait(c.empty_bar + 8 * ring.s, ring.phase ^ 1);
+        IssueStage(c.pv, t, w_row, kt, c.full_bar + 8 * ring.s,
+                   c.smem_base + ring.s * L.stage_bytes);
+        ring.Advance();
+      }
+    }
+  }
+
+  // A consumer thread's place in the A fragment: its two weight rows within the tile (the
+  // fragment's rows g and g + 8) and its lane's share of each 32-element block.
+  struct Rows {
+    int r_a, r_b;
+    uint32_t sel;  // GatherByte's selector: byte lane % 4 of each word
+    int quad;      // lane % 4
+    int nv_shift;  // nvfp4, permuted: this thread's word lies in 16-element block quad / 2
+  };
+
+  // Consumer warpgroup ci (weight rows ci*64 .. ci*64+63 of each tile): per tile, the main
+  // loop into fp32 accumulators (waits on `full`, and `conv` with raw activations; arrives
+  // on `empty`), then the epilogue (named barrier 1 among the consumers).
+  __device__ __forceinline__ static void Consume(const Cta& c, int ci) {
+    const MoeGemmParams& p = c.pv.g;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
     const bool signals = threadIdx.x % 128 == 0;
-    // This thread's two weight rows within the tile (the A fragment's rows g and g+8).
-    const int r_a = ci * 64 + warp * 16 + lane / 4;
-    const int r_b = r_a + 8;
-    const uint32_t sel = (lane % 4) | ((4 + lane % 4) << 4);
-    const int quad = lane % 4;
-    // nvfp4, permuted: this thread's word of a block lies in 16-element block quad / 2.
-    const int nv_shift = 8 * (quad / 2);
+    Rows w;
+    w.r_a = ci * 64 + warp * 16 + lane / 4;
+    w.r_b = w.r_a + 8;
+    w.sel = (lane % 4) | ((4 + lane % 4) << 4);
+    w.quad = lane % 4;
+    w.nv_shift = 8 * (w.quad / 2);
     const int kb = p.k / 32;  // 32-element k blocks (mxfp4: scale bytes) per weight row
     const int kb16 = p.k / 16;  // nvfp4: scale bytes per weight row
-    float* ep = reinterpret_cast<float*>(smem + L.epilogue_offset);
+    float* ep = reinterpret_cast<float*>(c.smem + L.epilogue_offset);
     const uint8_t* b_scale = static_cast<const uint8_t*>(p.b_scale);
     const int64_t weight_rows = static_cast<int64_t>(p.num_experts) * p.n;
     StageRing<ST> ring;
     float acc[kRegs];
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const MoeTile t = TileAt(tile, m_tiles, n_tiles, E, TT, off, pre);
+    for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
+      const MoeTile t = TileAt(tile, c.m_tiles, c.n_tiles, c.experts, TT, c.off, c.pre);
       // This thread's two weight rows in B and their scale rows (rows past the last
       // expert are clamped: their outputs are never stored).
       auto scale_row = [&](int r) {
         return WeightScaleRow(p, t, r, b_scale, kNv ? kb16 : kb, weight_rows);
       };
-      const uint8_t* sc_a = scale_row(r_a);
-      const uint8_t* sc_b = scale_row(r_b);
-      // The scale bytes of k-tile 0, then each k-tile loads the next one's: mxfp4 one
-      // ue8m0 byte per 32-element block, nvfp4 two e4m3 bytes (16 per k-tile, as words).
+      const uint8_t* sc_a = scale_row(w.r_a);
+      const uint8_t* sc_b = scale_row(w.r_b);
+      // The scale bytes of k-tile 0, then each k-tile loads the next one's: mxfp4 one ue8m0
+      // byte per 32-element block, nvfp4 two e4m3 bytes (16 per k-tile, as words).
       uint32_t sa[8], sb[8];
       uint4 sa4, sb4;
       if constexpr (kNv) {
@@ -198,127 +232,171 @@ struct MoeGemmFp4 {
           sb[j] = j < kb ? __ldg(sc_b + j) : 0u;
         }
       }
+      MainLoop(c, w, sc_a, sc_b, kb, kb16, signals, sa, sb, sa4, sb4, ring, acc);
+      Epilogue(p, t, ep, acc, lane, w);
+    }
+  }
 
+  // One tile's k-tiles into acc; sa, sb (mxfp4) or sa4, sb4 (nvfp4) hold k-tile 0's scale
+  // bytes of the rows sc_a, sc_b. Per k-tile: the next k-tile's scale bytes are loaded,
+  // then the stage's `full` (and `conv`) barriers are waited on; the stage is released on
+  // `empty` once the next k-tile's first wgmma group has retired (KTile), the tile's last
+  // stage at the end, when no wgmma is in flight.
+  __device__ __forceinline__ static void MainLoop(const Cta& c, const Rows& w,
+                                                  const uint8_t* sc_a, const uint8_t* sc_b,
+                                                  int kb, int kb16, bool signals,
+                                                  uint32_t (&sa)[8], uint32_t (&sb)[8],
+                                                  uint4& sa4, uint4& sb4, StageRing<ST>& ring,
+                                                  float (&acc)[kRegs]) {
 #pragma unroll
-      for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
-      int prev = -1;
-      for (int kt = 0; kt < num_kt; ++kt) {
-        uint32_t na[8], nb[8];
-        uint4 na4, nb4;
-        if constexpr (kNv) {
-          const bool more = kt + 1 < num_kt;
-          na4 = more ? LoadScales16(sc_a, (kt + 1) * 16, kb16) : make_uint4(0, 0, 0, 0);
-          nb4 = more ? LoadScales16(sc_b, (kt + 1) * 16, kb16) : make_uint4(0, 0, 0, 0);
-        } else {
+    for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
+    int prev = -1;
+    for (int kt = 0; kt < c.num_kt; ++kt) {
+      uint32_t na[8], nb[8];
+      uint4 na4, nb4;
+      if constexpr (kNv) {
+        const bool more = kt + 1 < c.num_kt;
+        na4 = more ? LoadScales16(sc_a, (kt + 1) * 16, kb16) : make_uint4(0, 0, 0, 0);
+        nb4 = more ? LoadScales16(sc_b, (kt + 1) * 16, kb16) : make_uint4(0, 0, 0, 0);
+      } else {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int blk = (kt + 1) * 8 + j;
-            na[j] = blk < kb ? __ldg(sc_a + blk) : 0u;
-            nb[j] = blk < kb ? __ldg(sc_b + blk) : 0u;
-          }
-        }
-        MbarWait(full_bar + 8 * ring.s, ring.phase);
-        if constexpr (kRawBoxes > 0) MbarWait(conv_bar + 8 * ring.s, ring.phase);
-        const uint32_t w_base = smem_base + ring.s * L.stage_bytes;
-        const uint32_t a_base = w_base + L.w_stage_bytes;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {  // 32-element k blocks
-          // Blocks past K are skipped whole (the producer copied no activations there).
-          if (kt * 8 + j >= kb) break;
-          uint4 d_a, d_b;  // the A fragment's rows g and g + 8, decoded
-          if constexpr (kPermuted) {
-            __nv_bfloat162 s_a, s_b;
-            if constexpr (kNv) {
-              // Byte 2j + quad / 2 of the k-tile's 16.
-              const int sh = nv_shift + 16 * (j % 2);
-              s_a = E4m3ToBf16x2(((&sa4.x)[j / 2] >> sh) & 0xFFu);
-              s_b = E4m3ToBf16x2(((&sb4.x)[j / 2] >> sh) & 0xFFu);
-            } else {
-              s_a = Ue8m0ToBf16x2(sa[j]);
-              s_b = Ue8m0ToBf16x2(sb[j]);
-            }
-            const uint32_t wa = PackedWord(w_base, r_a, j, quad);
-            const uint32_t wb = PackedWord(w_base, r_b, j, quad);
-            d_a = DecodeE2m1Pairs(wa, s_a);
-            d_b = DecodeE2m1Pairs(wb, s_b);
-          } else {
-            __nv_bfloat162 s_a0, s_a1, s_b0, s_b1;
-            if constexpr (kNv) {
-              // Bytes 2j and 2j+1: the blocks of elements 0-15 and 16-31.
-              const uint32_t wa = (&sa4.x)[j / 2] >> (16 * (j % 2));
-              const uint32_t wb = (&sb4.x)[j / 2] >> (16 * (j % 2));
-              const __nv_bfloat162 va = E4m3x2ToBf16x2(wa), vb = E4m3x2ToBf16x2(wb);
-              s_a0 = __low2bfloat162(va);
-              s_a1 = __high2bfloat162(va);
-              s_b0 = __low2bfloat162(vb);
-              s_b1 = __high2bfloat162(vb);
-            } else {
-              s_a0 = s_a1 = Ue8m0ToBf16x2(sa[j]);
-              s_b0 = s_b1 = Ue8m0ToBf16x2(sb[j]);
-            }
-            const uint4 q_a = LdShared128(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4));
-            const uint4 q_b = LdShared128(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4));
-            // The gathered word holds elements 2c, 2c+1 of words 0-3: words 0-1 are the
-            // block's elements 0-15, words 2-3 its elements 16-31.
-            d_a = DecodeE2m1x8(GatherByte(q_a, sel), s_a0, s_a1);
-            d_b = DecodeE2m1x8(GatherByte(q_b, sel), s_b0, s_b1);
-          }
-          // k16 steps 2j and 2j+1 of the k-tile: elements 2c.., 8+2c.. of each half.
-          uint32_t f0[4] = {d_a.x, d_b.x, d_a.y, d_b.y};
-          uint32_t f1[4] = {d_a.z, d_b.z, d_a.w, d_b.w};
-          const uint32_t b_addr = a_base + (j / 2) * TT * kMoeGemmTmaBoxBytes + (j % 2) * 64;
-          uint64_t desc0 = Desc(b_addr), desc1 = Desc(b_addr + 32);
-          PinRegs(f0, f1, desc0, desc1);
-          WgmmaFence();
-          Mma::Mma(acc, f0, desc0, 1);
-          Mma::Mma(acc, f1, desc1, 1);
-          WgmmaCommit();
-          // One group in flight: the previous block's A registers are free again, and
-          // after block 0 every wgmma of the previous k-tile has read its stage.
-          WgmmaWait<1>();
-          if (j == 0 && prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
-        }
-        // No wgmma in flight across the loop's back edge: with the last block's group left
-        // running into the next k-tile, whose first decode writes A registers, ptxas
-        // serialized every wgmma of the kernel (C7513, a wait after each; docs/kernels.md
-        // "fp8 per tensor"). Within the k-tile one group stays in flight.
-        WgmmaWait<0>();
-        prev = ring.s;
-        ring.Advance();
-        if constexpr (kNv) {
-          sa4 = na4;
-          sb4 = nb4;
-        } else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            sa[j] = na[j];
-            sb[j] = nb[j];
-          }
+        for (int j = 0; j < 8; ++j) {
+          const int blk = (kt + 1) * 8 + j;
+          na[j] = blk < kb ? __ldg(sc_a + blk) : 0u;
+          nb[j] = blk < kb ? __ldg(sc_b + blk) : 0u;
         }
       }
+      MbarWait(c.full_bar + 8 * ring.s, ring.phase);
+      if constexpr (kRawBoxes > 0) MbarWait(c.conv_bar + 8 * ring.s, ring.phase);
+      KTile(c, w, kt, kb, sa, sb, sa4, sb4, ring.s, prev, signals, acc);
+      // No wgmma in flight across the loop's back edge: with the last block's group left
+      // running into the next k-tile, whose first decode writes A registers, ptxas
+      // serialized every wgmma of the kernel (C7513, a wait after each; docs/kernels.md
+      // "fp8 per tensor"). Within the k-tile one group stays in flight.
       WgmmaWait<0>();
-      FenceRegs(acc);
-      if (prev >= 0 && signals) MbarArrive(empty_bar + 8 * prev);
-
-      // 3. Epilogue: accumulators (weight rows x tokens) into shared memory as
-      //    [token][tile row], at most 64 tokens at a time, then each consumer thread
-      //    writes 8 output columns of a token.
+      prev = ring.s;
+      ring.Advance();
+      if constexpr (kNv) {
+        sa4 = na4;
+        sb4 = nb4;
+      } else {
 #pragma unroll
-      for (int part = 0; part < TT / kEpTokens; ++part) {
-#pragma unroll
-        for (int g = 0; g < TT / 8; ++g) {
-          if (g / (kEpTokens / 8) != part) continue;  // resolved at compile time
-          const int tok = g * 8 + (lane % 4) * 2 - part * kEpTokens;
-          ep[tok * W + r_a] = acc[g * 4 + 0];
-          ep[(tok + 1) * W + r_a] = acc[g * 4 + 1];
-          ep[tok * W + r_b] = acc[g * 4 + 2];
-          ep[(tok + 1) * W + r_b] = acc[g * 4 + 3];
+        for (int j = 0; j < 8; ++j) {
+          sa[j] = na[j];
+          sb[j] = nb[j];
         }
-        ConsumerSync<kConsumerThreads>();
-        StoreFromShared(p, t, ep, part * kEpTokens);
-        // ep is written again only after every thread has read it.
-        ConsumerSync<kConsumerThreads>();
       }
+    }
+    WgmmaWait<0>();
+    FenceRegs(acc);
+    if (prev >= 0 && signals) MbarArrive(c.empty_bar + 8 * prev);
+  }
+
+  // The wgmma of k-tile kt (in stage `stage`, whose barriers have been waited on): per
+  // 32-element block this thread's A registers decoded (DecodeBlock), then two wgmma
+  // m64nTTk16 as one commit group, one group left in flight. Once block 0's group has
+  // retired, every wgmma of the previous k-tile has read its stage `prev`: released on
+  // `empty`.
+  // sa, sb (mxfp4) or sa4, sb4 (nvfp4): the k-tile's scale bytes of the two rows.
+  __device__ __forceinline__ static void KTile(const Cta& c, const Rows& w, int kt, int kb,
+                                               const uint32_t (&sa)[8],
+                                               const uint32_t (&sb)[8], const uint4& sa4,
+                                               const uint4& sb4, int stage, int prev,
+                                               bool signals, float (&acc)[kRegs]) {
+    const uint32_t w_base = c.smem_base + stage * L.stage_bytes;
+    const uint32_t a_base = w_base + L.w_stage_bytes;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // 32-element k blocks
+      // Blocks past K are skipped whole (the producer copied no activations there).
+      if (kt * 8 + j >= kb) break;
+      uint4 d_a, d_b;  // the A fragment's rows g and g + 8, decoded
+      DecodeBlock(w, w_base, j, sa, sb, sa4, sb4, d_a, d_b);
+      // k16 steps 2j and 2j+1 of the k-tile: elements 2c.., 8+2c.. of each half.
+      uint32_t f0[4] = {d_a.x, d_b.x, d_a.y, d_b.y};
+      uint32_t f1[4] = {d_a.z, d_b.z, d_a.w, d_b.w};
+      const uint32_t b_addr = a_base + (j / 2) * TT * kMoeGemmTmaBoxBytes + (j % 2) * 64;
+      uint64_t desc0 = Desc(b_addr), desc1 = Desc(b_addr + 32);
+      PinRegs(f0, f1, desc0, desc1);
+      WgmmaFence();
+      Mma::Mma(acc, f0, desc0, 1);
+      Mma::Mma(acc, f1, desc1, 1);
+      WgmmaCommit();
+      // One group in flight: the previous block's A registers are free again, and
+      // after block 0 every wgmma of the previous k-tile has read its stage.
+      WgmmaWait<1>();
+      if (j == 0 && prev >= 0 && signals) MbarArrive(c.empty_bar + 8 * prev);
+    }
+  }
+
+  // Block j of this thread's two weight rows (the A fragment's rows g and g + 8) of the
+  // stage's packed weights at w_base, times their block scales, as bf16 pairs (exact).
+  __device__ __forceinline__ static void DecodeBlock(const Rows& w, uint32_t w_base, int j,
+                                                     const uint32_t (&sa)[8],
+                                                     const uint32_t (&sb)[8], const uint4& sa4,
+                                                     const uint4& sb4, uint4& d_a, uint4& d_b) {
+    if constexpr (kPermuted) {
+      __nv_bfloat162 s_a, s_b;
+      if constexpr (kNv) {
+        // Byte 2j + quad / 2 of the k-tile's 16.
+        const int sh = w.nv_shift + 16 * (j % 2);
+        s_a = E4m3ToBf16x2(((&sa4.x)[j / 2] >> sh) & 0xFFu);
+        s_b = E4m3ToBf16x2(((&sb4.x)[j / 2] >> sh) & 0xFFu);
+      } else {
+        s_a = Ue8m0ToBf16x2(sa[j]);
+        s_b = Ue8m0ToBf16x2(sb[j]);
+      }
+      const uint32_t wa = PackedWord(w_base, w.r_a, j, w.quad);
+      const uint32_t wb = PackedWord(w_base, w.r_b, j, w.quad);
+      d_a = DecodeE2m1Pairs(wa, s_a);
+      d_b = DecodeE2m1Pairs(wb, s_b);
+    } else {
+      __nv_bfloat162 s_a0, s_a1, s_b0, s_b1;
+      if constexpr (kNv) {
+        // Bytes 2j and 2j+1: the blocks of elements 0-15 and 16-31.
+        const uint32_t wa = (&sa4.x)[j / 2] >> (16 * (j % 2));
+        const uint32_t wb = (&sb4.x)[j / 2] >> (16 * (j % 2));
+        const __nv_bfloat162 va = E4m3x2ToBf16x2(wa), vb = E4m3x2ToBf16x2(wb);
+        s_a0 = __low2bfloat162(va);
+        s_a1 = __high2bfloat162(va);
+        s_b0 = __low2bfloat162(vb);
+        s_b1 = __high2bfloat162(vb);
+      } else {
+        s_a0 = s_a1 = Ue8m0ToBf16x2(sa[j]);
+        s_b0 = s_b1 = Ue8m0ToBf16x2(sb[j]);
+      }
+      const int r_a = w.r_a, r_b = w.r_b;
+      const uint4 q_a = LdShared128(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4));
+      const uint4 q_b = LdShared128(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4));
+      // The gathered word holds elements 2c, 2c+1 of words 0-3: words 0-1 are the
+      // block's elements 0-15, words 2-3 its elements 16-31.
+      d_a = DecodeE2m1x8(GatherByte(q_a, w.sel), s_a0, s_a1);
+      d_b = DecodeE2m1x8(GatherByte(q_b, w.sel), s_b0, s_b1);
+    }
+  }
+
+  // The epilogue: accumulators (weight rows x tokens) into shared memory (ep) as
+  // [token][tile row], at most 64 tokens at a time, then each consumer thread writes 8
+  // output columns of a token (StoreFromShared). Named barrier 1 (the consumers only)
+  // separates the writes to ep from the reads, and the reads from the next writes.
+  __device__ __forceinline__ static void Epilogue(const MoeGemmParams& p, const MoeTile& t,
+                                                  float* ep, const float (&acc)[kRegs],
+                                                  int lane, const Rows& w) {
+    const int r_a = w.r_a, r_b = w.r_b;
+#pragma unroll
+    for (int part = 0; part < TT / kEpTokens; ++part) {
+#pragma unroll
+      for (int g = 0; g < TT / 8; ++g) {
+        if (g / (kEpTokens / 8) != part) continue;  // resolved at compile time
+        const int tok = g * 8 + (lane % 4) * 2 - part * kEpTokens;
+        ep[tok * W + r_a] = acc[g * 4 + 0];
+        ep[(tok + 1) * W + r_a] = acc[g * 4 + 1];
+        ep[tok * W + r_b] = acc[g * 4 + 2];
+        ep[(tok + 1) * W + r_b] = acc[g * 4 + 3];
+      }
+      ConsumerSync<kConsumerThreads>();
+      StoreFromShared(p, t, ep, part * kEpTokens);
+      // ep is written again only after every thread has read it.
+      ConsumerSync<kConsumerThreads>();
     }
   }
 
@@ -392,24 +470,24 @@ struct MoeGemmFp4 {
 
   // The converters (warps 1-3 of the producer warpgroup, plus a warpgroup of their own in
   // large one-per-SM tiles; ct = 0 .. kConverters - 1): for every stage the producer
-  // fills, decode the raw activations (mxfp8: e4m3 x ue8m0 per 32; nvfp4: e2m1 x e4m3 per 16) into the bf16
-  // panels the consumers' wgmma reads, in the permuted k order (kPermuted): within each
-  // 32-element block, 8-element chunk m (m = 0..3) holds the pairs (element 8c + m,
-  // element 8c + m + 4) for c = 0..3. Each thread owns fixed (row, block) items of the
-  // tile; the scale bytes are loaded before waiting for the stage. Rows past T read the
-  // last row's scales (their outputs are never stored); blocks past K are not decoded
-  // (the consumers skip them).
-  __device__ static void Convert(const MoeGemmParams& p, int64_t tiles, int64_t m_tiles,
-                                 int64_t n_tiles, int num_kt, const int* off, const int* pre,
-                                 uint32_t smem_base, uint32_t full_bar, uint32_t conv_bar,
-                                 int ct) {
+  // fills, decode the raw activations (mxfp8: e4m3 x ue8m0 per 32; nvfp4: e2m1 x e4m3 per
+  // 16) into the bf16 panels the consumers' wgmma reads, in the permuted k order
+  // (kPermuted): within each 32-element block, 8-element chunk m (m = 0..3) holds the
+  // pairs (element 8c + m, element 8c + m + 4) for c = 0..3. Each thread owns fixed (row,
+  // block) items of the tile; the scale bytes are loaded before waiting for the stage.
+  // Rows past T read the last row's scales (their outputs are never stored); blocks past
+  // K are not decoded (the consumers skip them). Per stage: waits on `full` (the
+  // producer's copies have landed), arrives on `conv` once the panels are written and
+  // fenced for wgmma.
+  __device__ __forceinline__ static void Convert(const Cta& c, int ct) {
+    const MoeGemmParams& p = c.pv.g;
     constexpr int kScaleBlock = AF == kMxfp8 ? 32 : 16;
     const int sk = p.k / kScaleBlock;  // scale bytes per token row
     const uint8_t* a_scale = static_cast<const uint8_t*>(p.a_scale);
     StageRing<ST> ring;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const MoeTile t = TileAt(tile, m_tiles, n_tiles, p.num_experts, TT, off, pre);
-      for (int kt = 0; kt < num_kt; ++kt) {
+    for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
+      const MoeTile t = TileAt(tile, c.m_tiles, c.n_tiles, p.num_experts, TT, c.off, c.pre);
+      for (int kt = 0; kt < c.num_kt; ++kt) {
         const int k_rem = p.k - kt * kMoeGemmFp4KTile;
         uint32_t sc[kConvItems];
 #pragma unroll
@@ -424,8 +502,8 @@ struct MoeGemmFp4 {
             sc[q] = kRawBoxes == 2 ? __ldg(srow) : __ldg(srow) | (__ldg(srow + 1) << 8);
           }
         }
-        MbarWait(full_bar + 8 * ring.s, ring.phase);
-        const uint32_t a_base = smem_base + ring.s * L.stage_bytes + L.w_stage_bytes;
+        MbarWait(c.full_bar + 8 * ring.s, ring.phase);
+        const uint32_t a_base = c.smem_base + ring.s * L.stage_bytes + L.w_stage_bytes;
         const uint32_t raw_base = a_base + L.a_stage_bytes;
 #pragma unroll
         for (int q = 0; q < kConvItems; ++q) {
@@ -433,60 +511,7 @@ struct MoeGemmFp4 {
           const int r = item / 8, jb = item % 8;
           if (item >= TT * 8 || jb * 32 >= k_rem) continue;
           uint32_t out[4][4];  // [chunk m][pair c]
-          if constexpr (AF == kBf16) {
-            // 32 bf16 = four 16-byte chunks of box jb / 2: words w = elements 2w, 2w+1.
-            const uint32_t box = raw_base + (jb / 2) * TT * kMoeGemmTmaBoxBytes + r * 128;
-            uint32_t w[16];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const uint4 v = LdShared128(box + (((4 * (jb % 2) + i) ^ (r & 7)) << 4));
-              w[4 * i] = v.x;
-              w[4 * i + 1] = v.y;
-              w[4 * i + 2] = v.z;
-              w[4 * i + 3] = v.w;
-            }
-#pragma unroll
-            for (int m = 0; m < 4; ++m) {
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                // Element 8c + m: word 4c + m / 2; element 8c + m + 4: two words on.
-                out[m][c] = Prmt(w[4 * c + m / 2], w[4 * c + 2 + m / 2],
-                                 m % 2 ? 0x7632u : 0x5410u);
-              }
-            }
-          } else if constexpr (kRawBoxes == 2) {
-            // 32 e4m3 = two 16-byte chunks of box jb / 4: words w = elements 4w..4w+3.
-            const uint32_t box = raw_base + (jb / 4) * TT * kMoeGemmTmaBoxBytes + r * 128;
-            const int c0 = 2 * (jb % 4);
-            const uint4 lo = LdShared128(box + ((c0 ^ (r & 7)) << 4));
-            const uint4 hi = LdShared128(box + (((c0 + 1) ^ (r & 7)) << 4));
-            const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            const __nv_bfloat162 s = Ue8m0ToBf16x2(sc[q]);
-#pragma unroll
-            for (int m = 0; m < 4; ++m) {
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                // Byte m of words 2c and 2c + 1: elements 8c + m and 8c + m + 4.
-                const uint32_t two = Prmt(w[2 * c], w[2 * c + 1], m | ((4 + m) << 4));
-                out[m][c] = Bits(__hmul2(E4m3x2ToBf16x2(two), s));
-              }
-            }
-          } else {
-            // 32 e2m1 = one 16-byte chunk; words 0-1 take the first 16-element block's
-            // scale, words 2-3 the second's.
-            const uint4 raw = LdShared128(raw_base + r * 128 + ((jb ^ (r & 7)) << 4));
-            const __nv_bfloat162 v = E4m3x2ToBf16x2(sc[q]);
-            const __nv_bfloat162 s0 = __low2bfloat162(v), s1 = __high2bfloat162(v);
-            const uint4 d[4] = {DecodeE2m1Pairs(raw.x, s0), DecodeE2m1Pairs(raw.y, s0),
-                                DecodeE2m1Pairs(raw.z, s1), DecodeE2m1Pairs(raw.w, s1)};
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              out[0][c] = d[c].x;
-              out[1][c] = d[c].y;
-              out[2][c] = d[c].z;
-              out[3][c] = d[c].w;
-            }
-          }
+          ConvertItem(raw_base, r, jb, sc[q], out);
           // Block jb is 64 bytes of bf16 panel jb / 2, from chunk 4 * (jb % 2).
           const uint32_t dst = a_base + (jb / 2) * TT * kMoeGemmTmaBoxBytes + r * 128;
 #pragma unroll
@@ -497,8 +522,69 @@ struct MoeGemmFp4 {
         }
         // The panels are read next by wgmma (the async proxy).
         FenceProxyAsync();
-        MbarArrive(conv_bar + 8 * ring.s);
+        MbarArrive(c.conv_bar + 8 * ring.s);
         ring.Advance();
+      }
+    }
+  }
+
+  // One converter item: raw activation row r's 32-element block jb of the stage (raw rows
+  // at raw_base; sc its scale byte or bytes) as bf16 pairs in the permuted k order,
+  // out[chunk m][pair c].
+  __device__ __forceinline__ static void ConvertItem(uint32_t raw_base, int r, int jb,
+                                                     uint32_t sc, uint32_t (&out)[4][4]) {
+    if constexpr (AF == kBf16) {
+      // 32 bf16 = four 16-byte chunks of box jb / 2: words w = elements 2w, 2w+1.
+      const uint32_t box = raw_base + (jb / 2) * TT * kMoeGemmTmaBoxBytes + r * 128;
+      uint32_t w[16];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint4 v = LdShared128(box + (((4 * (jb % 2) + i) ^ (r & 7)) << 4));
+        w[4 * i] = v.x;
+        w[4 * i + 1] = v.y;
+        w[4 * i + 2] = v.z;
+        w[4 * i + 3] = v.w;
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          // Element 8c + m: word 4c + m / 2; element 8c + m + 4: two words on.
+          out[m][c] = Prmt(w[4 * c + m / 2], w[4 * c + 2 + m / 2],
+                           m % 2 ? 0x7632u : 0x5410u);
+        }
+      }
+    } else if constexpr (kRawBoxes == 2) {
+      // 32 e4m3 = two 16-byte chunks of box jb / 4: words w = elements 4w..4w+3.
+      const uint32_t box = raw_base + (jb / 4) * TT * kMoeGemmTmaBoxBytes + r * 128;
+      const int c0 = 2 * (jb % 4);
+      const uint4 lo = LdShared128(box + ((c0 ^ (r & 7)) << 4));
+      const uint4 hi = LdShared128(box + (((c0 + 1) ^ (r & 7)) << 4));
+      const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      const __nv_bfloat162 s = Ue8m0ToBf16x2(sc);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          // Byte m of words 2c and 2c + 1: elements 8c + m and 8c + m + 4.
+          const uint32_t two = Prmt(w[2 * c], w[2 * c + 1], m | ((4 + m) << 4));
+          out[m][c] = Bits(__hmul2(E4m3x2ToBf16x2(two), s));
+        }
+      }
+    } else {
+      // 32 e2m1 = one 16-byte chunk; words 0-1 take the first 16-element block's
+      // scale, words 2-3 the second's.
+      const uint4 raw = LdShared128(raw_base + r * 128 + ((jb ^ (r & 7)) << 4));
+      const __nv_bfloat162 v = E4m3x2ToBf16x2(sc);
+      const __nv_bfloat162 s0 = __low2bfloat162(v), s1 = __high2bfloat162(v);
+      const uint4 d[4] = {DecodeE2m1Pairs(raw.x, s0), DecodeE2m1Pairs(raw.y, s0),
+                          DecodeE2m1Pairs(raw.z, s1), DecodeE2m1Pairs(raw.w, s1)};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        out[0][c] = d[c].x;
+        out[1][c] = d[c].y;
+        out[2][c] = d[c].z;
+        out[3][c] = d[c].w;
       }
     }
   }

@@ -97,6 +97,23 @@ struct MoeGemmFp4Fp8 {
   // A weight row's block scales may span this many binades for the folded (uniform) loop.
   static constexpr int kMaxSpan = 11;
 
+  // What every role of a CTA shares: shared memory, the pipeline's barriers (at + 8 *
+  // stage; the packed slots' at + 8 * slot), the scheduler's offsets and the tile space
+  // (PipelinePrologue).
+  struct Cta {
+    const MoeGemmParamsV2& pv;
+    uint8_t* smem;
+    uint32_t smem_base, full_bar, empty_bar, conv_bar, pfull_bar, pempty_bar;
+    const int* off;
+    const int* pre;
+    int experts;
+    int64_t m_tiles, n_tiles, tiles;
+    int num_kt;
+  };
+
+  // Setup, the prologue, then each thread's role: warp 0 produces, the other warps of
+  // warpgroup 0 and the warpgroup after the consumers convert, warpgroups 1 .. kConsumers
+  // consume.
   __device__ static void Run(const MoeGemmParamsV2& pv) {
     const MoeGemmParams& p = pv.g;
     extern __shared__ uint8_t smem_raw[];
@@ -123,79 +140,94 @@ struct MoeGemmFp4Fp8 {
     }
     const int64_t m_tiles = PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers, TM, off, pre);
     const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, TN);
-    const int64_t tiles = m_tiles * n_tiles;
-    const int num_kt = (p.k + kKTile - 1) / kKTile;
+    const Cta c{pv,        smem,       smem_base, full_bar, empty_bar, conv_bar,
+                pfull_bar, pempty_bar, off,       pre,      E,         m_tiles,
+                n_tiles,   m_tiles * n_tiles,     (p.k + kKTile - 1) / kKTile};
     const int wg = threadIdx.x / 128;
-
     if (wg == 0 || wg > kConsumers) {
       SetMaxRegsDec<L.producer_regs>();
       if (threadIdx.x >= 32) {
         // Converters: warps 1-3 of warpgroup 0, then the warpgroup after the consumers.
         const int ct = wg == 0 ? threadIdx.x - 32 : threadIdx.x - 128 * (kConsumers + 1) + 96;
-        Convert(p, tiles, m_tiles, n_tiles, num_kt, off, pre, smem, smem_base, full_bar,
-                conv_bar, pfull_bar, pempty_bar, ct);
+        Convert(c, ct);
         return;
       }
-      // Warp 0: lane 0 issues the TMA copies; every lane stages the tokens' block scales.
-      const int lane = threadIdx.x;
-      const bool leader = lane == 0;
-      const int kb = p.k / 32;
-      uint32_t bytes[kTokRows][4];
-      StageRing<ST> ring;
-      StageRing<kFp4Fp8PackedSlots> slot;
-      for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const MoeTile t = TileAt(tile, m_tiles, n_tiles, E, TM, off, pre);
-        const int w_row = t.e * p.n + t.n_tile * kWRows;
-        // The packed weights of k-tiles 2 q and 2 q + 1: 128 bytes (256 elements) per row;
-        // the gate half N/2 rows further down the expert's B.
-        auto load_pair = [&](int q) {
-          if (leader) {
-            MbarWait(pempty_bar + 8 * slot.s, slot.phase ^ 1);
-            const uint32_t pfull = pfull_bar + 8 * slot.s;
-            const uint32_t dst = smem_base + L.packed_offset + slot.s * L.packed_bytes;
-            MbarArriveExpectTx(pfull, TN * kMoeGemmTmaBoxBytes);
-            TmaLoad2d(dst, &pv.b_map, q * kMoeGemmTmaBoxBytes, w_row, pfull);
-            if constexpr (kGated) {
-              TmaLoad2d(dst + kWRows * kMoeGemmTmaBoxBytes, &pv.b_map, q * kMoeGemmTmaBoxBytes,
-                        w_row + p.n / 2, pfull);
-            }
-          }
-          slot.Advance();
-        };
-        for (int kt = 0; kt < num_kt; ++kt) {
-          // A pair is loaded during the odd k-tile before it (the first with the tile's
-          // first k-tile), so that it has landed when its stage comes free.
-          if (kt == 0) load_pair(0);
-          if (kt % 2 == 1 && kt + 1 < num_kt) load_pair((kt + 1) / 2);
-          MbarWait(empty_bar + 8 * ring.s, ring.phase ^ 1);
-          const uint32_t stage = smem_base + ring.s * L.stage_bytes;
-          if (leader) {
-            const uint32_t full = full_bar + 8 * ring.s;
-            MbarArriveExpectTx(full, TM * kMoeGemmTmaBoxBytes);
-            TmaLoad2d(stage + L.a_offset, &pv.a_map, kt * kKTile, t.row_begin, full);
-          }
-          // This k-tile's bytes were loaded during the previous one (the first of a tile's
-          // now); the next k-tile's are loaded before these are stored, so that their
-          // latency passes while the producer waits for the next free stage.
-          if (kt == 0) LoadTokenScales(p, t.row_begin, 0, kb, lane, bytes);
-          uint32_t now[kTokRows][4];
-#pragma unroll
-          for (int i = 0; i < kTokRows; ++i) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) now[i][j] = bytes[i][j];
-          }
-          if (kt + 1 < num_kt) LoadTokenScales(p, t.row_begin, kt + 1, kb, lane, bytes);
-          StoreTokenScales(now, lane, stage + L.tscale_offset);
-          __syncwarp();
-          if (leader) MbarArrive(conv_bar + 8 * ring.s);
-          ring.Advance();
-        }
-      }
+      Produce(c);
       return;
     }
+    Consume(c, wg - 1);
+  }
 
+  // The producer warp. Lane 0 issues the TMA copies: per stage it waits for `empty` (the
+  // consumers released it) and copies the k-tile's activations, completing on `full`; per
+  // pair of k-tiles it waits for `pempty` (the converters are done with the packed slot)
+  // and copies the packed weights, completing on `pfull`. Every lane stages the tokens'
+  // block scales (StoreTokenScales), then lane 0 arrives on `conv` for them.
+  __device__ __forceinline__ static void Produce(const Cta& c) {
+    const MoeGemmParams& p = c.pv.g;
+    const int lane = threadIdx.x;
+    const bool leader = lane == 0;
+    const int kb = p.k / 32;
+    uint32_t bytes[kTokRows][4];
+    StageRing<ST> ring;
+    StageRing<kFp4Fp8PackedSlots> slot;
+    for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
+      const MoeTile t = TileAt(tile, c.m_tiles, c.n_tiles, c.experts, TM, c.off, c.pre);
+      const int w_row = t.e * p.n + t.n_tile * kWRows;
+      // The packed weights of k-tiles 2 q and 2 q + 1: 128 bytes (256 elements) per row;
+      // the gate half N/2 rows further down the expert's B.
+      auto load_pair = [&](int q) {
+        if (leader) {
+          MbarWait(c.pempty_bar + 8 * slot.s, slot.phase ^ 1);
+          const uint32_t pfull = c.pfull_bar + 8 * slot.s;
+          const uint32_t dst = c.smem_base + L.packed_offset + slot.s * L.packed_bytes;
+          MbarArriveExpectTx(pfull, TN * kMoeGemmTmaBoxBytes);
+          TmaLoad2d(dst, &c.pv.b_map, q * kMoeGemmTmaBoxBytes, w_row, pfull);
+          if constexpr (kGated) {
+            TmaLoad2d(dst + kWRows * kMoeGemmTmaBoxBytes, &c.pv.b_map, q * kMoeGemmTmaBoxBytes,
+                      w_row + p.n / 2, pfull);
+          }
+        }
+        slot.Advance();
+      };
+      for (int kt = 0; kt < c.num_kt; ++kt) {
+        // A pair is loaded during the odd k-tile before it (the first with the tile's
+        // first k-tile), so that it has landed when its stage comes free.
+        if (kt == 0) load_pair(0);
+        if (kt % 2 == 1 && kt + 1 < c.num_kt) load_pair((kt + 1) / 2);
+        MbarWait(c.empty_bar + 8 * ring.s, ring.phase ^ 1);
+        const uint32_t stage = c.smem_base + ring.s * L.stage_bytes;
+        if (leader) {
+          const uint32_t full = c.full_bar + 8 * ring.s;
+          MbarArriveExpectTx(full, TM * kMoeGemmTmaBoxBytes);
+          TmaLoad2d(stage + L.a_offset, &c.pv.a_map, kt * kKTile, t.row_begin, full);
+        }
+        // This k-tile's bytes were loaded during the previous one (the first of a tile's
+        // now); the next k-tile's are loaded before these are stored, so that their
+        // latency passes while the producer waits for the next free stage.
+        if (kt == 0) LoadTokenScales(p, t.row_begin, 0, kb, lane, bytes);
+        uint32_t now[kTokRows][4];
+#pragma unroll
+        for (int i = 0; i < kTokRows; ++i) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) now[i][j] = bytes[i][j];
+        }
+        if (kt + 1 < c.num_kt) LoadTokenScales(p, t.row_begin, kt + 1, kb, lane, bytes);
+        StoreTokenScales(now, lane, stage + L.tscale_offset);
+        __syncwarp();
+        if (leader) MbarArrive(c.conv_bar + 8 * ring.s);
+        ring.Advance();
+      }
+    }
+  }
+
+  // Consumer warpgroup ci (token rows ci*64 .. ci*64+63 of each tile): per tile, the main
+  // loop (MainLoop: waits on `full` and `conv` per stage, arrives on `empty`) into fp32
+  // accumulators, then the epilogue (generation 2's StoreStaged, which synchronises only
+  // this warpgroup on its own named barrier, or StoreTile).
+  __device__ __forceinline__ static void Consume(const Cta& c, int ci) {
+    const MoeGemmParams& p = c.pv.g;
     SetMaxRegsInc<L.consumer_regs>();
-    const int ci = wg - 1;  // this consumer's token rows: ci*64 .. ci*64+63 of the tile
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
     const bool signals = threadIdx.x % 128 == 0;
     // This thread's two token rows (tile-relative) and its first column pair.
@@ -204,26 +236,26 @@ struct MoeGemmFp4Fp8 {
     const int kb = p.k / 32;
     StageRing<ST> pipe;
     float acc[kRegs];
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const MoeTile t = TileAt(tile, m_tiles, n_tiles, E, TM, off, pre);
+    for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
+      const MoeTile t = TileAt(tile, c.m_tiles, c.n_tiles, c.experts, TM, c.off, c.pre);
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
       // The mode is the same in every stage of a tile; read it from the first.
-      MbarWait(full_bar + 8 * pipe.s, pipe.phase);
-      MbarWait(conv_bar + 8 * pipe.s, pipe.phase);
+      MbarWait(c.full_bar + 8 * pipe.s, pipe.phase);
+      MbarWait(c.conv_bar + 8 * pipe.s, pipe.phase);
       const bool uniform =
-          *reinterpret_cast<const int*>(smem + pipe.s * L.stage_bytes + L.mode_offset) != 0;
+          *reinterpret_cast<const int*>(c.smem + pipe.s * L.stage_bytes + L.mode_offset) != 0;
       if (uniform) {
-        MainLoop<true>(smem_base, full_bar, conv_bar, empty_bar, signals, pipe, num_kt, kb, ci,
-                       row_a, col0, acc);
+        MainLoop<true>(c.smem_base, c.full_bar, c.conv_bar, c.empty_bar, signals, pipe,
+                       c.num_kt, kb, ci, row_a, col0, acc);
       } else {
-        MainLoop<false>(smem_base, full_bar, conv_bar, empty_bar, signals, pipe, num_kt, kb, ci,
-                        row_a, col0, acc);
+        MainLoop<false>(c.smem_base, c.full_bar, c.conv_bar, c.empty_bar, signals, pipe,
+                        c.num_kt, kb, ci, row_a, col0, acc);
       }
       // Tiles with fewer rows than the consumer's 64 store directly (as generation 2).
       if (t.row_end - (t.row_begin + ci * 64) >= 64) {
         StoreStaged<kMxfp4, ACT, TN>(p, t, ci, acc,
-                                     smem + L.epilogue_offset + ci * kMoeGemmTmaEpilogueBytes);
+                                     c.smem + L.epilogue_offset + ci * kMoeGemmTmaEpilogueBytes);
       } else {
         StoreTile<kMxfp4, ACT, TN>(p, t.e, t.row_begin + ci * 64, t.row_end, t.n_tile, acc);
       }
@@ -392,38 +424,27 @@ struct MoeGemmFp4Fp8 {
   // keeps each row's scale pointer and ref in registers for the tile and reads the scale
   // bytes of the next stage while this one is decoded. (Measured: with only the three
   // warps, and the tokens' scales converted here too, the converters were the bottleneck
-  // at about 700 instructions per warp and stage; docs/kernels.md.)
-  __device__ static void Convert(const MoeGemmParams& p, int64_t tiles, int64_t m_tiles,
-                                 int64_t n_tiles, int num_kt, const int* off, const int* pre,
-                                 uint8_t* smem, uint32_t smem_base, uint32_t full_bar,
-                                 uint32_t conv_bar, uint32_t pfull_bar, uint32_t pempty_bar,
-                                 int ct) {
+  // at about 700 instructions per warp and stage; docs/kernels.md.) Synchronisation: per
+  // tile, named barrier 3 among the converters (ConverterSync, ConverterAny); per stage,
+  // waits on `pfull` (the packed slot landed) and `empty` (not on `full`: the panel does
+  // not need the activations), arrives on `conv`; per packed slot, arrives on `pempty`.
+  __device__ __forceinline__ static void Convert(const Cta& c, int ct) {
+    const MoeGemmParams& p = c.pv.g;
     constexpr int kStep = kConverters / 4;  // rows between a converter's items
     constexpr int kItems = (TN + kStep - 1) / kStep;
     static_assert(kItems <= 8, "one scale byte per item in one 64-bit word");
     const int kb = p.k / 32;
     const int j = ct % 4, r0 = ct / 4;
-    const uint32_t empty_bar = full_bar + 8 * ST;
     const uint8_t* b_scale = static_cast<const uint8_t*>(p.b_scale);
     const int64_t weight_rows = static_cast<int64_t>(p.num_experts) * p.n;
-    int* ref_s = reinterpret_cast<int*>(smem + L.ref_offset);  // per weight row of the tile
+    int* ref_s = reinterpret_cast<int*>(c.smem + L.ref_offset);  // per weight row of the tile
     StageRing<ST> ring;
     StageRing<kFp4Fp8PackedSlots> slot;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const MoeTile t = TileAt(tile, m_tiles, n_tiles, p.num_experts, TM, off, pre);
+    for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
+      const MoeTile t = TileAt(tile, c.m_tiles, c.n_tiles, p.num_experts, TM, c.off, c.pre);
       const int64_t g0 = static_cast<int64_t>(t.e) * p.n + t.n_tile * kWRows;
       auto scale_row = [&](int r) { return b_scale + WeightRow(g0, r, p.n, weight_rows) * kb; };
-      // Every converter is done with the previous tile's refs.
-      ConverterSync<kConverters>();
-      bool bad = false;
-      for (int r = ct; r < TN; r += kConverters) {
-        int lo = 255, hi = 0;
-        RowScaleRange(scale_row(r), kb, &lo, &hi);
-        ref_s[r] = hi;
-        bad |= hi - lo > kMaxSpan || hi == 255;
-      }
-      // One barrier: the mode, and ref_s[] published to every converter.
-      const bool uniform = !ConverterAny<kConverters>(bad);
+      const bool uniform = TileMode(scale_row, kb, ct, ref_s);
       // Gated kernels: each item's scale row, as rows past g0, chosen between the up and the
       // gate half once per tile (chosen per k-tile, as scale_row does, it cost them 10-15%
       // of their time; measured). WeightRow's mapping, written out in 32 bits: through
@@ -462,72 +483,108 @@ struct MoeGemmFp4Fp8 {
       // decided once per tile, since the 64-bit tile comparison per k-tile reloaded a
       // spilled register every k-tile (ncu: a long-scoreboard stall the converters'
       // largest after their packed-slot wait).
-      const int prefetch_kt = tile + gridDim.x < tiles ? max(num_kt - 3, 0) : -1;
+      const int prefetch_kt = tile + gridDim.x < c.tiles ? max(c.num_kt - 3, 0) : -1;
       uint32_t next[kItems];
       load_scales(0, next);
       uint64_t scales = pack(next);
 
-      for (int kt = 0; kt < num_kt; ++kt) {
-        if (kt + 1 < num_kt) load_scales(kt + 1, next);
+      for (int kt = 0; kt < c.num_kt; ++kt) {
+        if (kt + 1 < c.num_kt) load_scales(kt + 1, next);
         // The packed slot holds k-tiles kt & ~1 and its odd successor: this k-tile is its
         // half kt % 2, 16-byte chunks 4 (kt % 2) .. + 3 of each 128-byte row.
-        MbarWait(pfull_bar + 8 * slot.s, slot.phase);
+        MbarWait(c.pfull_bar + 8 * slot.s, slot.phase);
         // The consumers are done with the stage (its empty barrier, as the producer waits
         // on it): the decoded panel does not wait for the stage's activations to land.
-        MbarWait(empty_bar + 8 * ring.s, ring.phase ^ 1);
-        uint8_t* st = smem + ring.s * L.stage_bytes;
-        const uint32_t stage = smem_base + ring.s * L.stage_bytes;
-        const uint32_t packed = smem_base + L.packed_offset + slot.s * L.packed_bytes;
-        const int chunk = 4 * (kt % 2) + j;
-        // Unrolled: the items' loads and decodes overlap (at 80 registers this spilled, and
-        // the loop was kept rolled).
-#pragma unroll
-        for (int i = 0; i < kItems; ++i) {
-          const int r = r0 + i * kStep;
-          if (r >= TN) break;
-          const int sw = static_cast<int>((scales >> (8 * i)) & 0xFFu);
-          // Blocks past K hold zeros (TMA fill): any table decodes them to 0.
-          const E4m3Table tab = TableFor(uniform ? sw - ref_s[r] + 6 : 6);
-          const uint4 q = LdShared128(packed + r * 128 + ((chunk ^ (r & 7)) << 4));
-          const uint2 d0 = DecodeE2m1ToE4m3x8(q.x, tab), d1 = DecodeE2m1ToE4m3x8(q.y, tab);
-          const uint2 d2 = DecodeE2m1ToE4m3x8(q.z, tab), d3 = DecodeE2m1ToE4m3x8(q.w, tab);
-          StShared128(stage + L.dec_offset + SwizzledChunk(TN, r, 2 * j),
-                      make_uint4(d0.x, d0.y, d1.x, d1.y));
-          StShared128(stage + L.dec_offset + SwizzledChunk(TN, r, 2 * j + 1),
-                      make_uint4(d2.x, d2.y, d3.x, d3.y));
-          if (!uniform) {
-            // 2^(scale - 127) / 2^6: the decoded elements carry 2^6.
-            reinterpret_cast<float*>(st + L.wscale_offset)[j * TN + r] =
-                Ue8m0ToFloat(sw) * 0.015625f;
-          }
-        }
-        if (kt == num_kt - 1) {
+        MbarWait(c.empty_bar + 8 * ring.s, ring.phase ^ 1);
+        uint8_t* st = c.smem + ring.s * L.stage_bytes;
+        const uint32_t stage = c.smem_base + ring.s * L.stage_bytes;
+        const uint32_t packed = c.smem_base + L.packed_offset + slot.s * L.packed_bytes;
+        DecodeItems(packed, 4 * (kt % 2) + j, stage, st, ct, scales, uniform, ref_s);
+        if (kt == c.num_kt - 1) {
           for (int r = ct; r < TN; r += kConverters) {
             reinterpret_cast<float*>(st + L.col_offset)[r] =
                 uniform ? Pow2(ref_s[r] - 133) : 1.0f;
           }
         }
-        if (kt == prefetch_kt) {
-          // The next tile's pass over its scale rows reads them from L2, not from memory.
-          const MoeTile nt =
-              TileAt(tile + gridDim.x, m_tiles, n_tiles, p.num_experts, TM, off, pre);
-          const int64_t ng0 = static_cast<int64_t>(nt.e) * p.n + nt.n_tile * kWRows;
-          for (int r = ct; r < TN; r += kConverters) {
-            const uint8_t* row = b_scale + WeightRow(ng0, r, p.n, weight_rows) * kb;
-            for (int o = 0; o < kb + 127; o += 128) {
-              asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + min(o, kb - 1)));
-            }
-          }
-        }
+        if (kt == prefetch_kt) PrefetchScaleRows(c, tile + gridDim.x, ct, kb, weight_rows);
         if (ct == 0) *reinterpret_cast<int*>(st + L.mode_offset) = uniform ? 1 : 0;
         FenceProxyAsync();  // the decoded panel is read by wgmma
-        MbarArrive(conv_bar + 8 * ring.s);
+        MbarArrive(c.conv_bar + 8 * ring.s);
         ring.Advance();
-        if (kt % 2 == 1 || kt == num_kt - 1) {
-          MbarArrive(pempty_bar + 8 * slot.s);  // this converter is done with the slot
+        if (kt % 2 == 1 || kt == c.num_kt - 1) {
+          MbarArrive(c.pempty_bar + 8 * slot.s);  // this converter is done with the slot
           slot.Advance();
         }
         scales = pack(next);
+      }
+    }
+  }
+
+  // Converter ct's part of a tile's one pass over its weight rows' scale bytes (scale_row(r):
+  // row r's): the largest scale of each of its rows into ref_s, and whether every row of
+  // the tile spans at most kMaxSpan binades (the uniform mode). Named barrier 3 before (every
+  // converter is done with the previous tile's refs) and as the mode's reduction (ref_s[]
+  // published to every converter).
+  template <typename ScaleRow>
+  __device__ __forceinline__ static bool TileMode(const ScaleRow& scale_row, int kb, int ct,
+                                                  int* ref_s) {
+    ConverterSync<kConverters>();
+    bool bad = false;
+    for (int r = ct; r < TN; r += kConverters) {
+      int lo = 255, hi = 0;
+      RowScaleRange(scale_row(r), kb, &lo, &hi);
+      ref_s[r] = hi;
+      bad |= hi - lo > kMaxSpan || hi == 255;
+    }
+    return !ConverterAny<kConverters>(bad);
+  }
+
+  // Converter ct's items of one stage: block ct % 4 (16-byte chunk `chunk` of the packed
+  // rows at `packed`) of rows ct / 4 + kStep i, decoded into the stage's e4m3 panel
+  // (`stage`; st its generic address) with their scale bytes (`scales`, byte i per item)
+  // folded in (uniform) or, in the general loop, stored as the panel's weight scales.
+  __device__ __forceinline__ static void DecodeItems(uint32_t packed, int chunk, uint32_t stage,
+                                                     uint8_t* st, int ct, uint64_t scales,
+                                                     bool uniform, const int* ref_s) {
+    constexpr int kStep = kConverters / 4;  // rows between a converter's items
+    constexpr int kItems = (TN + kStep - 1) / kStep;
+    const int j = ct % 4, r0 = ct / 4;
+    // Unrolled: the items' loads and decodes overlap (at 80 registers this spilled, and
+    // the loop was kept rolled).
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int r = r0 + i * kStep;
+      if (r >= TN) break;
+      const int sw = static_cast<int>((scales >> (8 * i)) & 0xFFu);
+      // Blocks past K hold zeros (TMA fill): any table decodes them to 0.
+      const E4m3Table tab = TableFor(uniform ? sw - ref_s[r] + 6 : 6);
+      const uint4 q = LdShared128(packed + r * 128 + ((chunk ^ (r & 7)) << 4));
+      const uint2 d0 = DecodeE2m1ToE4m3x8(q.x, tab), d1 = DecodeE2m1ToE4m3x8(q.y, tab);
+      const uint2 d2 = DecodeE2m1ToE4m3x8(q.z, tab), d3 = DecodeE2m1ToE4m3x8(q.w, tab);
+      StShared128(stage + L.dec_offset + SwizzledChunk(TN, r, 2 * j),
+                  make_uint4(d0.x, d0.y, d1.x, d1.y));
+      StShared128(stage + L.dec_offset + SwizzledChunk(TN, r, 2 * j + 1),
+                  make_uint4(d2.x, d2.y, d3.x, d3.y));
+      if (!uniform) {
+        // 2^(scale - 127) / 2^6: the decoded elements carry 2^6.
+        reinterpret_cast<float*>(st + L.wscale_offset)[j * TN + r] =
+            Ue8m0ToFloat(sw) * 0.015625f;
+      }
+    }
+  }
+
+  // The next tile's (`tile`) scale rows of converter ct's rows into L2, so that its pass
+  // over them (TileMode) does not wait for memory.
+  __device__ __forceinline__ static void PrefetchScaleRows(const Cta& c, int64_t tile, int ct,
+                                                           int kb, int64_t weight_rows) {
+    const MoeGemmParams& p = c.pv.g;
+    const uint8_t* b_scale = static_cast<const uint8_t*>(p.b_scale);
+    const MoeTile nt = TileAt(tile, c.m_tiles, c.n_tiles, p.num_experts, TM, c.off, c.pre);
+    const int64_t ng0 = static_cast<int64_t>(nt.e) * p.n + nt.n_tile * kWRows;
+    for (int r = ct; r < TN; r += kConverters) {
+      const uint8_t* row = b_scale + WeightRow(ng0, r, p.n, weight_rows) * kb;
+      for (int o = 0; o < kb + 127; o += 128) {
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + min(o, kb - 1)));
       }
     }
   }

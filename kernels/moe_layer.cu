@@ -1,6 +1,8 @@
 // The routed MoE layer's own kernels for sm_90a: routing, the sort of token slots by
-// expert, the gather of token rows, the quantization of activations and the weighted
-// finalize (the layer's two GEMMs are moe_gemm kernels). All eleven live in one cubin, built by scripts/build-artifacts with
+// expert, the gather of token rows, the quantization of activations, the weighted
+// finalize and the compaction of the expert-major masked layout (the layer's two GEMMs
+// are moe_gemm kernels). All fourteen live in one cubin, built by scripts/build-artifacts
+// with
 //   nvcc -std=c++17 -O3 -cubin -gencode=arch=compute_90a,code=sm_90a -I<repo>
 // Contract: kernels/moe_layer_abi.h (parameter structs, grids, thread counts, the
 // semantics of every routing method, tie and NaN rules); docs/kernels.md, "The layer's
@@ -211,25 +213,14 @@ __device__ void KeepBestGroups(const MoeRouteParams& p, int64_t t, float* a, int
   __syncwarp();
 }
 
-}  // namespace
-}  // namespace cubist::moe
-
-using namespace cubist::moe;
-
-// Dynamic shared memory: MoeRouteSharedBytes(E), E fp32 scores per warp.
-extern "C" __global__ void __launch_bounds__(kMoeRouteThreads)
-    cubist_moe_route(const __grid_constant__ MoeRouteParams p) {
-  extern __shared__ float route_scores[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  GridDependencyWait();
-  LaunchDependents();
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
-  if (t >= p.num_tokens) return;
+// Routes token t with the calling warp: its selection scores staged in a[0..E), its ids
+// and weights written to topk_ids/topk_weights[t * k ...]. The whole warp calls it.
+__device__ __forceinline__ void RouteToken(const MoeRouteParams& p, int64_t t, float* a,
+                                           int lane) {
   const int E = p.num_experts;
   const int k = min(p.top_k, kMoeRouteMaxTopK);
   const int method = p.method;
   const bool ds = method == kRouteDeepSeekV3;
-  float* a = route_scores + warp * E;
   // Stage the selection scores; NaN canonical, so that kRemovedBits stays free.
   for (int i = lane; i < E; i += 32) a[i] = Canonical(Score(p, t, i, ds));
   __syncwarp();
@@ -290,6 +281,23 @@ extern "C" __global__ void __launch_bounds__(kMoeRouteThreads)
     p.topk_ids[at] = id;
     p.topk_weights[at] = chosen ? w : 0.0f;
   }
+}
+
+}  // namespace
+}  // namespace cubist::moe
+
+using namespace cubist::moe;
+
+// Dynamic shared memory: MoeRouteSharedBytes(E), E fp32 scores per warp.
+extern "C" __global__ void __launch_bounds__(kMoeRouteThreads)
+    cubist_moe_route(const __grid_constant__ MoeRouteParams p) {
+  extern __shared__ float route_scores[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  GridDependencyWait();
+  LaunchDependents();
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= p.num_tokens) return;
+  RouteToken(p, t, route_scores + warp * p.num_experts, lane);
 }
 
 // ---------------------------------------------------------------------------------
@@ -451,12 +459,11 @@ __device__ void PublishOffsets(const MoeSortParams& p, SortShared& s) {
 }  // namespace
 }  // namespace cubist::moe
 
-// One CTA sorts up to kMoeSortChunk slots: histogram, offsets, ranks.
-extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
-    cubist_moe_sort_fused(const __grid_constant__ MoeSortParams p) {
-  __shared__ SortShared s;
-  GridDependencyWait();
-  LaunchDependents();
+namespace cubist::moe {
+namespace {
+
+// The whole sort of up to kMoeSortChunk slots by one CTA: histogram, offsets, ranks.
+__device__ __forceinline__ void SortOneChunk(const MoeSortParams& p, SortShared& s) {
   const int n = max(0, min(p.num_slots, kMoeSortChunk));
   ChunkHistogram(p, 0, n, s.bins);
   PublishOffsets(p, s);
@@ -466,6 +473,38 @@ extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
   }
   __syncthreads();  // the scan's storage becomes the sort's
   ChunkScatter(p, 0, n, nullptr, s);
+}
+
+}  // namespace
+}  // namespace cubist::moe
+
+// One CTA sorts up to kMoeSortChunk slots: histogram, offsets, ranks.
+extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
+    cubist_moe_sort_fused(const __grid_constant__ MoeSortParams p) {
+  __shared__ SortShared s;
+  GridDependencyWait();
+  LaunchDependents();
+  SortOneChunk(p, s);
+}
+
+// Decode's routing and sort in one launch (one kernel boundary less on the critical path
+// of a step): warp w of the one CTA routes token w (T <= kMoeRouteSortMaxTokens), then
+// the CTA sorts the T x k slots as cubist_moe_sort_fused does. The ids the warps write
+// are read back by other threads of the same CTA: the barrier makes them visible (global
+// writes before __syncthreads are visible to the block after it; plain loads, not .nc).
+// Dynamic shared memory: MoeRouteSortSharedBytes(T, E), E fp32 scores per token.
+extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
+    cubist_moe_route_sort(const __grid_constant__ MoeRouteSortParams p) {
+  extern __shared__ float route_scores[];
+  __shared__ SortShared s;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  GridDependencyWait();
+  LaunchDependents();
+  if (warp < p.route.num_tokens) {
+    RouteToken(p.route, warp, route_scores + warp * p.route.num_experts, lane);
+  }
+  __syncthreads();
+  SortOneChunk(p.sort, s);
 }
 
 // Chunk c = blockIdx.x: chunk_counts[c * (L + 1) + e] = its slots of bin e, e = 0..L.
@@ -796,3 +835,70 @@ CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_fp8_block, kFp8Block)
 CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_mxfp8, kMxfp8)
 CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_nvfp4, kNvfp4)
 #undef CUBIST_MOE_QUANTIZE_KERNEL
+
+// ---------------------------------------------------------------------------------
+// The expert-major masked layout (kernels/moe_layer_abi.h, MoeMaskedParams): the scan of
+// the clamped counts into offsets and the row map, and the scatter of GEMM2's rows back
+// into [L, max_m, H].
+
+namespace cubist::moe {
+namespace {
+
+using ScanMasked = cub::BlockScan<int32_t, kMoeMaskedThreads>;
+constexpr int kMaskedScanItems = (kMoeSortMaxExperts + kMoeMaskedThreads - 1) / kMoeMaskedThreads;
+
+__device__ __forceinline__ int32_t ClampedCount(const MoeMaskedParams& p, int e) {
+  return min(max(p.counts[e], 0), p.max_m);
+}
+
+}  // namespace
+}  // namespace cubist::moe
+
+// Every CTA scans the L clamped counts (a few thousand at most) itself, so no CTA waits
+// for another; each then writes the row map of its experts.
+extern "C" __global__ void __launch_bounds__(kMoeMaskedThreads)
+    cubist_moe_sort_masked(const __grid_constant__ MoeMaskedParams p) {
+  __shared__ ScanMasked::TempStorage scan;
+  __shared__ int32_t offsets[kMoeSortMaxExperts + 1];
+  GridDependencyWait();
+  LaunchDependents();
+  const int L = max(0, min(p.num_local_experts, kMoeSortMaxExperts));
+  int32_t items[kMaskedScanItems];
+  const int first = threadIdx.x * kMaskedScanItems;  // blocked: thread i owns a run
+#pragma unroll
+  for (int j = 0; j < kMaskedScanItems; ++j) {
+    items[j] = first + j < L ? ClampedCount(p, first + j) : 0;
+  }
+  int32_t total;
+  ScanMasked(scan).ExclusiveSum(items, items, total);
+#pragma unroll
+  for (int j = 0; j < kMaskedScanItems; ++j) {
+    if (first + j < L) offsets[first + j] = items[j];
+  }
+  if (threadIdx.x == 0) offsets[L] = total;
+  __syncthreads();
+  if (blockIdx.x == 0) {
+    for (int e = threadIdx.x; e <= L; e += kMoeMaskedThreads) p.offsets[e] = offsets[e];
+  }
+  for (int e = blockIdx.x; e < L; e += gridDim.x) {
+    const int32_t base = offsets[e], n = offsets[e + 1] - base;
+    const int32_t row0 = e * p.max_m;  // L x max_m fits int32 (the host checks)
+    for (int i = threadIdx.x; i < n; i += kMoeMaskedThreads) p.row_map[base + i] = row0 + i;
+  }
+}
+
+// Rows in a grid-stride loop, 16-byte vectors; rows past a count are never touched.
+extern "C" __global__ void __launch_bounds__(kMoeMaskedThreads)
+    cubist_moe_finalize_masked(const __grid_constant__ MoeMaskedParams p) {
+  GridDependencyWait();
+  LaunchDependents();
+  const int32_t rows = p.offsets[p.num_local_experts];
+  const int vecs = p.hidden / 8;
+  const uint4* __restrict__ in = static_cast<const uint4*>(p.rows);
+  uint4* __restrict__ out = static_cast<uint4*>(p.out);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const uint4* src = in + r * vecs;
+    uint4* dst = out + static_cast<int64_t>(p.row_map[r]) * vecs;
+    for (int v = threadIdx.x; v < vecs; v += kMoeMaskedThreads) dst[v] = __ldg(src + v);
+  }
+}

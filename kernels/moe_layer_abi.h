@@ -5,12 +5,15 @@
 //
 //   op            function                 parameter          what it does
 //   moe_route     cubist_moe_route         MoeRouteParams     logits [T, E] -> ids, weights [T, k]
+//   moe_route     cubist_moe_route_sort    MoeRouteSortParams route + fused sort, one CTA (decode)
 //   moe_sort      cubist_moe_sort_fused    MoeSortParams      ids -> offsets, permutation (one CTA)
 //   moe_sort      cubist_moe_sort_count    MoeSortParams      per-chunk expert counts
 //   moe_sort      cubist_moe_sort_scan     MoeSortParams      chunk bases and offsets (one CTA)
 //   moe_sort      cubist_moe_sort_scatter  MoeSortParams      permutation of each chunk
+//   moe_sort      cubist_moe_sort_masked   MoeMaskedParams    counts [L] -> offsets, row map
 //   moe_gather    cubist_moe_gather_bf16   MoeGatherParams    token rows in expert order
 //   moe_finalize  cubist_moe_finalize      MoeFinalizeParams  weighted sum of each token's rows
+//   moe_finalize  cubist_moe_finalize_masked  MoeMaskedParams  rows back to [L, max_m, H]
 //   moe_quantize  cubist_moe_quantize_fp8  MoeQuantizeParams  bf16 rows -> fp8, per-tensor scale
 //   moe_quantize  cubist_moe_quantize_fp8_block  (same)    -> fp8 with 1x128 block scales
 //   moe_quantize  cubist_moe_quantize_mxfp8      (same)    -> mxfp8 (ue8m0 per 32)
@@ -22,7 +25,9 @@
 //
 // Versions: each struct starts with `abi`; kMoeLayerAbi is recorded in every kernel's
 // manifest entry ("abi"). A change to a struct's layout or a field's meaning is a new
-// version.
+// version; a new function with a struct of its own is not (the masked-layout kernels
+// came later than the others: a manifest without them serves every mode but the masked
+// one, and the layer says which function is missing).
 #ifndef CUBIST_KERNELS_MOE_LAYER_ABI_H_
 #define CUBIST_KERNELS_MOE_LAYER_ABI_H_
 
@@ -161,6 +166,30 @@ struct MoeSortParams {
 };
 static_assert(sizeof(MoeSortParams) == 88, "MoeSortParams layout is ABI");
 
+// cubist_moe_route_sort: decode's route and sort in one launch - one CTA of
+// kMoeSortThreads threads, warp t routing token t as cubist_moe_route does, then the sort
+// of cubist_moe_sort_fused - for T <= kMoeRouteSortMaxTokens and T x k <= 256 (the small
+// sort; MoeRouteSortServes). Dynamic shared memory MoeRouteSortSharedBytes(T, E) (past 48
+// KiB the launcher raises the function's limit). `route` and `sort` are filled as for the
+// two kernels (sort.topk_ids = route.topk_ids). Optional: a manifest without it gets the
+// two launches.
+inline constexpr int32_t kMoeRouteSortMaxTokens = kMoeSortThreads / 32;
+inline constexpr int32_t kMoeRouteSortMaxSlots = 256;
+inline constexpr int32_t kMoeRouteSortMaxSharedBytes = 96 * 1024;
+CUBIST_HD constexpr int32_t MoeRouteSortSharedBytes(int64_t tokens, int32_t num_experts) {
+  return static_cast<int32_t>(tokens) * num_experts * 4;
+}
+CUBIST_HD constexpr bool MoeRouteSortServes(int64_t tokens, int32_t top_k, int32_t num_experts) {
+  return tokens >= 1 && tokens <= kMoeRouteSortMaxTokens &&
+         tokens * top_k <= kMoeRouteSortMaxSlots &&
+         static_cast<int64_t>(tokens) * num_experts * 4 <= kMoeRouteSortMaxSharedBytes;
+}
+struct MoeRouteSortParams {
+  MoeRouteParams route;
+  MoeSortParams sort;
+};
+static_assert(sizeof(MoeRouteSortParams) == 176, "MoeRouteSortParams layout is ABI");
+
 // cubist_moe_gather_bf16: row r of `out` = the bf16 hidden row of the token of slot
 // permuted_to_expanded[r], for r < offsets[L]; with `weights` set, multiplied by the
 // slot's routing weight in fp32 and rounded to bf16 (nearest even): the llama4
@@ -259,6 +288,40 @@ struct MoeQuantizeParams {
   int64_t reserved[2];
 };
 static_assert(sizeof(MoeQuantizeParams) == 96, "MoeQuantizeParams layout is ABI");
+
+// The expert-major masked layout that low-latency all-to-all libraries deliver (DeepEP's
+// low-latency dispatch, DeepGEMM's m_grouped_*_masked): hidden states [L, max_m, H] and
+// per-expert counts [L]; rows i < count of expert e's slot are valid, the rest padding.
+// The layer compacts the valid rows so the moe_gemm kernels see contiguous experts, and
+// writes GEMM2's rows back into the same layout. A count is clamped to 0..max_m first
+// (a bad count never reads or writes outside its expert's slot).
+//
+// cubist_moe_sort_masked: c_e = min(max(counts[e], 0), max_m);
+//   offsets[e] = c_0 + ... + c_{e-1}, offsets[L] = the valid rows;
+//   row_map[offsets[e] + i] = e * max_m + i for i < c_e (the row of [L x max_m, H]).
+// The gather (cubist_moe_gather_bf16, or a quantize kernel) then reads input row
+// row_map[r] with top_k = 1: row_map is its permuted_to_expanded.
+// Grid: any number of CTAs of kMoeMaskedThreads threads; each computes the scan in
+// shared memory (L <= kMoeSortMaxExperts) and writes the row map of experts blockIdx.x,
+// blockIdx.x + gridDim.x, ...; CTA 0 writes offsets.
+//
+// cubist_moe_finalize_masked: out row row_map[r] = rows[r] (bf16, H wide) for
+// r < offsets[L]; every other row of out is left as it was. Grid: any number of CTAs of
+// kMoeMaskedThreads threads (rows in a grid-stride loop).
+inline constexpr int32_t kMoeMaskedThreads = 128;
+struct MoeMaskedParams {
+  int32_t abi;                // kMoeLayerAbi
+  int32_t num_local_experts;  // L, 1..kMoeSortMaxExperts
+  int32_t max_m;              // rows per expert slot, L x max_m <= INT32_MAX
+  int32_t hidden;             // H, a multiple of 8 (finalize)
+  const int32_t* counts;      // [L] (sort)
+  int32_t* offsets;           // [L + 1]: out of the sort, read by the finalize
+  int32_t* row_map;           // [L x max_m]: out of the sort, read by the finalize
+  const void* rows;           // [rows, H] bf16: GEMM2's output (finalize)
+  void* out;                  // [L, max_m, H] bf16 (finalize)
+  int64_t reserved[2];
+};
+static_assert(sizeof(MoeMaskedParams) == 72, "MoeMaskedParams layout is ABI");
 
 }  // namespace cubist::moe
 

@@ -148,7 +148,8 @@ _live_gemms = weakref.WeakValueDictionary()  # handle -> MoeGemm, for cubist.ops
 
 class MoeGemm:
     """The MoE batched GEMM (dispatch/moe_gemm.h, docs/kernels.md):
-    out[t] = act(A[t] . B[e]^T) for the rows t of expert e, offsets[e] <= t < offsets[e+1].
+    out[t] = act(A[t] . B[e]^T + bias[e]) for the rows t of expert e,
+    offsets[e] <= t < offsets[e+1] (bias optional).
 
     pinned_kernel: always this kernel (debugging). pdl: programmatic dependent launch.
     allow_inexact: selection and tune may also choose kernels that round an operand on
@@ -173,8 +174,8 @@ class MoeGemm:
         _live_gemms[self.handle] = self
 
     def _args(self, a, b, offsets, out, weights, activations, activation, a_scale, b_scale,
-              a_global_scale, b_global_scale, alpha, beta, limit):
-        """(wf, af, act, E, T, N, K, 11 pointers, device) after the argument checks."""
+              a_global_scale, b_global_scale, alpha, beta, limit, bias=None):
+        """(wf, af, act, E, T, N, K, 12 pointers, device) after the argument checks."""
         device = self.runtime.device
         ia, ib, io, iout = (describe(a, "a"), describe(b, "b"), describe(offsets, "offsets"),
                             describe(out, "out"))
@@ -217,7 +218,7 @@ class MoeGemm:
         if iout.dtype != "bfloat16" or iout.shape != (t, out_n):
             raise _bad("out", f"expected bfloat16 [T={t}, {'N/2' if gated else 'N'}={out_n}], "
                        f"got {iout.dtype} {list(iout.shape)}")
-        ptrs = [ia.ptr, ib.ptr, 0, 0, 0, 0, io.ptr, 0, 0, 0, iout.ptr]
+        ptrs = [ia.ptr, ib.ptr, 0, 0, 0, 0, io.ptr, 0, 0, 0, iout.ptr, 0]
         if isa is not None or isb is not None or wf != "bf16" or af != "bf16":
             self._scales(ptrs, isa, isb, wf, af, e, t, n, k)
         for slot, x, name, count in ((4, a_global_scale, "a_global_scale", 1),
@@ -234,6 +235,16 @@ class MoeGemm:
                     raise _bad(name, f"is on cuda:{info.device}; this runtime runs on "
                                f"cuda:{device}")
                 ptrs[slot] = info.ptr
+        if bias is not None:
+            info = describe(bias, "bias")
+            if info.dtype != "float32" or tuple(info.shape) != (e, n):
+                raise _bad("bias", f"expected float32 [E={e}, N={n}] (one per expert and row "
+                           f"of b{', both halves' if gated else ''}), got {info.dtype} "
+                           f"{list(info.shape)}")
+            if info.device is not None and info.device != device:
+                raise _bad("bias", f"is on cuda:{info.device}; this runtime runs on "
+                           f"cuda:{device}")
+            ptrs[11] = info.ptr
         return (_FORMAT_CODES[wf], _FORMAT_CODES[af], act, e, t, n, k, ptrs, device)
 
     def _formats_for(self, ia, ib, isa, isb, weights, activations):
@@ -280,7 +291,7 @@ class MoeGemm:
 
     def run(self, a, b, offsets, out, *, activation="identity", weights=None,
             activations=None, a_scale=None, b_scale=None, a_global_scale=None,
-            b_global_scale=None, alpha=None, beta=None, limit=None, stream=None):
+            b_global_scale=None, alpha=None, beta=None, limit=None, bias=None, stream=None):
         """Launches out = act(a . b^T) per expert on `stream` (default: torch's current
         stream on the runtime's device; the legacy default stream without torch).
 
@@ -289,29 +300,32 @@ class MoeGemm:
         from the dtypes (bfloat16; float8_e4m3fn: fp8, fp8-block with float32 scales,
         mxfp8 with uint8/e8m0 scales; uint8 or float4_e2m1fn_x2: packed mxfp4 with
         uint8/e8m0 scales, nvfp4 with e4m3 scales) or `weights=` / `activations=`. T = 0 is a no-op.
+        bias: float32 [E, N] (N = b's rows, both halves when gated), contiguous, on the
+        runtime's device: added to row n of expert e's product after the global scales,
+        before the activation (gpt-oss); needs a kernel of parameter struct version 3.
         """
         # `run` is a C method (cubist_ext.cc, RunMethod; installed below): plain CUDA torch
-        # tensors, bf16/fp8 without scales, are read, checked and launched there. This
-        # body is the general path, reached for everything else, errors included.
+        # tensors, bf16/fp8 without scales or bias, are read, checked and launched there.
+        # This body is the general path, reached for everything else, errors included.
         wf, af, act, e, t, n, k, p, device = self._args(
             a, b, offsets, out, weights, activations, activation, a_scale, b_scale,
-            a_global_scale, b_global_scale, alpha, beta, limit)
+            a_global_scale, b_global_scale, alpha, beta, limit, bias)
         if stream is None:
             stream = _current_stream(device)
         elif not isinstance(stream, int):
             stream = getattr(stream, "cuda_stream", None) or getattr(stream, "ptr", 0)
         self._native_run(wf, af, act, e, t, n, k, p[0], p[1], p[2], p[3], p[4], p[5], p[6],
-                         p[7], p[8], p[9], p[10], stream)
+                         p[7], p[8], p[9], p[10], p[11], stream)
 
     def check(self, a, b, offsets, out, *, activation="identity", weights=None,
               activations=None, a_scale=None, b_scale=None, a_global_scale=None,
-              b_global_scale=None, alpha=None, beta=None, limit=None):
+              b_global_scale=None, alpha=None, beta=None, limit=None, bias=None):
         """Raises why `run` with these arguments cannot work (argument errors, no kernel:
         NotFoundError naming the nearest ones). Selects, and may fetch and load, the
         kernel: call it once per shape before CUDA-graph capture."""
         wf, af, act, e, t, n, k, p, _ = self._args(
             a, b, offsets, out, weights, activations, activation, a_scale, b_scale,
-            a_global_scale, b_global_scale, alpha, beta, limit)
+            a_global_scale, b_global_scale, alpha, beta, limit, bias)
         self._native.can_implement(wf, af, act, e, t, n, k, *p)
 
     def can_implement(self, *args, **kwargs):
@@ -351,13 +365,13 @@ class MoeGemm:
 
     def op(self, a, b, offsets, out, *, activation="identity", weights=None,
            activations=None, a_scale=None, b_scale=None, a_global_scale=None,
-           b_global_scale=None, alpha=None, beta=None, limit=None):
+           b_global_scale=None, alpha=None, beta=None, limit=None, bias=None):
         """`run` through the torch custom op torch.ops.cubist.moe_gemm (cubist.ops), for
         torch.compile; eager calls and CUDA-graph capture work with `run` as well."""
         op = _torch_op or _load_torch_op()
         op(self.handle, a, b, offsets, out, a_scale, b_scale, a_global_scale,
-                     b_global_scale, alpha, beta, limit, weights or "", activations or "",
-                     activation)
+           b_global_scale, alpha, beta, limit, weights or "", activations or "", activation,
+           bias)
 
 
 def _install_run(cls):

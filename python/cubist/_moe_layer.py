@@ -21,6 +21,16 @@ run as kernels of the runtime's manifest on torch's current stream, with no host
 synchronization: a step can be captured in a CUDA graph. The workspace comes from
 torch's caching allocator unless one is given. `cubist.ops` registers the same call as
 the torch custom op `torch.ops.cubist.moe` for torch.compile.
+
+The expert-major masked input of low-latency all-to-all libraries (DeepEP's low-latency
+dispatch): x bfloat16 [L, max_m, H] and masked_counts int32 [L] on the device; no routing,
+no weighted sum; out [L, max_m, H] gets each valid row's expert output, rows past a count
+are left untouched (dispatch/moe_layer.h, "Masked input"):
+
+    layer = cubist.MoeLayer(rt, num_experts=E, hidden=H, intermediate=I,
+                            input_layout="expert_major_masked", max_m=max_m,
+                            num_local_experts=L, local_expert_offset=rank * L)
+    y = layer(x, w1, w2, masked_counts=counts)      # bf16 [L, max_m, H]
 """
 import sys
 import weakref
@@ -49,6 +59,9 @@ _BLOCK_SCALES = {"fp8-block": ("float32",), "mxfp4": _E8M0, "mxfp8": _E8M0,
                  "nvfp4": ("uint8", "float8_e4m3fn")}
 _PACKED = ("mxfp4", "nvfp4")
 _GLOBAL = ("fp8", "nvfp4")  # per-expert weight / per-tensor activation scales
+INPUT_LAYOUTS = ("token_major", "expert_major_masked")
+# The token-major layer's routing tensors, which the masked layout refuses.
+_ROUTING_ARGUMENTS = ("router_logits", "routing_bias", "topk_ids", "topk_weights")
 # The layer's new tensors, keyword arguments of __call__, prepare and op.
 SCALE_ARGUMENTS = ("w1_scale", "w2_scale", "w1_global_scale", "w2_global_scale",
                    "input_scale", "intermediate_scale", "w1_bias", "w2_bias")
@@ -79,15 +92,18 @@ class MoeLayer:
     __call__), n_group / topk_group / routed_scaling_factor
     (deepseek_v3), apply_weight_on_input (llama4), logits ("fp32" or "bf16"),
     local_expert_offset / num_local_experts (expert parallelism: L local experts),
-    max_chunk_tokens (bounds the workspace), finalize ("sum", or "none"), pdl."""
+    max_chunk_tokens (bounds the workspace), finalize ("sum", or "none"), pdl;
+    input_layout (one of INPUT_LAYOUTS) and max_m (expert_major_masked: rows per expert
+    slot; top_k and the routing options stay unset)."""
 
     _next_handle = 1
 
-    def __init__(self, runtime, *, num_experts, top_k, hidden, intermediate,
+    def __init__(self, runtime, *, num_experts, hidden, intermediate, top_k=0,
                  routing="renormalize", activation="swiglu", weights="bf16",
                  activations="bf16", n_group=0, topk_group=0, routed_scaling_factor=1.0,
                  apply_weight_on_input=False, logits="fp32", local_expert_offset=0,
-                 num_local_experts=0, max_chunk_tokens=0, finalize="sum", pdl=True):
+                 num_local_experts=0, max_chunk_tokens=0, finalize="sum", pdl=True,
+                 input_layout="token_major", max_m=0):
         from . import Runtime
         if not isinstance(runtime, Runtime):
             raise _bad("runtime", f"expected cubist.Runtime, got {type(runtime).__name__}")
@@ -98,12 +114,13 @@ class MoeLayer:
         self.weights, self.activations = weights, activations
         self.num_local_experts = int(num_local_experts) or self.num_experts
         self._gated = activation in ("swiglu", "geglu", "situ")
+        self.input_layout, self.max_m = input_layout, int(max_m)
         self._native = _cubist.MoeLayer(
             runtime._native, weights, activations, activation, self.num_experts, self.top_k,
             self.hidden, self.intermediate, routing, int(n_group), int(topk_group),
             float(routed_scaling_factor), bool(apply_weight_on_input), logits,
             int(local_expert_offset), int(num_local_experts), int(max_chunk_tokens),
-            finalize, bool(pdl))
+            finalize, bool(pdl), input_layout, self.max_m)
         self._workspace = None  # (tensor, max_tokens) grown on demand outside capture
         self.handle = MoeLayer._next_handle
         MoeLayer._next_handle += 1
@@ -123,14 +140,37 @@ class MoeLayer:
         both inputs); chunk_tokens, row_capacity and bytes."""
         return self._native.workspace_layout(int(max_tokens))
 
-    def _pointers(self, x, w1, w2, router_logits, routing_bias, topk_ids, topk_weights,
-                  alpha, beta, limit, out, workspace, scales=None):
-        device = self.runtime.device
+    def _masked(self):
+        return self.input_layout == "expert_major_masked"
+
+    def _x_shape(self, x):
+        """(T, x's shape) after checking x: [T, H], or [L, max_m, H] (T = L x max_m)."""
         ix = describe(x, "x")
-        if ix.dtype != "bfloat16" or len(ix.shape) != 2 or ix.shape[1] != self.hidden:
-            raise _bad("x", f"expected bfloat16 [T, H={self.hidden}], got {ix.dtype} "
-                       f"{list(ix.shape)}")
-        t = ix.shape[0]
+        if self._masked():
+            want = (self.num_local_experts, self.max_m, self.hidden)
+            sym = f"[L, max_m, H] = {list(want)}"
+        else:
+            want, sym = (ix.shape[0] if ix.shape else 0, self.hidden), f"[T, H={self.hidden}]"
+        if ix.dtype != "bfloat16" or tuple(ix.shape) != want:
+            raise _bad("x", f"expected bfloat16 {sym}, got {ix.dtype} {list(ix.shape)}")
+        return (_numel(want[:-1]), want)
+
+    def _pointers(self, x, w1, w2, router_logits, routing_bias, topk_ids, topk_weights,
+                  alpha, beta, limit, out, workspace, scales=None, masked_counts=None):
+        device = self.runtime.device
+        t, x_shape = self._x_shape(x)
+        if self._masked():
+            given = dict(router_logits=router_logits, routing_bias=routing_bias,
+                         topk_ids=topk_ids, topk_weights=topk_weights)
+            for name in _ROUTING_ARGUMENTS:
+                if given[name] is not None:
+                    raise _bad(name, "is given, but expert_major_masked input is routed "
+                                     "already; pass masked_counts")
+            if masked_counts is None:
+                raise _bad("masked_counts", "expert_major_masked input needs int32 [L] "
+                                            "per-expert row counts on the device")
+        elif masked_counts is not None:
+            raise _bad("masked_counts", "is for input_layout='expert_major_masked' only")
         h, inter = self.hidden, self.intermediate
         n1 = 2 * inter if self._gated else inter
         n1_name = "2I" if self._gated else "I"
@@ -144,7 +184,7 @@ class MoeLayer:
         # w1_global_scale, w2_global_scale, input_scale, intermediate_scale, w1_bias,
         # w2_bias, alpha, beta, limit, out, workspace.
         checks = [
-            (x, "x", ("bfloat16",), (t, self.hidden), None),
+            (x, "x", ("bfloat16",), x_shape, None),
             (router_logits, "router_logits",
              ("float32",) if self.logits == "fp32" else ("bfloat16",), (t, self.num_experts),
              None),
@@ -187,7 +227,8 @@ class MoeLayer:
             (alpha, "alpha", ("float32",), (l,), None),
             (beta, "beta", ("float32",), (l,), None),
             (limit, "limit", ("float32",), (l,), None),
-            (out, "out", ("bfloat16",), (t, self.hidden), None),
+            (out, "out", ("bfloat16",), x_shape, None),
+            (masked_counts, "masked_counts", ("int32",), (l,), None),
         ]
         ptrs = []
         for check in checks:
@@ -215,7 +256,7 @@ class MoeLayer:
                            f"cuda:{device}")
             ptrs.append(info.ptr)
         iw = describe(workspace, "workspace")
-        ptrs.append(iw.ptr)
+        ptrs.insert(len(ptrs) - 1, iw.ptr)  # the native order: ..., out, workspace, counts
         return t, ptrs, _numel(iw.shape) * _itemsize(iw.dtype)
 
     def _workspace_for(self, x, tokens):
@@ -230,7 +271,8 @@ class MoeLayer:
                 topk_ids=None, topk_weights=None, w1_scale=None, w2_scale=None,
                 w1_global_scale=None, w2_global_scale=None, input_scale=None,
                 intermediate_scale=None, w1_bias=None, w2_bias=None, alpha=None, beta=None,
-                limit=None, out=None, workspace=None, accumulate=False, stream=None):
+                limit=None, out=None, workspace=None, accumulate=False, stream=None,
+                masked_counts=None):
         """Checks the arguments for every batch of up to max_tokens tokens and selects,
         fetches and loads every kernel they need: call it before CUDA-graph capture.
         Also sizes the layer's own workspace for max_tokens. Takes the call's keywords;
@@ -240,8 +282,13 @@ class MoeLayer:
         del accumulate, stream  # the call's keywords; nothing runs here
         torch = sys.modules.get("torch")
         if x is None:
-            x = torch.empty(1, self.hidden, dtype=torch.bfloat16, device=w1.device)
-        if router_logits is None and topk_ids is None:
+            shape = ((self.num_local_experts, self.max_m) if self._masked() else (1,))
+            x = torch.empty(*shape, self.hidden, dtype=torch.bfloat16, device=w1.device)
+        if self._masked():
+            if masked_counts is None:
+                masked_counts = torch.zeros(self.num_local_experts, dtype=torch.int32,
+                                            device=x.device)
+        elif router_logits is None and topk_ids is None:
             router_logits = torch.empty(
                 x.shape[0], self.num_experts, device=x.device,
                 dtype=torch.float32 if self.logits == "fp32" else torch.bfloat16)
@@ -259,14 +306,14 @@ class MoeLayer:
                       intermediate_scale=intermediate_scale, w1_bias=w1_bias, w2_bias=w2_bias)
         t, ptrs, ws_bytes = self._pointers(
             x, w1, w2, router_logits, routing_bias, topk_ids, topk_weights, alpha, beta,
-            limit, out, workspace, scales)
+            limit, out, workspace, scales, masked_counts)
         self._native.run(t, ptrs, ws_bytes, False, 0, int(max_tokens))
 
     def __call__(self, x, w1, w2, *, router_logits=None, routing_bias=None, topk_ids=None,
                  topk_weights=None, w1_scale=None, w2_scale=None, w1_global_scale=None,
                  w2_global_scale=None, input_scale=None, intermediate_scale=None, w1_bias=None,
                  w2_bias=None, alpha=None, beta=None, limit=None, out=None, accumulate=False,
-                 workspace=None, stream=None):
+                 workspace=None, stream=None, masked_counts=None):
         """The layer on x (bfloat16 [T, H]): routed from router_logits [T, E] (+ an fp32
         routing_bias [E] for deepseek_v3), or pre-routed by topk_ids int32 [T, k] and
         topk_weights fp32 [T, k]. Returns out (bfloat16 [T, H], allocated when None);
@@ -283,7 +330,12 @@ class MoeLayer:
         g = 448 x 6 / amax (FlashInfer's convention), of GEMM1's and GEMM2's input.
 
         Biases (gpt-oss): w1_bias float32 [L, N1] (w1's rows) added before the activation,
-        w2_bias float32 [L, H] added to GEMM2's rows before the weighted sum."""
+        w2_bias float32 [L, H] added to GEMM2's rows before the weighted sum.
+
+        input_layout="expert_major_masked": x bfloat16 [L, max_m, H] and masked_counts
+        int32 [L] (each expert's valid rows, clamped to 0..max_m on the device), no routing
+        tensors and no accumulate; out is [L, max_m, H], its rows past a count untouched
+        (torch.empty_like(x) when None: those rows are then uninitialized)."""
         from . import _current_stream
         torch = sys.modules.get("torch")
         if out is None:
@@ -299,7 +351,7 @@ class MoeLayer:
                       intermediate_scale=intermediate_scale, w1_bias=w1_bias, w2_bias=w2_bias)
         t, ptrs, ws_bytes = self._pointers(x, w1, w2, router_logits, routing_bias, topk_ids,
                                            topk_weights, alpha, beta, limit, out, workspace,
-                                           scales)
+                                           scales, masked_counts)
         if stream is None:
             stream = _current_stream(self.runtime.device)
         elif not isinstance(stream, int):
@@ -311,6 +363,9 @@ class MoeLayer:
         """The same call through torch.ops.cubist.moe (torch.compile-friendly); the same
         keywords as the call (out, accumulate, routing, the scales), without workspace
         and stream (the layer's own workspace, torch's current stream)."""
+        if self._masked():
+            raise _bad("input_layout", "torch.ops.cubist.moe serves token_major input; call "
+                                       "the layer itself for expert_major_masked input")
         from . import ops  # noqa: F401 (registers the op)
         torch = sys.modules["torch"]
         out = kwargs.pop("out", None)

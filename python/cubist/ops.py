@@ -10,7 +10,8 @@ names the MoeGemm by its handle (an int: custom ops take no Python objects):
                               None, None, None, "", "", "swiglu")
     gemm.op(a, b, offsets, out, activation="swiglu")   # the same, spelled shortly
 
-Empty strings for the formats mean "from the dtypes", as in MoeGemm.run.
+Empty strings for the formats mean "from the dtypes", as in MoeGemm.run. The per-expert
+bias (float32 [E, N], MoeGemm.run's `bias`) comes last and defaults to None.
 """
 from typing import Optional
 
@@ -25,19 +26,19 @@ def moe_gemm(handle: int, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tenso
              b_scale: Optional[torch.Tensor], a_global_scale: Optional[torch.Tensor],
              b_global_scale: Optional[torch.Tensor], alpha: Optional[torch.Tensor],
              beta: Optional[torch.Tensor], limit: Optional[torch.Tensor], weights: str,
-             activations: str, activation: str) -> None:
+             activations: str, activation: str, bias: Optional[torch.Tensor] = None) -> None:
     gemm = _live_gemms.get(handle)
     if gemm is None:
         raise InvalidArgumentError(f"handle: no live cubist.MoeGemm has handle {handle}")
     gemm.run(a, b, offsets, out, activation=activation, weights=weights or None,
              activations=activations or None, a_scale=a_scale, b_scale=b_scale,
              a_global_scale=a_global_scale, b_global_scale=b_global_scale, alpha=alpha,
-             beta=beta, limit=limit)
+             beta=beta, limit=limit, bias=bias)
 
 
 @moe_gemm.register_fake
 def _(handle, a, b, offsets, out, a_scale, b_scale, a_global_scale, b_global_scale, alpha,
-      beta, limit, weights, activations, activation):
+      beta, limit, weights, activations, activation, bias=None):
     return None
 
 

@@ -127,10 +127,10 @@ MoeGemmArgs ArgsOf(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int
 }
 
 // The pointer tuple's order: a, b, a_scale, b_scale, a_global_scale, b_global_scale,
-// offsets, alpha, beta, limit, out (as bench/moe_shim.cc and MoeGemmArgs).
+// offsets, alpha, beta, limit, out, bias (as bench/moe_shim.cc and MoeGemmArgs).
 void SetPointers(MoeGemmArgs& a, uint64_t pa, uint64_t pb, uint64_t as, uint64_t bs,
                  uint64_t ag, uint64_t bg, uint64_t off, uint64_t alpha, uint64_t beta,
-                 uint64_t limit, uint64_t out) {
+                 uint64_t limit, uint64_t out, uint64_t bias) {
   a.a = pa;
   a.b = pb;
   a.a_scale = as;
@@ -142,6 +142,7 @@ void SetPointers(MoeGemmArgs& a, uint64_t pa, uint64_t pb, uint64_t as, uint64_t
   a.beta = beta;
   a.limit = limit;
   a.out = out;
+  a.bias = bias;
 }
 
 nb::dict DecisionDict(const MoeGemmDecision& d) {
@@ -405,14 +406,14 @@ bool CurrentStream(int64_t device, uintptr_t& s) {
   return true;
 }
 
-// A launch as the tests see it: (wf, af, act, E, T, N, K, [11 pointers], extra...), the
+// A launch as the tests see it: (wf, af, act, E, T, N, K, [12 pointers], extra...), the
 // pointers in MoeGemmArgs' order (a, b, a_scale, b_scale, a_global_scale, b_global_scale,
-// offsets, alpha, beta, limit, out).
+// offsets, alpha, beta, limit, out, bias).
 template <typename... Extra>
 nb::object LaunchTuple(const MoeGemmArgs& a, const Extra&... extra) {
   nb::list ptrs;
   for (uint64_t x : {a.a, a.b, a.a_scale, a.b_scale, a.a_global_scale, a.b_global_scale,
-                     a.offsets, a.alpha, a.beta, a.limit, a.out}) {
+                     a.offsets, a.alpha, a.beta, a.limit, a.out, a.bias}) {
     ptrs.append(x);
   }
   return nb::make_tuple(static_cast<int>(a.weight_format), static_cast<int>(a.activation_format),
@@ -420,20 +421,23 @@ nb::object LaunchTuple(const MoeGemmArgs& a, const Extra&... extra) {
                         extra...);
 }
 
-// The fast path of MoeGemm.run (python/cubist/__init__.py). v: run's 15 arguments in its
-// order (a, b, offsets, out, activation, weights, activations, a_scale, b_scale,
-// a_global_scale, b_global_scale, alpha, beta, limit, stream). Accepts plain CUDA torch
-// tensors, bf16 or fp8 (per tensor, no scale tensors), no optional argument but
-// `activation` and an integer or None `stream`, all on `device`, and fills the arguments
-// and stream `run` would launch with. It accepts only what the Python checks accept; for
-// anything else it returns false and the Python half takes over (errors included, so each
-// keeps its one wording there).
+// The fast path of MoeGemm.run (python/cubist/__init__.py). v: run's 16 arguments (a, b,
+// offsets, out, activation, weights, activations, a_scale, b_scale, a_global_scale,
+// b_global_scale, alpha, beta, limit, stream, bias). Accepts plain CUDA torch tensors,
+// bf16 or fp8 (per tensor, no scale tensors), no optional argument but `activation` and
+// an integer or None `stream`, all on `device`, and fills the arguments and stream `run`
+// would launch with. A call with a bias takes the Python path, which checks it (calls
+// without one pay nothing for it; a CUDA graph replays either path's launch at no host
+// cost). It accepts only what the Python checks accept; for anything else it returns
+// false and the Python half takes over (errors included, so each keeps its one wording
+// there).
 bool ReadFastArgs(int64_t device, PyObject* const* v, MoeGemmArgs& args, uintptr_t& s) {
   const TorchObjects& T = Torch();
   if (T.tensor == nullptr || device < 0) return false;
   for (int i = 5; i < 14; ++i) {
     if (v[i] != Py_None) return false;
   }
+  if (v[15] != Py_None) return false;  // bias
   PyObject* activation = v[4];
   PyObject* stream = v[14];
   if (stream != Py_None && !PyLong_CheckExact(stream)) return false;
@@ -477,7 +481,7 @@ bool ReadFastArgs(int64_t device, PyObject* const* v, MoeGemmArgs& args, uintptr
   }
   args = ArgsOf(static_cast<int>(FormatOf(tb)), static_cast<int>(FormatOf(ta)),
                 static_cast<int>(*act), e, t, n, k);
-  SetPointers(args, ta.ptr, tb.ptr, 0, 0, 0, 0, to.ptr, 0, 0, 0, tout.ptr);
+  SetPointers(args, ta.ptr, tb.ptr, 0, 0, 0, 0, to.ptr, 0, 0, 0, tout.ptr, 0);
   return true;
 }
 
@@ -499,9 +503,10 @@ class PyMoeGemm {
   // Run takes well under a microsecond once the problem was seen.
   void Run(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int64_t k, uint64_t pa,
            uint64_t pb, uint64_t as, uint64_t bs, uint64_t ag, uint64_t bg, uint64_t off,
-           uint64_t alpha, uint64_t beta, uint64_t limit, uint64_t out, uintptr_t stream) {
+           uint64_t alpha, uint64_t beta, uint64_t limit, uint64_t out, uint64_t bias,
+           uintptr_t stream) {
     MoeGemmArgs a = ArgsOf(wf, af, act, e, t, n, k);
-    SetPointers(a, pa, pb, as, bs, ag, bg, off, alpha, beta, limit, out);
+    SetPointers(a, pa, pb, as, bs, ag, bg, off, alpha, beta, limit, out, bias);
     Check(Launch(a, stream));
   }
 
@@ -516,7 +521,7 @@ class PyMoeGemm {
   }
 
   // What an op without a runtime was last asked to launch: (wf, af, act, E, T, N, K,
-  // [11 pointers], stream, launches so far), or None before the first launch.
+  // [12 pointers], stream, launches so far), or None before the first launch.
   nb::object LastLaunch() const {
     if (launches_ == 0) return nb::none();
     const MoeGemmArgs& a = last_;
@@ -532,9 +537,9 @@ class PyMoeGemm {
   double RunLoopUs(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int64_t k,
                    uint64_t pa, uint64_t pb, uint64_t as, uint64_t bs, uint64_t ag,
                    uint64_t bg, uint64_t off, uint64_t alpha, uint64_t beta, uint64_t limit,
-                   uint64_t out, uintptr_t stream, int iterations) {
+                   uint64_t out, uint64_t bias, uintptr_t stream, int iterations) {
     MoeGemmArgs a = ArgsOf(wf, af, act, e, t, n, k);
-    SetPointers(a, pa, pb, as, bs, ag, bg, off, alpha, beta, limit, out);
+    SetPointers(a, pa, pb, as, bs, ag, bg, off, alpha, beta, limit, out, bias);
     MoeGemm& op = Op();
     absl::Status s;
     std::chrono::steady_clock::duration elapsed{};
@@ -553,9 +558,9 @@ class PyMoeGemm {
   void CanImplement(int wf, int af, int act, int64_t e, int64_t t, int64_t n, int64_t k,
                     uint64_t pa, uint64_t pb, uint64_t as, uint64_t bs, uint64_t ag,
                     uint64_t bg, uint64_t off, uint64_t alpha, uint64_t beta, uint64_t limit,
-                    uint64_t out) {
+                    uint64_t out, uint64_t bias) {
     MoeGemmArgs a = ArgsOf(wf, af, act, e, t, n, k);
-    SetPointers(a, pa, pb, as, bs, ag, bg, off, alpha, beta, limit, out);
+    SetPointers(a, pa, pb, as, bs, ag, bg, off, alpha, beta, limit, out, bias);
     MoeGemm& op = Op();
     Check(WithoutGil([&] { return op.CanImplement(a); }));  // may fetch and load
   }
@@ -631,7 +636,8 @@ class PyMoeLayer {
              int64_t n_group, int64_t topk_group, double routed_scaling_factor,
              bool apply_weight_on_input, const std::string& logits,
              int64_t local_expert_offset, int64_t num_local_experts,
-             int64_t max_chunk_tokens, const std::string& finalize, bool pdl) {
+             int64_t max_chunk_tokens, const std::string& finalize, bool pdl,
+             const std::string& input_layout, int64_t max_m) {
     MoeLayerOptions& o = options_;
     o.weight_format = Check(ParseDataFormat(weights));
     o.activation_format = Check(ParseDataFormat(activations));
@@ -651,6 +657,8 @@ class PyMoeLayer {
     o.max_chunk_tokens = max_chunk_tokens;
     o.finalize = finalize;
     o.programmatic_dependent_launch = pdl;
+    o.input_layout = input_layout;
+    o.max_m = max_m;
     op_ = Check(MoeLayer::Create(rt.get(), o));
   }
 
@@ -684,8 +692,8 @@ class PyMoeLayer {
 
   // p: hidden_states, router_logits, routing_bias, topk_ids, topk_weights, w1, w2,
   // w1_scale, w2_scale, w1_global_scale, w2_global_scale, input_scale, intermediate_scale,
-  // w1_bias, w2_bias, alpha, beta, limit, out, workspace (MoeLayerArgs' order; 0 for an
-  // absent tensor).
+  // w1_bias, w2_bias, alpha, beta, limit, out, workspace, masked_counts (MoeLayerArgs'
+  // order, masked_counts last; 0 for an absent tensor).
   void Run(int64_t tokens, const std::vector<uint64_t>& p, size_t workspace_bytes,
            bool accumulate, uintptr_t stream, int64_t max_tokens) {
     MoeLayerArgs a = ArgsOf(tokens, p, workspace_bytes, accumulate);
@@ -699,7 +707,7 @@ class PyMoeLayer {
  private:
   static MoeLayerArgs ArgsOf(int64_t tokens, const std::vector<uint64_t>& p,
                              size_t workspace_bytes, bool accumulate) {
-    if (p.size() != 20) Raise(absl::InvalidArgumentError("moe layer: 20 pointers expected"));
+    if (p.size() != 21) Raise(absl::InvalidArgumentError("moe layer: 21 pointers expected"));
     MoeLayerArgs a;
     a.tokens = tokens;
     a.hidden_states = p[0];
@@ -722,6 +730,7 @@ class PyMoeLayer {
     a.limit = p[17];
     a.out = p[18];
     a.workspace = p[19];
+    a.masked_counts = p[20];
     a.workspace_bytes = workspace_bytes;
     a.accumulate = accumulate;
     return a;
@@ -747,10 +756,10 @@ void SetStatusError(const absl::Status& s) {
 // through ReadFastArgs and launches; any other call, and anything the fast path
 // declines, is handed as it came to the Python `run`, so the signature, the checks, the
 // errors and their wording stay the Python function's.
-constexpr int kRunKeywords = 11;  // run's keywords, in ReadFastArgs' order from v[4]
+constexpr int kRunKeywords = 12;  // run's keywords, in ReadFastArgs' order from v[4]
 constexpr const char* kRunKeywordNames[kRunKeywords] = {
     "activation", "weights", "activations", "a_scale", "b_scale", "a_global_scale",
-    "b_global_scale", "alpha", "beta", "limit", "stream"};
+    "b_global_scale", "alpha", "beta", "limit", "stream", "bias"};
 
 struct RunMethodState {
   PyObject* names[kRunKeywords] = {};  // interned
@@ -765,7 +774,7 @@ RunMethodState& RunState() {
   return *s;
 }
 
-// The slot (0..10) of one of run's keywords, or -1. Keyword names in calls are interned
+// The slot (0..11) of one of run's keywords, or -1. Keyword names in calls are interned
 // strings, so identity finds them; a name built at run time is compared by value.
 int KeywordSlot(const RunMethodState& R, PyObject* name) {
   for (int i = 0; i < kRunKeywords; ++i) {
@@ -926,12 +935,12 @@ NB_MODULE(_cubist, m) {
     if (d == nullptr) throw nb::python_error();
     return nb::steal(d);
   });
-  // ReadFastArgs alone, for the CPU tests: (wf, af, act, E, T, N, K, [11 pointers],
+  // ReadFastArgs alone, for the CPU tests: (wf, af, act, E, T, N, K, [12 pointers],
   // stream) as `run` would launch, or None where the fast path declines.
   m.def("_fast_args", [](int64_t device, nb::args v) -> nb::object {
-    if (v.size() != 15) throw nb::type_error("run's 15 arguments");
-    PyObject* p[15];
-    for (size_t i = 0; i < 15; ++i) p[i] = v[i].ptr();
+    if (v.size() != 16) throw nb::type_error("run's 16 arguments");
+    PyObject* p[16];
+    for (size_t i = 0; i < 16; ++i) p[i] = v[i].ptr();
     MoeGemmArgs a;
     uintptr_t stream = 0;
     if (!ReadFastArgs(device, p, a, stream)) return nb::none();
@@ -993,12 +1002,12 @@ NB_MODULE(_cubist, m) {
              nb::handle activation, nb::handle weights, nb::handle activations,
              nb::handle a_scale, nb::handle b_scale, nb::handle a_global_scale,
              nb::handle b_global_scale, nb::handle alpha, nb::handle beta, nb::handle limit,
-             nb::handle stream) {
+             nb::handle stream, nb::handle bias) {
             PyObject* const v[] = {a.ptr(), b.ptr(), offsets.ptr(), out.ptr(),
                                    activation.ptr(), weights.ptr(), activations.ptr(),
                                    a_scale.ptr(), b_scale.ptr(), a_global_scale.ptr(),
                                    b_global_scale.ptr(), alpha.ptr(), beta.ptr(),
-                                   limit.ptr(), stream.ptr()};
+                                   limit.ptr(), stream.ptr(), bias.ptr()};
             return g.FastRun(v);
           },
           // Every argument may be None (nanobind refuses None for nb::handle otherwise).
@@ -1007,7 +1016,8 @@ NB_MODULE(_cubist, m) {
           nb::arg("activations").none(), nb::arg("a_scale").none(),
           nb::arg("b_scale").none(), nb::arg("a_global_scale").none(),
           nb::arg("b_global_scale").none(), nb::arg("alpha").none(), nb::arg("beta").none(),
-          nb::arg("limit").none(), nb::arg("stream").none())
+          nb::arg("limit").none(), nb::arg("stream").none(),
+          nb::arg("bias").none() = nb::none())
       .def("set_device", &PyMoeGemm::SetDevice)
       .def("_run_loop_us", &PyMoeGemm::RunLoopUs)
       .def("can_implement", &PyMoeGemm::CanImplement)
@@ -1018,7 +1028,7 @@ NB_MODULE(_cubist, m) {
       .def(nb::init<PyRuntime&, const std::string&, const std::string&, const std::string&,
                     int64_t, int64_t, int64_t, int64_t, const std::string&, int64_t, int64_t,
                     double, bool, const std::string&, int64_t, int64_t, int64_t,
-                    const std::string&, bool>(),
+                    const std::string&, bool, const std::string&, int64_t>(),
            nb::keep_alive<1, 2>())
       .def("workspace_size", &PyMoeLayer::WorkspaceSize)
       .def("workspace_layout", &PyMoeLayer::WorkspaceLayout)

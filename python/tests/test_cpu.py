@@ -98,6 +98,7 @@ def test_good_bf16_arguments_give_sizes_and_pointers():
     assert ptrs[0] == a["a"].__cuda_array_interface__["data"][0]
     assert ptrs[10] == a["out"].__cuda_array_interface__["data"][0]
     assert ptrs[2:6] == [0, 0, 0, 0]
+    assert len(ptrs) == 12 and ptrs[11] == 0  # no bias
 
 
 @pytest.mark.parametrize("over, error", [
@@ -118,6 +119,16 @@ def test_good_bf16_arguments_give_sizes_and_pointers():
 def test_argument_errors_name_the_argument(over, error):
     with pytest.raises(cubist.InvalidArgumentError, match=error):
         gemm_without_gpu()._args(**args(**over))
+
+
+def test_bias_is_the_twelfth_pointer():
+    bias = Cai((4, 256), F32)
+    ptrs = gemm_without_gpu()._args(**args(bias=bias))[7]
+    assert ptrs[11] == bias.__cuda_array_interface__["data"][0]
+    # Not gated: one per row of b all the same, [E, N].
+    ptrs = gemm_without_gpu()._args(**args(activation="identity", out=Cai((16, 256), BF16),
+                                           bias=bias))[7]
+    assert ptrs[11] == bias.__cuda_array_interface__["data"][0]
 
 
 def test_formats_come_from_dtypes_and_scales():
@@ -269,6 +280,55 @@ def exchange_capsule():
     return _capsule_new(ctypes.addressof(_EXCHANGE_API), _CAPSULE_NAME, None)
 
 
+# The bias's checks, with __dlpack__ objects for the devices (an array-interface object
+# does not say its device).
+_DLTENSOR_NAME = b"dltensor"
+
+
+class Dlpack:
+    """A `__dlpack__` object (the legacy capsule) on a DLPack device (type, ordinal), of
+    DLPack dtype (code, bits); its data pointer is never dereferenced."""
+
+    def __init__(self, shape, dtype=(2, 32), device=(2, 0)):
+        self._shape = (ctypes.c_int64 * len(shape))(*shape)
+        self._device = device
+        self._t = DLTensorC(data=0x1000, device_type=device[0], device_id=device[1],
+                            ndim=len(shape), code=dtype[0], bits=dtype[1], lanes=1,
+                            shape=ctypes.cast(self._shape, ctypes.POINTER(ctypes.c_int64)),
+                            strides=None, byte_offset=0)
+
+    def __dlpack_device__(self):
+        return self._device
+
+    def __dlpack__(self, stream=None):
+        return _capsule_new(ctypes.addressof(self._t), _DLTENSOR_NAME, None)
+
+
+@pytest.mark.parametrize("bias, error", [
+    (Cai((4, 256), "<f2"), r"^bias: expected float32 \[E=4, N=256\] \(one per expert and "
+                           r"row of b, both halves\), got float16 \[4, 256\]$"),
+    (Cai((4, 128), F32), r"^bias: expected float32 \[E=4, N=256\] .*, got float32 \[4, 128\]$"),
+    (Cai((3, 256), F32), r"^bias: expected float32 \[E=4, N=256\] .*, got float32 \[3, 256\]$"),
+    (Cai((4 * 256,), F32), r"^bias: expected float32 \[E=4, N=256\] .*, got float32 \[1024\]$"),
+    (Cai((4, 256), F32, strides=(4, 16)), r"^bias: must be contiguous \(row-major, dense\)"),
+    (Dlpack((4, 256)), None),  # on the runtime's device: accepted
+    (Dlpack((4, 256), device=(2, 1)), r"^bias: is on cuda:1; this runtime runs on cuda:0$"),
+    (Dlpack((4, 256), device=(1, 0)),
+     r"^bias: is on DLPack device type 1; cubist runs on CUDA tensors \(kDLCUDA = 2\)$"),
+    (Dlpack((4, 256), dtype=(4, 16)), r"^bias: expected float32 \[E=4, N=256\] .*, got bfloat16"),
+    ([[0.0] * 256] * 4, r"^bias: expected a CUDA tensor \(torch, __cuda_array_interface__ or "
+                        r"__dlpack__\), got list$"),
+])
+def test_bias_errors_say_what_is_expected(bias, error):
+    if error is None:
+        assert gemm_without_gpu()._args(**args(bias=bias))[7][11] == 0x1000
+        return
+    with pytest.raises(cubist.InvalidArgumentError, match=error):
+        gemm_without_gpu()._args(**args(bias=bias))
+
+
+
+
 class _NoTorchTensor:
     """While stand-ins are registered, the Python checks must not register torch (if the
     test run imported it) over them: they see this as torch's tensor type."""
@@ -313,7 +373,7 @@ def fast_args(device=0, **over):
              offsets=FakeTensor((e + 1,), FI32), out=FakeTensor((t, n // 2), FBF16),
              activation="swiglu", weights=None, activations=None, a_scale=None, b_scale=None,
              a_global_scale=None, b_global_scale=None, alpha=None, beta=None, limit=None,
-             stream=None)
+             stream=None, bias=None)
     a.update(over)
     return a, cubist._cubist._fast_args(device, *a.values())
 
@@ -328,6 +388,7 @@ def test_fast_path_gives_what_the_python_checks_give(any_reader, over):
     assert got is not None
     cai = {k: v.cai() if isinstance(v, FakeTensor) else v for k, v in a.items()}
     del cai["stream"]
+    assert got[7][11] == 0  # no bias
     if a["a"].dtype is FFP8:  # as bytes over the array interface: say what they hold
         cai.update(weights="fp8", activations="fp8")
     want = gemm_without_gpu()._args(**cai)
@@ -349,7 +410,7 @@ def test_fast_path_gives_what_the_python_checks_give(any_reader, over):
     dict(a=type("Sub", (FakeTensor,), {})((16, 128), FBF16)),
     dict(activation="gelu"), dict(activation="silu"), dict(weights="bf16"),
     dict(alpha=FakeTensor((4,), FF32)), dict(b_scale=FakeTensor((4, 2, 1), FF32)),
-    dict(stream=object()), dict(stream=-1),
+    dict(stream=object()), dict(stream=-1), dict(bias=FakeTensor((4, 256), FF32)),
 ])
 def test_fast_path_declines_everything_else(any_reader, over):
     assert fast_args(**over)[1] is None
@@ -477,6 +538,25 @@ def test_run_launches_from_c_without_the_python_path(any_reader):
     assert g._native._last_launch()[8] == (0x7000 if any_reader == "exchange" else 0x5000)
 
 
+def test_run_with_a_bias_takes_the_python_path_and_launches_it(any_reader):
+    a, b, offsets, out = tensors()
+    g = fast_only(recording_gemm())
+    g.run(a, b, offsets, out, activation="swiglu", bias=None, stream=7)  # fast: no bias
+    assert launch_without_count(g)[7][11] == 0
+    bias = FakeTensor((4, 256), FF32)
+    with pytest.raises(PythonPathTaken):
+        g.run(a, b, offsets, out, activation="swiglu", bias=bias, stream=7)
+    g = recording_gemm()
+    g.run(a, b, offsets, out, activation="swiglu", bias=bias, stream=7)
+    got = launch_without_count(g)
+    assert got[7][11] == bias.data_ptr() != 0
+    want = python_path_launch(a, b, offsets, out, activation="swiglu", stream=7)
+    assert got[:7] == want[:7] and got[7][:11] == want[7][:11] and got[8] == want[8] == 7
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"^bias: expected float32 \[E=4, N=256\] .*got float32 \[4, 128\]$"):
+        g.run(a, b, offsets, out, activation="swiglu", bias=FakeTensor((4, 128), FF32))
+
+
 def test_run_hands_other_calls_to_the_python_run(fake_torch):
     a, b, offsets, out = tensors()
     want = python_path_launch(a, b, offsets, out, activation="swiglu", stream=7)
@@ -533,7 +613,7 @@ def test_run_keeps_the_python_signature_and_docstring():
     # The same parameters after self (which the C method's signature marks positional-only).
     params = [list(inspect.signature(f).parameters.values())[1:]
               for f in (run, cubist.MoeGemm._python_run)]
-    assert params[0] == params[1] and len(params[0]) == 15
+    assert params[0] == params[1] and len(params[0]) == 16
     assert str(inspect.signature(recording_gemm().run)).startswith("(a, b, offsets, out, *, ")
     assert inspect.getdoc(run) == inspect.getdoc(cubist.MoeGemm._python_run)
     assert "torch's current" in run.__doc__
@@ -746,6 +826,7 @@ def layer_without_gpu(weights="bf16", activations="bf16", activation="swiglu"):
     layer.weights, layer.activations = weights, activations
     layer.num_local_experts = 4
     layer._gated = activation in ("swiglu", "geglu", "situ")
+    layer.input_layout, layer.max_m = "token_major", 0
     layer._native = RecordingNativeLayer()
     return layer
 
@@ -782,7 +863,7 @@ PAIRS = [("bf16", "bf16"), ("fp8", "fp8"), ("fp8-block", "fp8-block"), ("mxfp4",
 ORDER = ("x", "router_logits", "routing_bias", "topk_ids", "topk_weights", "w1", "w2",
          "w1_scale", "w2_scale", "w1_global_scale", "w2_global_scale", "input_scale",
          "intermediate_scale", "w1_bias", "w2_bias", "alpha", "beta", "limit", "out",
-         "workspace")
+         "workspace", "masked_counts")
 
 
 def ptr(c):
@@ -798,7 +879,7 @@ def test_layer_hands_every_pairs_tensors_to_the_native_op_in_order(weights, acti
     t, ptrs, ws_bytes, accumulate, stream, max_tokens = layer._native.runs[-1]
     assert (t, ws_bytes, accumulate, stream, max_tokens) == (T, 1 << 20, False, 0, -1)
     given = dict(kw, x=x, w1=w1, w2=w2)
-    assert len(ptrs) == 20
+    assert len(ptrs) == 21
     assert ptrs == [ptr(given[n]) if n in given else 0 for n in ORDER]
     # prepare: the same tensors; placeholders only for what it may make itself.
     kw.pop("stream")
@@ -886,3 +967,71 @@ def test_layer_refuses_a_bias_of_the_wrong_shape():
     with pytest.raises(cubist.InvalidArgumentError,
                        match=r"w2_bias: expected float32 \[%d, %d\] \(\[L, H\]\), got float32" % (E, H)):
         layer(x, w1, w2, **kw)
+
+
+# The expert-major masked layout (input_layout="expert_major_masked"): x and out
+# [L, max_m, H], per-expert counts, no routing tensors.
+MAX_M = 8
+
+
+def masked_layer_without_gpu(weights="bf16", activations="bf16"):
+    layer = layer_without_gpu(weights, activations)
+    layer.input_layout, layer.max_m, layer.top_k = "expert_major_masked", MAX_M, 0
+    return layer
+
+
+def masked_args():
+    (_, w1, w2), kw = layer_args("bf16", "bf16")
+    del kw["router_logits"]
+    kw.update(out=Cai((E, MAX_M, H), BF16), masked_counts=Cai((E,), I32))
+    return (Cai((E, MAX_M, H), BF16), w1, w2), kw
+
+
+def test_masked_layer_hands_x_counts_and_out_to_the_native_op():
+    layer = masked_layer_without_gpu()
+    (x, w1, w2), kw = masked_args()
+    assert layer(x, w1, w2, **kw) is kw["out"]
+    t, ptrs, ws_bytes, accumulate, stream, max_tokens = layer._native.runs[-1]
+    assert (t, ws_bytes, accumulate, stream, max_tokens) == (E * MAX_M, 1 << 20, False, 0, -1)
+    given = dict(kw, x=x, w1=w1, w2=w2)
+    assert ptrs == [ptr(given[n]) if n in given else 0 for n in ORDER]
+    assert ptrs[ORDER.index("router_logits")] == 0
+    kw.pop("stream")
+    layer.prepare(0, w1, w2, x=x, **kw)
+    assert layer._native.runs[-1][1] == ptrs
+
+
+@pytest.mark.parametrize("change, error", [
+    (dict(router_logits=Cai((E * MAX_M, E), F32)),
+     r"^router_logits: is given, but expert_major_masked input is routed already; "
+     r"pass masked_counts$"),
+    (dict(topk_ids=Cai((E * MAX_M, 2), I32)), r"^topk_ids: is given, but expert_major"),
+    (dict(masked_counts=None),
+     r"^masked_counts: expert_major_masked input needs int32 \[L\] per-expert row counts"),
+    (dict(masked_counts=Cai((E + 1,), I32)), r"^masked_counts: expected int32 \[4\], got"),
+    (dict(masked_counts=Cai((E,), F32)), r"^masked_counts: expected int32 \[4\], got"),
+    (dict(out=Cai((E * MAX_M, H), BF16)), r"^out: expected bfloat16 \[4, 8, 256\], got"),
+    (dict(x=Cai((E * MAX_M, H), BF16)),
+     r"^x: expected bfloat16 \[L, max_m, H\] = \[4, 8, 256\], got bfloat16 \[32, 256\]$"),
+])
+def test_masked_layer_refuses_routing_tensors_and_wrong_shapes(change, error):
+    layer = masked_layer_without_gpu()
+    (x, w1, w2), kw = masked_args()
+    x = change.pop("x", x)
+    kw.update(change)
+    with pytest.raises(cubist.InvalidArgumentError, match=error):
+        layer(x, w1, w2, **kw)
+    assert not layer._native.runs
+
+
+def test_token_major_layer_refuses_counts_and_the_torch_op_refuses_masked_input():
+    layer = layer_without_gpu()
+    (x, w1, w2), kw = layer_args("bf16", "bf16")
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"^masked_counts: is for input_layout='expert_major_masked' only$"):
+        layer(x, w1, w2, masked_counts=Cai((E,), I32), **kw)
+    masked = masked_layer_without_gpu()
+    (x, w1, w2), kw = masked_args()
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"^input_layout: torch.ops.cubist.moe serves token_major input"):
+        masked.op(x, w1, w2, masked_counts=kw["masked_counts"])

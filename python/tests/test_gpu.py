@@ -46,12 +46,14 @@ def problem(e, counts, n, k, seed=0):
     return a, b, offsets
 
 
-def reference(a, b, offsets, act, a_scale=1.0, b_scale=None):
+def reference(a, b, offsets, act, a_scale=1.0, b_scale=None, bias=None):
     outs, bounds = [], offsets.tolist()
     for e in range(b.shape[0]):
         c = a[bounds[e]:bounds[e + 1]].float() @ b[e].float().t() * a_scale
         if b_scale is not None:
             c = c * b_scale[e]
+        if bias is not None:  # after the global scales, before the activation
+            c = c + bias[e].float()
         if act == "swiglu":
             half = c.shape[1] // 2
             c = F.silu(c[:, half:]) * c[:, :half]
@@ -88,6 +90,49 @@ def test_fp8_per_tensor_matches_torch(gemm):
     want = reference(a8.float().to(torch.bfloat16), b8.float().to(torch.bfloat16), offsets,
                      "identity", 0.5, [0.125] * e)
     assert rel(out, want) < 2e-2
+
+
+def test_bias_is_added_before_the_activation_bf16_and_fp8(gemm):
+    # gpt-oss's per-expert bias [E, N] (both halves when gated), through run, check and
+    # the custom op; version-3 kernels serve it.
+    e, counts, n, k = 8, [16, 0, 33, 1, 64, 7, 0, 5], 512, 256
+    a, b, offsets = problem(e, counts, n, k, seed=5)
+    bias = torch.randn(e, n, generator=torch.Generator(device="cuda").manual_seed(6),
+                       device="cuda")
+    out = torch.empty(a.shape[0], n // 2, dtype=torch.bfloat16, device="cuda")
+    gemm.check(a, b, offsets, out, activation="swiglu", bias=bias)
+    gemm.run(a, b, offsets, out, activation="swiglu", bias=bias)
+    want = reference(a, b, offsets, "swiglu", bias=bias)
+    assert rel(out, want) < 1e-2
+    assert rel(reference(a, b, offsets, "swiglu"), want) > 0.1  # the bias matters
+    op_out = torch.zeros_like(out)
+    gemm.op(a, b, offsets, op_out, activation="swiglu", bias=bias)
+    torch.cuda.synchronize()
+    assert torch.equal(op_out, out)
+
+    # fp8 per tensor: the bias is added after a's and b's global scales.
+    a8, b8 = a.to(torch.float8_e4m3fn), (b * 8).to(torch.float8_e4m3fn)
+    a_gs = torch.tensor([0.5], device="cuda")
+    b_gs = torch.full((e,), 0.125, device="cuda")
+    out = torch.empty(a.shape[0], n, dtype=torch.bfloat16, device="cuda")
+    gemm.run(a8, b8, offsets, out, a_global_scale=a_gs, b_global_scale=b_gs, bias=bias)
+    want = reference(a8.float().to(torch.bfloat16), b8.float().to(torch.bfloat16), offsets,
+                     "identity", 0.5, [0.125] * e, bias=bias)
+    assert rel(out, want) < 2e-2
+
+
+def test_bias_errors_name_it(gemm):
+    a, b, offsets = problem(8, [16] * 8, 512, 256)
+    out = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
+    bias = torch.zeros(8, 512, device="cuda")
+    for bad, error in ((bias.cpu(), r"^bias: is on cpu; cubist runs on CUDA tensors$"),
+                       (bias.half(), r"^bias: expected float32 \[E=8, N=512\] .*got float16 \[8, 512\]$"),
+                       (bias[:, :256], r"^bias: must be contiguous"),
+                       (bias[:, :256].contiguous(), r"^bias: expected float32 \[E=8, N=512\] .*got float32 \[8, 256\]$")):
+        with pytest.raises(cubist.InvalidArgumentError, match=error):
+            gemm.run(a, b, offsets, out, activation="swiglu", bias=bad)
+        with pytest.raises(cubist.InvalidArgumentError, match=error):
+            gemm.check(a, b, offsets, out, activation="swiglu", bias=bad)
 
 
 def test_run_uses_the_current_stream(gemm):

@@ -51,6 +51,25 @@ TEST_F(RunCliTest, LayerOptionsAreCheckedBeforeTheRuntimeOpens) {
   EXPECT_THAT(out, HasSubstr("--activation: unknown activation 'tanh'"));
 }
 
+TEST_F(RunCliTest, MaskedLayoutFlagsAreCheckedBeforeTheRuntimeOpens) {
+  std::string out;
+  const std::string masked = std::string(kLayer) + "--input-layout expert_major_masked ";
+  EXPECT_EQ(Run(masked + "--max-m 0", &out), 2);
+  EXPECT_THAT(out, HasSubstr("cubist: error: moe layer: max_m: 0 is outside 1.."));
+  EXPECT_EQ(Run(masked + "--max-m 16 --top-k 2", &out), 2);
+  EXPECT_THAT(out, HasSubstr("moe layer: top_k: is a routing option; expert_major_masked "
+                             "input is routed already"));
+  EXPECT_EQ(Run(masked + "--max-m 16 --tokens 4", &out), 2);
+  EXPECT_THAT(out, HasSubstr("--tokens: expert_major_masked input has E x max_m rows; give "
+                             "--max-m instead"));
+  EXPECT_EQ(Run(std::string(kLayer) + "--input-layout expert_major --max-m 16", &out), 2);
+  EXPECT_THAT(out, HasSubstr("input_layout: 'expert_major' is not token_major or "
+                             "expert_major_masked"));
+  // Valid flags get past the checks to the runtime, whose manifest is absent here.
+  EXPECT_EQ(Run(masked + "--max-m 16", &out), 5);
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("moe layer:")));
+}
+
 TEST_F(RunCliTest, UnservedPairIsUnimplementedNotAUsageError) {
   std::string out;
   const int rc = Run(

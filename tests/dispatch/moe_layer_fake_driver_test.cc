@@ -5,6 +5,7 @@
 // the H200 (tests/dispatch/moe_layer_gpu_test.cc); this checks how the steps are wired: which kernels run
 // in which order, and that each reads what the previous one wrote.
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -37,6 +38,8 @@ using ::testing::HasSubstr;
 // The parameter struct of each kernel the layer launches, by its published name.
 size_t LayerParamBytes(std::string_view name) {
   if (name == "cubist_moe_route") return sizeof(moe::MoeRouteParams);
+  if (name == "cubist_moe_route_sort") return sizeof(moe::MoeRouteSortParams);
+  if (name.ends_with("_masked")) return sizeof(moe::MoeMaskedParams);
   if (name.starts_with("cubist_moe_sort_")) return sizeof(moe::MoeSortParams);
   if (name == "cubist_moe_gather_bf16") return sizeof(moe::MoeGatherParams);
   if (name == "cubist_moe_finalize") return sizeof(moe::MoeFinalizeParams);
@@ -69,6 +72,7 @@ std::vector<TestKernel> LayerKernels() {
   std::vector<TestKernel> v;
   const std::pair<const char*, const char*> glue[] = {
       {"cubist_moe_route", "moe_route"},
+      {"cubist_moe_route_sort", "moe_route"},
       {"cubist_moe_sort_fused", "moe_sort"},
       {"cubist_moe_sort_count", "moe_sort"},
       {"cubist_moe_sort_scan", "moe_sort"},
@@ -79,6 +83,8 @@ std::vector<TestKernel> LayerKernels() {
       {"cubist_moe_quantize_fp8_block", "moe_quantize"},
       {"cubist_moe_quantize_mxfp8", "moe_quantize"},
       {"cubist_moe_quantize_nvfp4", "moe_quantize"},
+      {"cubist_moe_sort_masked", "moe_sort"},
+      {"cubist_moe_finalize_masked", "moe_finalize"},
   };
   for (const auto& [function, op] : glue) {
     TestKernel k;
@@ -115,7 +121,13 @@ constexpr CUdeviceptr kHidden = 0x1000000, kLogits = 0x2000000, kW1 = 0x3000000,
                       kW2 = 0x4000000, kW1Scale = 0x5000000, kW2Scale = 0x5800000,
                       kW1Global = 0x6000000, kW2Global = 0x6100000, kInputScale = 0x6200000,
                       kIntermediateScale = 0x6300000, kOut = 0x7000000,
-                      kWorkspace = 0x10000000, kIds = 0x8000000, kWeights = 0x9000000;
+                      kWorkspace = 0x10000000, kIds = 0x8000000, kWeights = 0x9000000,
+                      kCounts = 0xA000000;
+
+template <typename T>
+CUdeviceptr Addr(T* p) {
+  return reinterpret_cast<CUdeviceptr>(p);
+}
 
 class MoeLayerFakeDriverTest : public ::testing::Test {
  protected:
@@ -123,11 +135,21 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
 #ifndef CUBIST_DISPATCH_STUB_CUBIN
     GTEST_SKIP() << "no nvcc at build time: the stub cubin was not built";
 #else
+    auto rt = OpenRuntime("repo", LayerKernels());
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    runtime_ = std::move(*rt);
+#endif
+  }
+
+#ifdef CUBIST_DISPATCH_STUB_CUBIN
+  // A runtime on a manifest of `kernels` in the stub cubin, under dir_/<repo>.
+  absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const std::string& repo,
+                                                       const std::vector<TestKernel>& kernels) {
     const std::string cubin = ReadFileOrDie(CUBIST_DISPATCH_STUB_CUBIN);
-    WriteFileOrDie(dir_.Join(std::string("repo/") + kStubPath), cubin);
+    WriteFileOrDie(dir_.Join(repo + "/" + kStubPath), cubin);
     std::vector<std::string> ks;
-    for (const TestKernel& k : LayerKernels()) ks.push_back(KernelJson(k));
-    const std::string manifest = dir_.Join("repo/manifest.json");
+    for (const TestKernel& k : kernels) ks.push_back(KernelJson(k));
+    const std::string manifest = dir_.Join(repo + "/manifest.json");
     WriteFileOrDie(manifest,
                    absl::StrCat(R"({"schema": "cubist.manifest/1", "name": "stub", "version": 1,
   "artifacts": [{"path": ")",
@@ -138,13 +160,11 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
     RuntimeOptions options;
     options.manifest = manifest;
     options.cache_dir = dir_.Join("cache");
-    options.tuning_file = dir_.Join("tuning.json");
+    options.tuning_file = dir_.Join(repo + "-tuning.json");
     options.driver = &driver_;
-    auto rt = Runtime::Open(options);
-    ASSERT_TRUE(rt.ok()) << rt.status();
-    runtime_ = std::move(*rt);
-#endif
+    return Runtime::Open(options);
   }
+#endif
 
   // Qwen3-30B-A3B's shape, scaled down.
   static MoeLayerOptions Options(const Pair& p) {
@@ -183,6 +203,53 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
     return a;
   }
 
+  // The route's and the sort's parameters of a pass of `tokens` tokens (Options: E = 16,
+  // k = 4) whose workspace starts at ws, laid out as w.
+  static void ExpectRouteWiring(const moe::MoeRouteParams& route, int tokens, CUdeviceptr ws,
+                                const MoeLayerWorkspace& w) {
+    EXPECT_EQ(route.num_tokens, tokens);
+    EXPECT_EQ(route.num_experts, 16);
+    EXPECT_EQ(route.top_k, 4);
+    EXPECT_EQ(Addr(route.logits), kLogits);
+    EXPECT_EQ(Addr(route.topk_ids), ws + w.topk_ids);
+    EXPECT_EQ(Addr(route.topk_weights), ws + w.topk_weights);
+  }
+  static void ExpectSortWiring(const moe::MoeSortParams& sort, int slots, CUdeviceptr ws,
+                               const MoeLayerWorkspace& w) {
+    EXPECT_EQ(sort.num_slots, slots);
+    EXPECT_EQ(sort.num_local_experts, 16);
+    EXPECT_EQ(Addr(sort.topk_ids), ws + w.topk_ids);
+    EXPECT_EQ(Addr(sort.offsets), ws + w.offsets);
+    EXPECT_EQ(Addr(sort.permuted_to_expanded), ws + w.permuted_to_expanded);
+    EXPECT_EQ(Addr(sort.expanded_to_permuted), ws + w.expanded_to_permuted);
+    EXPECT_EQ(Addr(sort.dropped), ws + w.dropped);
+  }
+
+  // The expert-major masked layout: L = 16 experts of max_m = 8 rows each, no routing.
+  static MoeLayerOptions MaskedOptions(const Pair& p) {
+    MoeLayerOptions o = Options(p);
+    o.top_k = 0;
+    o.input_layout = "expert_major_masked";
+    o.max_m = 8;
+    return o;
+  }
+
+  static MoeLayerArgs MaskedArgs(const MoeLayerOptions& o, size_t workspace_bytes) {
+    MoeLayerArgs a = Args(o, 16 * 8, workspace_bytes);
+    a.router_logits = 0;
+    a.masked_counts = kCounts;
+    return a;
+  }
+
+  // The pair's quantize kernel and its GEMM1 and GEMM2 stubs, by name.
+  static std::tuple<std::string, std::string, std::string> StepNames(const Pair& pair) {
+    return {absl::StrCat("cubist_moe_quantize_", pair.a == DataFormat::kFp8Block
+                                                     ? "fp8_block"
+                                                     : Sv(DataFormatName(pair.a))),
+            absl::StrCat("layer_", pair.stub, "_swiglu"),
+            absl::StrCat("layer_", pair.stub, "_identity")};
+  }
+
   static std::vector<std::string> Names(const std::vector<LaunchRecordingDriver::Launch>& v) {
     std::vector<std::string> out;
     for (const auto& l : v) out.push_back(l.name);
@@ -193,11 +260,6 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
   LaunchRecordingDriver driver_{LayerParamBytes};
   std::unique_ptr<Runtime> runtime_;
 };
-
-template <typename T>
-CUdeviceptr Addr(T* p) {
-  return reinterpret_cast<CUdeviceptr>(p);
-}
 
 TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
   for (const Pair& pair : kPairs) {
@@ -219,43 +281,28 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
     ASSERT_TRUE(pass.ok());
     const CUdeviceptr ws = kWorkspace;
     const bool quantized = pair.a != DataFormat::kBf16;
-    const std::string quantize =
-        absl::StrCat("cubist_moe_quantize_",
-                     pair.a == DataFormat::kFp8Block ? "fp8_block" : Sv(DataFormatName(pair.a)));
-    const std::string gemm1 = absl::StrCat("layer_", pair.stub, "_swiglu");
-    const std::string gemm2 = absl::StrCat("layer_", pair.stub, "_identity");
+    const auto [quantize, gemm1, gemm2] = StepNames(pair);
     const auto launches = driver_.launches();
+    // Five tokens: decode's route and sort in one launch.
     if (quantized) {
-      ASSERT_THAT(Names(launches),
-                  ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", quantize, gemm1,
-                              quantize, gemm2, "cubist_moe_finalize"));
+      ASSERT_THAT(Names(launches), ElementsAre("cubist_moe_route_sort", quantize, gemm1,
+                                               quantize, gemm2, "cubist_moe_finalize"));
     } else {
       ASSERT_THAT(Names(launches),
-                  ElementsAre("cubist_moe_route", "cubist_moe_sort_fused",
-                              "cubist_moe_gather_bf16", gemm1, gemm2, "cubist_moe_finalize"));
+                  ElementsAre("cubist_moe_route_sort", "cubist_moe_gather_bf16", gemm1, gemm2,
+                              "cubist_moe_finalize"));
     }
-    const auto route = launches[0].As<moe::MoeRouteParams>();
-    EXPECT_EQ(route.num_tokens, 5);
-    EXPECT_EQ(route.num_experts, 16);
-    EXPECT_EQ(route.top_k, 4);
-    EXPECT_EQ(Addr(route.logits), kLogits);
-    EXPECT_EQ(Addr(route.topk_ids), ws + pass->topk_ids);
-    EXPECT_EQ(Addr(route.topk_weights), ws + pass->topk_weights);
-    EXPECT_EQ(launches[0].config.gridDimX, 2u) << "a warp per token, 4 per CTA";
-
-    const auto sort = launches[1].As<moe::MoeSortParams>();
-    EXPECT_EQ(sort.num_slots, 20);
-    EXPECT_EQ(sort.num_local_experts, 16);
-    EXPECT_EQ(Addr(sort.topk_ids), ws + pass->topk_ids);
-    EXPECT_EQ(Addr(sort.offsets), ws + pass->offsets);
-    EXPECT_EQ(Addr(sort.permuted_to_expanded), ws + pass->permuted_to_expanded);
-    EXPECT_EQ(Addr(sort.expanded_to_permuted), ws + pass->expanded_to_permuted);
-    EXPECT_EQ(Addr(sort.dropped), ws + pass->dropped);
+    const auto both = launches[0].As<moe::MoeRouteSortParams>();
+    ExpectRouteWiring(both.route, 5, ws, *pass);
+    ExpectSortWiring(both.sort, 20, ws, *pass);
+    EXPECT_EQ(launches[0].config.gridDimX, 1u);
+    EXPECT_EQ(launches[0].config.blockDimX, static_cast<unsigned>(moe::kMoeSortThreads));
+    EXPECT_EQ(launches[0].config.sharedMemBytes, 5u * 16 * 4) << "a token's scores per warp";
 
     // GEMM1's input: gathered (and quantized on the way) from hidden_states.
     CUdeviceptr gathered_out = 0, gathered_scale = 0;
     if (quantized) {
-      const auto q = launches[2].As<moe::MoeQuantizeParams>();
+      const auto q = launches[1].As<moe::MoeQuantizeParams>();
       EXPECT_EQ(q.cols, 256);
       EXPECT_EQ(q.top_k, 4);
       EXPECT_EQ(Addr(q.input), kHidden);
@@ -268,7 +315,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
       gathered_out = Addr(q.out);
       gathered_scale = Addr(q.out_scale);
     } else {
-      const auto g = launches[2].As<moe::MoeGatherParams>();
+      const auto g = launches[1].As<moe::MoeGatherParams>();
       EXPECT_EQ(g.hidden, 256);
       EXPECT_EQ(Addr(g.input), kHidden);
       EXPECT_EQ(Addr(g.offsets), ws + pass->offsets);
@@ -276,7 +323,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
     }
     EXPECT_EQ(gathered_out, ws + pass->gathered);
 
-    const auto g1 = launches[3].gemm();
+    const auto g1 = launches[2].gemm();
     EXPECT_EQ(g1.num_experts, 16);
     EXPECT_EQ(g1.num_tokens, 64) << "the row bucket, not T x k";
     EXPECT_EQ(g1.n, 256) << "2I rows: gated";
@@ -299,10 +346,10 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
     EXPECT_EQ(Addr(g1.a_global_scale), a1_global);
 
     // GEMM2's input: GEMM1's output, quantized into its own array first.
-    const size_t gemm2_at = quantized ? 5 : 4;
+    const size_t gemm2_at = quantized ? 4 : 3;
     CUdeviceptr gemm2_input = ws + pass->activated;
     if (quantized) {
-      const auto q = launches[4].As<moe::MoeQuantizeParams>();
+      const auto q = launches[3].As<moe::MoeQuantizeParams>();
       EXPECT_EQ(q.cols, 128);
       EXPECT_EQ(q.top_k, 0);
       EXPECT_EQ(Addr(q.input), ws + pass->activated);
@@ -382,6 +429,53 @@ TEST_F(MoeLayerFakeDriverTest, ChunkedPreRoutedPassesStepThroughTheBatch) {
   }
 }
 
+// Past decode's limits (here more than 32 tokens) routing and the sort are two launches
+// wired as the fused one is.
+TEST_F(MoeLayerFakeDriverTest, LargerBatchesRouteAndSortInTwoLaunches) {
+  const MoeLayerOptions o = Options(kPairs[0]);
+  auto layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  auto w = MoeLayer::WorkspaceLayout(o, 40);
+  ASSERT_TRUE(w.ok());
+  const MoeLayerArgs a = Args(o, 40, w->bytes);
+  CUBIST_ASSERT_OK((*layer)->CanImplement(a, 40));
+  CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+  const auto launches = driver_.launches();
+  ASSERT_THAT(Names(launches),
+              ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", "cubist_moe_gather_bf16",
+                          "layer_bf16_bf16_swiglu", "layer_bf16_bf16_identity",
+                          "cubist_moe_finalize"));
+  ExpectRouteWiring(launches[0].As<moe::MoeRouteParams>(), 40, kWorkspace, *w);
+  EXPECT_EQ(launches[0].config.gridDimX, 10u) << "a warp per token, 4 per CTA";
+  EXPECT_EQ(launches[0].config.sharedMemBytes, static_cast<unsigned>(moe::MoeRouteSharedBytes(16)));
+  ExpectSortWiring(launches[1].As<moe::MoeSortParams>(), 160, kWorkspace, *w);
+}
+
+// A manifest published before the fused kernel: decode takes the two launches, and
+// nothing else changes.
+TEST_F(MoeLayerFakeDriverTest, WithoutTheFusedKernelDecodeRoutesAndSortsInTwoLaunches) {
+  std::vector<TestKernel> kernels = LayerKernels();
+  std::erase_if(kernels, [](const TestKernel& k) { return k.name == "cubist_moe_route_sort"; });
+  auto rt = OpenRuntime("repo-without-route-sort", kernels);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  runtime_ = std::move(*rt);
+  const MoeLayerOptions o = Options(kPairs[0]);
+  auto layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  auto w = MoeLayer::WorkspaceLayout(o, 5);
+  ASSERT_TRUE(w.ok());
+  const MoeLayerArgs a = Args(o, 5, w->bytes);
+  CUBIST_ASSERT_OK((*layer)->CanImplement(a, 5));
+  CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+  const auto launches = driver_.launches();
+  ASSERT_THAT(Names(launches),
+              ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", "cubist_moe_gather_bf16",
+                          "layer_bf16_bf16_swiglu", "layer_bf16_bf16_identity",
+                          "cubist_moe_finalize"));
+  ExpectRouteWiring(launches[0].As<moe::MoeRouteParams>(), 5, kWorkspace, *w);
+  ExpectSortWiring(launches[1].As<moe::MoeSortParams>(), 20, kWorkspace, *w);
+}
+
 TEST_F(MoeLayerFakeDriverTest, NoFinalizeStopsAfterGemm2AndWeightOnInputReachesTheGather) {
   MoeLayerOptions o = Options(kPairs[1]);  // fp8: the gather quantizes
   o.top_k = 1;
@@ -398,12 +492,12 @@ TEST_F(MoeLayerFakeDriverTest, NoFinalizeStopsAfterGemm2AndWeightOnInputReachesT
   CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
   const auto launches = driver_.launches();
   ASSERT_THAT(Names(launches),
-              ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", "cubist_moe_quantize_fp8",
+              ElementsAre("cubist_moe_route_sort", "cubist_moe_quantize_fp8",
                           "layer_fp8_fp8_swiglu", "cubist_moe_quantize_fp8",
                           "layer_fp8_fp8_identity"));
-  const auto q = launches[2].As<moe::MoeQuantizeParams>();
+  const auto q = launches[1].As<moe::MoeQuantizeParams>();
   EXPECT_EQ(Addr(q.weights), kWorkspace + w->topk_weights);
-  EXPECT_EQ(launches[4].As<moe::MoeQuantizeParams>().weights, nullptr);
+  EXPECT_EQ(launches[3].As<moe::MoeQuantizeParams>().weights, nullptr);
 }
 
 // Programmatic dependent launch: every kernel of the layer overlaps the previous one's
@@ -423,7 +517,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryKernelThatWaitsIsLaunchedProgrammatically) {
     CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
     const auto launches = driver_.launches();
     ASSERT_THAT(Names(launches),
-                ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", "cubist_moe_gather_bf16",
+                ElementsAre("cubist_moe_route_sort", "cubist_moe_gather_bf16",
                             "layer_bf16_bf16_swiglu", "layer_bf16_bf16_identity",
                             "cubist_moe_finalize"));
     for (const auto& l : launches) {
@@ -455,6 +549,231 @@ TEST_F(MoeLayerFakeDriverTest, AScaleForAPairThatTakesNoneIsRefusedBeforeAnyLaun
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("w1_bias: address 0x3000002 is not 4-byte aligned")));
   EXPECT_TRUE(driver_.launches().empty());
+}
+
+TEST_F(MoeLayerFakeDriverTest, MaskedWorkspaceHoldsEveryRowOfTheSlots) {
+  const MoeLayerOptions o = MaskedOptions(kPairs[1]);  // fp8
+  auto w = MoeLayer::WorkspaceLayout(o, 3);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->row_capacity, 128) << "L x max_m, whatever max_tokens is";
+  EXPECT_EQ(w->chunk_tokens, 128);
+  EXPECT_GE(w->expanded_to_permuted - w->permuted_to_expanded, 4u * 128) << "the row map";
+  EXPECT_GE(w->gathered_scale - w->gathered, 128u * 256) << "fp8 rows of GEMM1's input";
+  EXPECT_GE(w->bytes - w->rows, 2u * 128 * 256) << "bf16 rows of GEMM2's output";
+  auto other = MoeLayer::WorkspaceLayout(o, 100000);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->bytes, w->bytes);
+  auto size = MoeLayer::WorkspaceSize(o, 0);
+  ASSERT_TRUE(size.ok());
+  EXPECT_EQ(*size, w->bytes);
+}
+
+TEST_F(MoeLayerFakeDriverTest, MaskedEveryPairCompactsRunsBothGemmsAndScattersBack) {
+  for (const Pair& pair : kPairs) {
+    SCOPED_TRACE(absl::StrCat(pair.weights, " x ", pair.activations));
+    driver_.Clear();
+    const MoeLayerOptions o = MaskedOptions(pair);
+    auto layer = MoeLayer::Create(*runtime_, o);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    auto w = MoeLayer::WorkspaceLayout(o, 0);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const MoeLayerArgs a = MaskedArgs(o, w->bytes);
+    CUBIST_ASSERT_OK((*layer)->CanImplement(a, 0));
+    EXPECT_TRUE(driver_.launches().empty()) << "CanImplement launches nothing";
+    CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+
+    const CUdeviceptr ws = kWorkspace;
+    const bool quantized = pair.a != DataFormat::kBf16;
+    const auto [quantize, gemm1, gemm2] = StepNames(pair);
+    const auto launches = driver_.launches();
+    if (quantized) {
+      ASSERT_THAT(Names(launches), ElementsAre("cubist_moe_sort_masked", quantize, gemm1,
+                                               quantize, gemm2, "cubist_moe_finalize_masked"));
+    } else {
+      ASSERT_THAT(Names(launches),
+                  ElementsAre("cubist_moe_sort_masked", "cubist_moe_gather_bf16", gemm1, gemm2,
+                              "cubist_moe_finalize_masked"));
+    }
+    const auto sort = launches[0].As<moe::MoeMaskedParams>();
+    EXPECT_EQ(sort.abi, moe::kMoeLayerAbi);
+    EXPECT_EQ(sort.num_local_experts, 16);
+    EXPECT_EQ(sort.max_m, 8);
+    EXPECT_EQ(Addr(sort.counts), kCounts);
+    EXPECT_EQ(Addr(sort.offsets), ws + w->offsets);
+    EXPECT_EQ(Addr(sort.row_map), ws + w->permuted_to_expanded);
+    EXPECT_EQ(launches[0].config.gridDimX, 16u) << "a CTA per expert";
+
+    // The compaction: the gather reads hidden_states' row row_map[r] (top_k 1).
+    CUdeviceptr gathered_out = 0;
+    if (quantized) {
+      const auto q = launches[1].As<moe::MoeQuantizeParams>();
+      EXPECT_EQ(q.cols, 256);
+      EXPECT_EQ(q.top_k, 1);
+      EXPECT_EQ(Addr(q.input), kHidden);
+      EXPECT_EQ(Addr(q.offsets), ws + w->offsets);
+      EXPECT_EQ(Addr(q.permuted_to_expanded), ws + w->permuted_to_expanded);
+      EXPECT_EQ(q.weights, nullptr);
+      EXPECT_EQ(Addr(q.scale), moe::FormatHasGlobalScale(pair.a) ? kInputScale : 0);
+      EXPECT_EQ(Addr(q.out_scale), ws + w->gathered_scale);
+      gathered_out = Addr(q.out);
+    } else {
+      const auto g = launches[1].As<moe::MoeGatherParams>();
+      EXPECT_EQ(g.top_k, 1);
+      EXPECT_EQ(Addr(g.input), kHidden);
+      EXPECT_EQ(Addr(g.offsets), ws + w->offsets);
+      EXPECT_EQ(Addr(g.permuted_to_expanded), ws + w->permuted_to_expanded);
+      EXPECT_EQ(g.weights, nullptr);
+      gathered_out = Addr(g.out);
+    }
+    EXPECT_EQ(gathered_out, ws + w->gathered);
+
+    const auto g1 = launches[2].gemm();
+    EXPECT_EQ(g1.num_experts, 16);
+    EXPECT_EQ(g1.num_tokens, 128) << "L x max_m rows";
+    EXPECT_EQ(g1.n, 256);
+    EXPECT_EQ(g1.k, 256);
+    EXPECT_EQ(Addr(g1.a), gathered_out);
+    EXPECT_EQ(Addr(g1.b), kW1);
+    EXPECT_EQ(Addr(g1.offsets), ws + w->offsets);
+    EXPECT_EQ(Addr(g1.out), ws + w->activated);
+    const auto g2 = launches[quantized ? 4 : 3].gemm();
+    EXPECT_EQ(g2.num_tokens, 128);
+    EXPECT_EQ(Addr(g2.a), quantized ? ws + w->quantized : ws + w->activated);
+    EXPECT_EQ(Addr(g2.b), kW2);
+    EXPECT_EQ(Addr(g2.out), ws + w->rows);
+    EXPECT_EQ(Addr(g2.offsets), ws + w->offsets);
+
+    const auto f = launches.back().As<moe::MoeMaskedParams>();
+    EXPECT_EQ(f.num_local_experts, 16);
+    EXPECT_EQ(f.max_m, 8);
+    EXPECT_EQ(f.hidden, 256);
+    EXPECT_EQ(Addr(f.offsets), ws + w->offsets);
+    EXPECT_EQ(Addr(f.row_map), ws + w->permuted_to_expanded);
+    EXPECT_EQ(Addr(f.rows), ws + w->rows);
+    EXPECT_EQ(Addr(f.out), kOut);
+  }
+}
+
+TEST_F(MoeLayerFakeDriverTest, MaskedNoRowsIsANoOpThatLaunchesNothing) {
+  const MoeLayerOptions o = MaskedOptions(kPairs[5]);  // nvfp4
+  auto layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  MoeLayerArgs a = MaskedArgs(o, 0);
+  a.tokens = 0;
+  CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+  EXPECT_TRUE(driver_.launches().empty());
+}
+
+TEST_F(MoeLayerFakeDriverTest, MaskedOptionsRefuseRoutingAndChunking) {
+  struct Bad {
+    const char* fragment;
+    void (*set)(MoeLayerOptions&);
+  };
+  const Bad bad[] = {
+      {"moe layer: top_k: is a routing option", [](MoeLayerOptions& o) { o.top_k = 4; }},
+      {"routing_method: is a routing option",
+       [](MoeLayerOptions& o) { o.routing_method = "deepseek_v3"; }},
+      {"n_group: is a routing option", [](MoeLayerOptions& o) { o.n_group = 4; }},
+      {"apply_weight_on_input: is a routing option",
+       [](MoeLayerOptions& o) { o.apply_weight_on_input = true; }},
+      {"logits_format: is a routing option", [](MoeLayerOptions& o) { o.logits_format = "bf16"; }},
+      {"finalize: expert_major_masked input has no finalize",
+       [](MoeLayerOptions& o) { o.finalize = "none"; }},
+      {"max_chunk_tokens: expert_major_masked input runs in one pass",
+       [](MoeLayerOptions& o) { o.max_chunk_tokens = 4; }},
+      {"max_m: 0 is outside 1..", [](MoeLayerOptions& o) { o.max_m = 0; }},
+      {"max_m: 134217728 is outside 1..134217727",
+       [](MoeLayerOptions& o) { o.max_m = int64_t{1} << 27; }},
+      {"input_layout: 'expert_major' is not token_major or expert_major_masked",
+       [](MoeLayerOptions& o) { o.input_layout = "expert_major"; }},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.fragment);
+    MoeLayerOptions o = MaskedOptions(kPairs[0]);
+    b.set(o);
+    EXPECT_THAT(MoeLayer::Create(*runtime_, o).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(b.fragment)));
+    EXPECT_THAT(MoeLayer::WorkspaceSize(o, 8).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(b.fragment)));
+  }
+  MoeLayerOptions token = Options(kPairs[0]);
+  token.max_m = 8;
+  EXPECT_THAT(MoeLayer::Create(*runtime_, token).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("max_m: is for expert_major_masked input only")));
+}
+
+TEST_F(MoeLayerFakeDriverTest, MaskedArgsRefuseRoutingBeforeAnyLaunch) {
+  const MoeLayerOptions o = MaskedOptions(kPairs[0]);
+  auto layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  auto w = MoeLayer::WorkspaceLayout(o, 0);
+  ASSERT_TRUE(w.ok());
+  struct Bad {
+    const char* fragment;
+    void (*set)(MoeLayerArgs&);
+  };
+  const Bad bad[] = {
+      {"moe layer: router_logits: is given, but expert_major_masked input is routed already",
+       [](MoeLayerArgs& a) { a.router_logits = kLogits; }},
+      {"routing_bias: is given", [](MoeLayerArgs& a) { a.routing_bias = kLogits; }},
+      {"topk_ids: is given", [](MoeLayerArgs& a) { a.topk_ids = kIds; }},
+      {"topk_weights: is given", [](MoeLayerArgs& a) { a.topk_weights = kWeights; }},
+      {"accumulate: is given", [](MoeLayerArgs& a) { a.accumulate = true; }},
+      {"masked_counts: is null", [](MoeLayerArgs& a) { a.masked_counts = 0; }},
+      {"masked_counts: address 0xa000002 is not 4-byte aligned",
+       [](MoeLayerArgs& a) { a.masked_counts = kCounts + 2; }},
+      {"tokens: 100: expert_major_masked input holds L x max_m = 128 rows; set tokens to 128",
+       [](MoeLayerArgs& a) { a.tokens = 100; }},
+      {"out: is null", [](MoeLayerArgs& a) { a.out = 0; }},
+      {"workspace: 1024 bytes", [](MoeLayerArgs& a) { a.workspace_bytes = 1024; }},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.fragment);
+    MoeLayerArgs a = MaskedArgs(o, w->bytes);
+    b.set(a);
+    EXPECT_THAT((*layer)->Run(a, nullptr),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(b.fragment)));
+    EXPECT_THAT((*layer)->CanImplement(a, 0),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(b.fragment)));
+  }
+  // Token-major layers take no counts.
+  auto token = MoeLayer::Create(*runtime_, Options(kPairs[0]));
+  ASSERT_TRUE(token.ok());
+  MoeLayerArgs a = Args(Options(kPairs[0]), 4, w->bytes);
+  a.masked_counts = kCounts;
+  EXPECT_THAT((*token)->Run(a, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("masked_counts: is for expert_major_masked input only")));
+  EXPECT_TRUE(driver_.launches().empty());
+}
+
+// A manifest published before the masked kernels still serves the token-major layer;
+// the masked one says which function is missing.
+TEST_F(MoeLayerFakeDriverTest, AManifestWithoutTheMaskedKernelsServesOnlyTokenMajor) {
+#ifdef CUBIST_DISPATCH_STUB_CUBIN
+  std::vector<TestKernel> older;
+  for (const TestKernel& k : LayerKernels()) {
+    if (!k.name.ends_with("_masked")) older.push_back(k);
+  }
+  auto rt = OpenRuntime("older", older);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  const MoeLayerOptions token = Options(kPairs[0]);
+  auto layer = MoeLayer::Create(**rt, token);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  auto w = MoeLayer::WorkspaceLayout(token, 4);
+  ASSERT_TRUE(w.ok());
+  CUBIST_EXPECT_OK((*layer)->CanImplement(Args(token, 4, w->bytes), 4));
+  const MoeLayerOptions masked = MaskedOptions(kPairs[0]);
+  auto masked_layer = MoeLayer::Create(**rt, masked);
+  ASSERT_TRUE(masked_layer.ok()) << masked_layer.status();
+  auto mw = MoeLayer::WorkspaceLayout(masked, 0);
+  ASSERT_TRUE(mw.ok());
+  EXPECT_THAT((*masked_layer)->CanImplement(MaskedArgs(masked, mw->bytes), 0),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("has no moe_sort kernel cubist_moe_sort_masked for this GPU")));
+  EXPECT_TRUE(driver_.launches().empty());
+#endif
 }
 
 }  // namespace

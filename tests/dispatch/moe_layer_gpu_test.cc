@@ -12,6 +12,7 @@
 // GPU, a driver or the directory, every test skips, saying why.
 #include <cuda.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/strings.h"
 #include "dispatch/moe_layer.h"
 #include "dispatch/moe_layer_reference.h"
 #include "dispatch/moe_quantize_reference.h"
@@ -33,6 +35,7 @@
 #include "gtest/gtest.h"
 #include "loader/device_memory.h"
 #include "tests/testlib/build_paths.h"
+#include "tests/testlib/status_matchers.h"
 #include "tests/testlib/temp_files.h"
 
 namespace cubist {
@@ -186,19 +189,17 @@ void CheckQuantized(const ref::MoeLayerData& d, const ref::Routing& routing,
   }
 }
 
-// Runs the layer once on inputs drawn from `seed` and checks routing, sort and output
-// against the reference; returns what it ran.
-Result RunAndCheck(const Case& c, uint64_t seed) {
-  LayerEnv& env = Env();
-  const MoeLayerOptions& o = c.options;
-  const int t = c.tokens, e = static_cast<int>(o.num_experts), k = static_cast<int>(o.top_k);
+// The layer's data for `o`: `rows` random input rows, the local experts' weights
+// (quantized into the weight format), and, with `biases`, gpt-oss's biases and SwiGLU
+// parameters; the activations' per-tensor scales calibrated as an engine would.
+ref::MoeLayerData LayerData(const MoeLayerOptions& o, int rows, bool biases,
+                            std::mt19937_64& rng) {
+  const int e = static_cast<int>(o.num_experts);
   const int h = static_cast<int>(o.hidden), inter = static_cast<int>(o.intermediate);
   const int l = static_cast<int>(o.num_local_experts > 0 ? o.num_local_experts : e);
   const int n1 = IsGated(o.activation) ? 2 * inter : inter;
-  std::mt19937_64 rng(seed);
-
   ref::MoeLayerData d;
-  d.tokens = t;
+  d.tokens = rows;
   d.hidden = h;
   d.intermediate = inter;
   d.num_experts = e;
@@ -206,15 +207,13 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
   d.num_local_experts = l;
   d.activation = o.activation;
   d.apply_weight_on_input = o.apply_weight_on_input;
-  d.x = RandomBf16(static_cast<size_t>(t) * h, 1.0, rng);
+  d.x = RandomBf16(static_cast<size_t>(rows) * h, 1.0, rng);
   d.w1 = RandomBf16(static_cast<size_t>(l) * n1 * h, 1.0 / std::sqrt(h), rng);
   d.w2 = RandomBf16(static_cast<size_t>(l) * h * inter, 1.0 / std::sqrt(inter), rng);
   d.weight_format = o.weight_format;
   d.activation_format = o.activation_format;
-  const bool quantized_weights = o.weight_format != moe::kBf16;
-  const bool quantized_acts = o.activation_format != moe::kBf16;
   ref::QuantizeLayerWeights(&d);
-  if (c.biases) {  // gpt-oss: biases after both GEMMs, SwiGLU alpha 1.702, beta 1, limit 7
+  if (biases) {  // gpt-oss: biases after both GEMMs, SwiGLU alpha 1.702, beta 1, limit 7
     std::uniform_real_distribution<float> ub(-0.5f, 0.5f);
     for (int i = 0; i < l * n1; ++i) d.w1_bias.push_back(ub(rng));
     for (int i = 0; i < l * h; ++i) d.w2_bias.push_back(ub(rng));
@@ -227,6 +226,67 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
   // kernels and the reference).
   d.input_scale = ref::ActivationScaleFor(o.activation_format, MaxAbsBf16(d.x));
   d.intermediate_scale = ref::ActivationScaleFor(o.activation_format, 4.0f);
+  return d;
+}
+
+// The layer's input and weights on the device, and the arguments that point at them.
+struct DeviceLayer {
+  explicit DeviceLayer(const ref::MoeLayerData& d) {
+    const bool quantized_weights = d.weight_format != moe::kBf16;
+    x = Upload(d.x);
+    w1 = quantized_weights ? Upload(d.w1q) : Upload(d.w1);
+    w2 = quantized_weights ? Upload(d.w2q) : Upload(d.w2);
+    w1s = Upload(d.w1_scale);
+    w2s = Upload(d.w2_scale);
+    w1g = Upload(d.w1_global);
+    w2g = Upload(d.w2_global);
+    s1 = Upload(std::vector<float>{d.input_scale});
+    s2 = Upload(std::vector<float>{d.intermediate_scale});
+    b1 = Upload(d.w1_bias);
+    b2 = Upload(d.w2_bias);
+    alpha = Upload(d.alpha);
+    beta = Upload(d.beta);
+    limit = Upload(d.limit);
+  }
+  // hidden_states, the weights with their scales, the activation scales and the biases.
+  void Fill(const ref::MoeLayerData& d, bool biases, MoeLayerArgs* a) const {
+    a->hidden_states = x.get();
+    a->w1 = w1.get();
+    a->w2 = w2.get();
+    if (!d.w1_scale.empty()) {
+      a->w1_scale = w1s.get();
+      a->w2_scale = w2s.get();
+    }
+    if (!d.w1_global.empty()) {
+      a->w1_global_scale = w1g.get();
+      a->w2_global_scale = w2g.get();
+    }
+    if (moe::FormatHasGlobalScale(d.activation_format)) {
+      a->input_scale = s1.get();
+      a->intermediate_scale = s2.get();
+    }
+    if (biases) {
+      a->w1_bias = b1.get();
+      a->w2_bias = b2.get();
+      a->alpha = alpha.get();
+      a->beta = beta.get();
+      a->limit = limit.get();
+    }
+  }
+  DeviceBuffer x, w1, w2, w1s, w2s, w1g, w2g, s1, s2, b1, b2, alpha, beta, limit;
+};
+
+// Runs the layer once on inputs drawn from `seed` and checks routing, sort and output
+// against the reference; returns what it ran.
+Result RunAndCheck(const Case& c, uint64_t seed) {
+  LayerEnv& env = Env();
+  const MoeLayerOptions& o = c.options;
+  const int t = c.tokens, e = static_cast<int>(o.num_experts), k = static_cast<int>(o.top_k);
+  const int h = static_cast<int>(o.hidden);
+  const int l = static_cast<int>(o.num_local_experts > 0 ? o.num_local_experts : e);
+  std::mt19937_64 rng(seed);
+  const ref::MoeLayerData d = LayerData(o, t, c.biases, rng);
+  const bool quantized_acts = o.activation_format != moe::kBf16;
 
   // Logits as the device sees them: bf16 logits are rounded first, and the reference
   // routes on the same (widened) values.
@@ -272,15 +332,7 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
   absl::StatusOr<MoeLayerWorkspace> layout = MoeLayer::WorkspaceLayout(o, t);
   EXPECT_TRUE(layout.ok()) << layout.status();
 
-  DeviceBuffer x = Upload(d.x);
-  DeviceBuffer w1 = quantized_weights ? Upload(d.w1q) : Upload(d.w1);
-  DeviceBuffer w2 = quantized_weights ? Upload(d.w2q) : Upload(d.w2);
-  DeviceBuffer w1s = Upload(d.w1_scale), w2s = Upload(d.w2_scale);
-  DeviceBuffer w1g = Upload(d.w1_global), w2g = Upload(d.w2_global);
-  DeviceBuffer s1 = Upload(std::vector<float>{d.input_scale});
-  DeviceBuffer s2 = Upload(std::vector<float>{d.intermediate_scale});
-  DeviceBuffer b1 = Upload(d.w1_bias), b2 = Upload(d.w2_bias);
-  DeviceBuffer alpha = Upload(d.alpha), beta = Upload(d.beta), limit = Upload(d.limit);
+  const DeviceLayer dev(d);
   DeviceBuffer lg = c.bf16_logits ? Upload(logits_bf16) : Upload(logits);
   DeviceBuffer bias_d = Upload(bias);
   DeviceBuffer ids = Upload(want_routing.ids), wts = Upload(want_routing.weights);
@@ -291,34 +343,13 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
 
   MoeLayerArgs a;
   a.tokens = t;
-  a.hidden_states = x.get();
+  dev.Fill(d, c.biases, &a);
   if (c.pre_routed) {
     a.topk_ids = ids.get();
     a.topk_weights = wts.get();
   } else {
     a.router_logits = lg.get();
     if (c.with_bias) a.routing_bias = bias_d.get();
-  }
-  a.w1 = w1.get();
-  a.w2 = w2.get();
-  if (!d.w1_scale.empty()) {
-    a.w1_scale = w1s.get();
-    a.w2_scale = w2s.get();
-  }
-  if (!d.w1_global.empty()) {
-    a.w1_global_scale = w1g.get();
-    a.w2_global_scale = w2g.get();
-  }
-  if (moe::FormatHasGlobalScale(o.activation_format)) {
-    a.input_scale = s1.get();
-    a.intermediate_scale = s2.get();
-  }
-  if (c.biases) {
-    a.w1_bias = b1.get();
-    a.w2_bias = b2.get();
-    a.alpha = alpha.get();
-    a.beta = beta.get();
-    a.limit = limit.get();
   }
   a.out = out.get();
   a.accumulate = c.accumulate;
@@ -564,6 +595,119 @@ TEST(MoeLayerGpuTest, RefusesASmallWorkspaceAndMissingRouting) {
   a.w1 = (1 << 20) + 8;
   s = (*layer)->Run(a, Env().stream.get());
   EXPECT_THAT(s.message(), HasSubstr("w1: address 0x100008 is not 16-byte aligned"));
+}
+
+// ---- The expert-major masked layout (input_layout "expert_major_masked") ----
+
+constexpr uint16_t kSentinel = 0x7FC1;  // a bf16 NaN no kernel writes
+
+// Runs the masked layer on [L, max_m, H] inputs drawn from `seed` with `counts` and checks
+// the compaction (offsets and row map) exactly, every valid row of out against the
+// reference, and every padded row's bytes: still the sentinel out was filled with.
+void RunMaskedAndCheck(const MoeLayerOptions& o, const std::vector<int32_t>& counts,
+                       uint64_t seed) {
+  LayerEnv& env = Env();
+  const int l = static_cast<int>(o.num_local_experts > 0 ? o.num_local_experts : o.num_experts);
+  const int max_m = static_cast<int>(o.max_m), h = static_cast<int>(o.hidden);
+  const size_t rows = static_cast<size_t>(l) * max_m;
+  std::mt19937_64 rng(seed);
+  const ref::MoeLayerData d = LayerData(o, static_cast<int>(rows), /*biases=*/false, rng);
+  absl::StatusOr<std::unique_ptr<MoeLayer>> layer = MoeLayer::Create(*env.runtime, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  absl::StatusOr<MoeLayerWorkspace> layout = MoeLayer::WorkspaceLayout(o, 0);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const DeviceLayer dev(d);
+  DeviceBuffer counts_d = Upload(counts);
+  DeviceBuffer out = Upload(std::vector<uint16_t>(rows * h, kSentinel));
+  absl::StatusOr<DeviceBuffer> ws = DeviceBuffer::Allocate(env.runtime->driver(), layout->bytes);
+  ASSERT_TRUE(ws.ok());
+  ASSERT_TRUE(ws->Fill(0xAB).ok());  // poisoned: nothing may rely on a zeroed workspace
+
+  MoeLayerArgs a;
+  a.tokens = static_cast<int64_t>(rows);
+  dev.Fill(d, /*biases=*/false, &a);
+  a.masked_counts = counts_d.get();
+  a.out = out.get();
+  a.workspace = ws->get();
+  a.workspace_bytes = ws->size();
+  CUBIST_ASSERT_OK((*layer)->CanImplement(a, 0));
+  CUBIST_ASSERT_OK((*layer)->Run(a, env.stream.get()));
+  ASSERT_TRUE(env.stream.Synchronize().ok());
+
+  std::vector<int32_t> offsets(1, 0), row_map;
+  for (int e = 0; e < l; ++e) {
+    const int c = std::clamp(counts[e], 0, max_m);
+    for (int i = 0; i < c; ++i) row_map.push_back(e * max_m + i);
+    offsets.push_back(offsets.back() + c);
+  }
+  EXPECT_EQ(Download<int32_t>(*ws, l + 1, layout->offsets), offsets);
+  EXPECT_EQ(Download<int32_t>(*ws, row_map.size(), layout->permuted_to_expanded), row_map);
+
+  const std::vector<uint16_t> got = Download<uint16_t>(out, rows * h);
+  const std::vector<double> want = ref::MaskedMoeLayerReference(d, counts, max_m);
+  std::vector<uint16_t> valid;
+  std::vector<double> valid_want;
+  int untouched = 0, padded = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const auto row = got.begin() + static_cast<ptrdiff_t>(r * h);
+    if (std::isnan(want[r * h])) {  // past its expert's count
+      ++padded;
+      untouched += std::all_of(row, row + h, [](uint16_t v) { return v == kSentinel; });
+      continue;
+    }
+    valid.insert(valid.end(), row, row + h);
+    valid_want.insert(valid_want.end(), want.begin() + r * h, want.begin() + (r + 1) * h);
+  }
+  EXPECT_EQ(untouched, padded) << "padded rows of out were written";
+  const ref::Comparison cmp =
+      ref::CompareBf16(valid, valid_want, ref::MoeLayerTolerance(o.activation_format));
+  EXPECT_TRUE(cmp.ok) << moe::FormatName(o.weight_format) << " x "
+                      << moe::FormatName(o.activation_format) << ": " << cmp.summary;
+  std::printf("[ masked   ] %s x %s L=%d max_m=%d rows=%d: %s\n",
+              moe::FormatName(o.weight_format), moe::FormatName(o.activation_format), l, max_m,
+              offsets.back(), cmp.summary.c_str());
+}
+
+MoeLayerOptions Masked(DataFormat weights, DataFormat activations) {
+  MoeLayerOptions o;
+  o.weight_format = weights;
+  o.activation_format = activations;
+  o.num_experts = 8;
+  o.hidden = 256;
+  o.intermediate = 128;
+  o.activation = Activation::kSwiglu;
+  o.input_layout = "expert_major_masked";
+  o.max_m = 64;
+  return o;
+}
+
+// Uneven counts: empty slots, full ones, and counts outside 0..max_m (clamped).
+TEST(MoeLayerGpuTest, MaskedMatchesTheReferenceAndLeavesPaddingUntouched) {
+  CUBIST_REQUIRE_GPU();
+  const std::vector<int32_t> counts = {0, 64, 1, 37, 0, 200, -5, 63};
+  const std::pair<DataFormat, DataFormat> pairs[] = {
+      {DataFormat::kBf16, DataFormat::kBf16},   {DataFormat::kFp8, DataFormat::kFp8},
+      {DataFormat::kFp8Block, DataFormat::kFp8Block}, {DataFormat::kMxfp4, DataFormat::kMxfp8},
+      {DataFormat::kNvfp4, DataFormat::kNvfp4},
+  };
+  uint64_t seed = 900;
+  for (const auto& [wf, af] : pairs) {
+    SCOPED_TRACE(absl::StrCat(Sv(DataFormatName(wf)), " x ", Sv(DataFormatName(af))));
+    RunMaskedAndCheck(Masked(wf, af), counts, seed++);
+  }
+}
+
+// Expert parallelism (the local experts' weights only) and every count zero: out keeps
+// every byte.
+TEST(MoeLayerGpuTest, MaskedLocalExpertsAndAllEmpty) {
+  CUBIST_REQUIRE_GPU();
+  MoeLayerOptions o = Masked(DataFormat::kBf16, DataFormat::kBf16);
+  o.num_experts = 32;
+  o.local_expert_offset = 8;
+  o.num_local_experts = 4;
+  o.max_m = 16;
+  RunMaskedAndCheck(o, {16, 3, 0, 9}, 950);
+  RunMaskedAndCheck(o, {0, 0, 0, 0}, 951);
 }
 
 }  // namespace

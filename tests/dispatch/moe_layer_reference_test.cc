@@ -184,6 +184,40 @@ TEST(MoeLayerReferenceTest, WeightOnInputRoundsTheRowToBf16) {
   EXPECT_THAT(MoeLayerReference(d, r), ElementsAre(0.5 + 1.0 / 256));
 }
 
+// The expert-major masked layer: each valid row through its expert, unweighted; counts
+// clamped to 0..max_m; rows past a count NaN (the layer leaves them untouched).
+TEST(MoeLayerReferenceTest, MaskedRowsGoThroughTheirExpertUnweighted) {
+  MoeLayerData d;
+  d.hidden = 2;
+  d.intermediate = 1;
+  d.num_experts = 3;
+  d.num_local_experts = 3;
+  d.activation = moe::kIdentity;
+  const int max_m = 2;
+  const float x[3][2][2] = {{{1, 2}, {3, 4}}, {{5, 6}, {7, 8}}, {{-1, 1}, {2, 2}}};
+  for (const auto& e : x) {
+    for (const auto& row : e) {
+      for (float v : row) d.x.push_back(FloatToBf16(v));
+    }
+  }
+  d.w1 = {FloatToBf16(1.0f), FloatToBf16(1.0f),    // expert 0: x0 + x1
+          FloatToBf16(1.0f), FloatToBf16(-1.0f),   // expert 1: x0 - x1
+          FloatToBf16(2.0f), FloatToBf16(0.0f)};   // expert 2: 2 x0
+  d.w2 = {FloatToBf16(1.0f), FloatToBf16(2.0f),    // expert 0: [y, 2y]
+          FloatToBf16(-1.0f), FloatToBf16(1.0f),   // expert 1: [-y, y]
+          FloatToBf16(0.5f), FloatToBf16(0.25f)};  // expert 2: [y/2, y/4]
+  // Expert 0: one row; expert 1: -3 clamps to none; expert 2: 9 clamps to max_m.
+  const std::vector<double> out = MaskedMoeLayerReference(d, {1, -3, 9}, max_m);
+  ASSERT_EQ(out.size(), 12u);
+  EXPECT_EQ(out[0], 3.0);
+  EXPECT_EQ(out[1], 6.0);
+  for (int i : {2, 3, 4, 5, 6, 7}) EXPECT_TRUE(std::isnan(out[i])) << i;
+  EXPECT_EQ(out[8], -1.0);  // 2 x -1 = -2, then [-1, -0.5]
+  EXPECT_EQ(out[9], -0.5);
+  EXPECT_EQ(out[10], 2.0);  // 2 x 2 = 4, then [2, 1]
+  EXPECT_EQ(out[11], 1.0);
+}
+
 // ---- The layer's option checks (no GPU: WorkspaceSize validates the options). ----
 
 MoeLayerOptions Qwen3() {

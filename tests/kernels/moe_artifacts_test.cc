@@ -88,6 +88,8 @@ struct LayerKernel {
 constexpr LayerKernel kLayerKernels[] = {
     {"cubist_moe_route", moe::kMoeRouteOp, moe::kMoeRouteThreads,
      sizeof(moe::MoeRouteParams)},
+    {"cubist_moe_route_sort", moe::kMoeRouteOp, moe::kMoeSortThreads,
+     sizeof(moe::MoeRouteSortParams)},
     {"cubist_moe_sort_fused", moe::kMoeSortOp, moe::kMoeSortThreads,
      sizeof(moe::MoeSortParams)},
     {"cubist_moe_sort_count", moe::kMoeSortOp, moe::kMoeSortThreads,
@@ -100,6 +102,10 @@ constexpr LayerKernel kLayerKernels[] = {
      sizeof(moe::MoeGatherParams)},
     {"cubist_moe_finalize", moe::kMoeFinalizeOp, moe::kMoeFinalizeThreads,
      sizeof(moe::MoeFinalizeParams)},
+    {"cubist_moe_sort_masked", moe::kMoeSortOp, moe::kMoeMaskedThreads,
+     sizeof(moe::MoeMaskedParams)},
+    {"cubist_moe_finalize_masked", moe::kMoeFinalizeOp, moe::kMoeMaskedThreads,
+     sizeof(moe::MoeMaskedParams)},
     {"cubist_moe_quantize_fp8", moe::kMoeQuantizeOp, moe::kMoeQuantizeThreads,
      sizeof(moe::MoeQuantizeParams)},
     {"cubist_moe_quantize_fp8_block", moe::kMoeQuantizeOp, moe::kMoeQuantizeThreads,
@@ -113,12 +119,15 @@ constexpr char kLayerCubin[] = "cubins/sm_90a/moe_layer.cubin";
 // What --list prints after the selected GEMMs.
 constexpr char kLayerList[] =
     "cubist_moe_route\n"
+    "cubist_moe_route_sort\n"
     "cubist_moe_sort_fused\n"
     "cubist_moe_sort_count\n"
     "cubist_moe_sort_scan\n"
     "cubist_moe_sort_scatter\n"
     "cubist_moe_gather_bf16\n"
     "cubist_moe_finalize\n"
+    "cubist_moe_sort_masked\n"
+    "cubist_moe_finalize_masked\n"
     "cubist_moe_quantize_fp8\n"
     "cubist_moe_quantize_fp8_block\n"
     "cubist_moe_quantize_mxfp8\n"
@@ -140,11 +149,11 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->name, "moe-gemm-sm90a");
-  // Without --version: the family's, raised when its set of kernels changed (3: generation
-  // 1 retired).
-  EXPECT_EQ(m->version, 3);
-  // The --small preset: 6 GEMMs in a cubin each, and the layer's 11 kernels in one.
-  ASSERT_EQ(m->kernels.size(), 17u);
+  // Without --version: the family's, raised when its set of kernels changed (4: the GEMMs
+  // wait for the previous grid, three more glue kernels).
+  EXPECT_EQ(m->version, 4);
+  // The --small preset: 6 GEMMs in a cubin each, and the layer's 14 kernels in one.
+  ASSERT_EQ(m->kernels.size(), 20u);
   ASSERT_EQ(m->artifacts.size(), 7u);
   std::set<std::string> formats, layer;
   for (const KernelSpec& k : m->kernels) {
@@ -168,7 +177,9 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
       EXPECT_EQ(k.shared_mem_bytes, 0);
       EXPECT_THAT(k.extras.at("grid"), HasSubstr("CTA"));
       EXPECT_THAT(k.extras.at("registers"), ::testing::MatchesRegex("[1-9][0-9]*"));
-      if (k.op == moe::kMoeRouteOp) {
+      if (k.function == "cubist_moe_route_sort") {
+        EXPECT_EQ(k.extras.at("dynamic_shared"), "\"MoeRouteSortSharedBytes(T, E)\"");
+      } else if (k.op == moe::kMoeRouteOp) {
         EXPECT_EQ(k.extras.at("dynamic_shared"), "\"MoeRouteSharedBytes(E)\"");
       } else {
         EXPECT_EQ(k.extras.count("dynamic_shared"), 0u);
@@ -256,7 +267,7 @@ TEST_F(MoeArtifactsTest, CubinsAreSm90aWithTheAbiParameterStruct) {
     EXPECT_EQ(img.sm.minor, 0);
     EXPECT_EQ(img.sm.variant, SmTarget::Variant::kArch);  // sm_90a: wgmma needs it
     if (const LayerKernel* l = FindLayerKernel(k.function)) {
-      // The layer's cubin holds its eleven kernels and nothing else.
+      // The layer's cubin holds its fourteen kernels and nothing else.
       std::set<std::string> names;
       for (const KernelInfo& ki : img.kernels) names.insert(ki.name);
       EXPECT_EQ(names.size(), std::size(kLayerKernels));
@@ -298,14 +309,14 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_tma_mxfp4_mxfp8_geglu_m64n128k256\n" +
                 std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
-  // The whole family: 135 TMA kernels (generation 2; generation 1's 95 are retired); then
-  // the layer's 11, which the GEMM selection flags do not filter.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 146);
+  // The whole family: 120 TMA kernels (generation 2; generation 1's 95 are retired); then
+  // the layer's 14, which the GEMM selection flags do not filter.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 134);
   EXPECT_THAT(out, ::testing::Not(::testing::ContainsRegex("(^|\n)moe_gemm_[^t]")));
   EXPECT_TRUE(out.ends_with(kLayerList)) << out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --no-layer 2>&1", &out),
             0);
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 135);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 120);
   EXPECT_THAT(out, ::testing::Not(HasSubstr("cubist_moe_")));
   // mxfp4 x mxfp8: the bf16-MMA kernels up to 64 tokens (kernels/moe_gemm_fp4.cu), then
   // the fp8-MMA one of 128 tokens, weights decoded by converters
@@ -322,7 +333,6 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list "
                        "--formats fp8 --activations relu2 --no-layer 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
-            "moe_gemm_tma_fp8_fp8_relu2_m64n64k128\n"
             "moe_gemm_tma_fp8_fp8_relu2_m64n128k128\n"
             "moe_gemm_tma_fp8_fp8_relu2_m128n128k128\n"
             "moe_gemm_tma_fp8_fp8_relu2_m128n192k128\n");
@@ -373,7 +383,7 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   // Without --version: the family's version, raised when its set of kernels changed.
-  EXPECT_EQ(m->version, 3);
+  EXPECT_EQ(m->version, 4);
   ASSERT_EQ(m->kernels.size(), 4u);
   for (const KernelSpec& k : m->kernels) {
     EXPECT_EQ(k.extras.count("exact"), 0u) << k.name;
