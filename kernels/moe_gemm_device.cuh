@@ -289,6 +289,31 @@ struct TileEpilogue {
   }
 };
 
+// Prefetches into L2 the bias entries that tile n_tile's epilogue (TN rows of B per tile,
+// as StoreTile and StoreStaged take it) reads, so that they hit L2 instead of DRAM. The
+// producer calls it as it starts the tile, and the tile's main loop hides the latency: at
+// decode a tile's main loop is short, and a DRAM round trip in every tile's epilogue made
+// gpt-oss's biased layer 6-17% slower than the same layer without biases.
+template <MoeActivation ACT, int TN>
+__device__ __forceinline__ void PrefetchBiasL2(const MoeGemmParams& p, int e, int n_tile) {
+  if (p.bias == nullptr) return;
+  constexpr int kTileCols = IsGated(ACT) ? TN / 2 : TN;
+  const int n_out = MoeGemmOutCols(p.n, ACT);
+  const int c0 = n_tile * kTileCols;
+  if (c0 >= n_out) return;
+  const int c1 = min(c0 + kTileCols, n_out) - 1;  // the tile's last output column
+  const float* row = p.bias + static_cast<int64_t>(e) * p.n;
+  // One prefetch per 128-byte line (32 floats), and the last column's line.
+#pragma unroll
+  for (int c = 0; c <= kTileCols; c += 32) {
+    const int col = min(c0 + c, c1);
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + col));
+    if constexpr (IsGated(ACT)) {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + p.n / 2 + col));
+    }
+  }
+}
+
 template <MoeFormat WF, MoeActivation ACT, int TN, int R>
 __device__ __forceinline__ void StoreTile(const MoeGemmParams& p, int e, int row0, int row_end,
                                           int n_tile, float (&acc)[R]) {

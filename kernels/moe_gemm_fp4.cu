@@ -170,6 +170,7 @@ struct MoeGemmFp4 {
     StageRing<ST> ring;
     for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
       const MoeTile t = TileAt(tile, c.m_tiles, c.n_tiles, c.experts, TT, c.off, c.pre);
+      PrefetchBiasL2<ACT, W>(p, t.e, t.n_tile);
       const int w_row = t.e * p.n + t.n_tile * kWRows;
       for (int kt = 0; kt < c.num_kt; ++kt) {
         MbarWait(c.empty_bar + 8 * ring.s, ring.phase ^ 1);

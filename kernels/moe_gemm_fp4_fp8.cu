@@ -173,6 +173,7 @@ struct MoeGemmFp4Fp8 {
     StageRing<kFp4Fp8PackedSlots> slot;
     for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
       const MoeTile t = TileAt(tile, c.m_tiles, c.n_tiles, c.experts, TM, c.off, c.pre);
+      if (leader) PrefetchBiasL2<ACT, TN>(p, t.e, t.n_tile);
       const int w_row = t.e * p.n + t.n_tile * kWRows;
       // The packed weights of k-tiles 2 q and 2 q + 1: 128 bytes (256 elements) per row;
       // the gate half N/2 rows further down the expert's B.

@@ -102,6 +102,7 @@ struct MoeGemmTma {
       for (int64_t tile = blockIdx.x / CL; tile < tiles; tile += gridDim.x / CL) {
         Tile t = TileAt(tile, m_tiles, n_tiles, E, TM * CL, off, pre);
         t.row_begin += rank * TM;
+        PrefetchBiasL2<ACT, TN>(p, t.e, t.n_tile);
         const int b_row = t.e * p.n + t.n_tile * kBRows;
         for (int kt = 0; kt < num_kt; ++kt) {
           // A fresh barrier's preceding phase counts as complete: the first pass is free.
