@@ -391,13 +391,12 @@ absl::Status MoeLayer::RaiseSharedLimits() {
     const Kernel& k;
     int bytes;
   } raises[] = {
-      {route_, !masked_ && moe::MoeRouteSharedBytes(e) > 48 * 1024 ? moe::MoeRouteSharedBytes(e)
-                                                                     : 0},
-      {route_sort_, route_sort_.function != nullptr ? moe::kMoeRouteSortMaxSharedBytes : 0},
+      {route_, moe::MoeRouteSharedBytes(e) > 48 * 1024 ? moe::MoeRouteSharedBytes(e) : 0},
+      {route_sort_, moe::kMoeRouteSortMaxSharedBytes},
   };
   DriverApi& driver = runtime_->driver();
   for (const auto& r : raises) {
-    if (r.bytes == 0) continue;
+    if (r.k.function == nullptr || r.bytes == 0) continue;  // not loaded (layout, manifest)
     CUBIST_RETURN_IF_ERROR(CuCheck(
         driver,
         driver.FuncSetAttribute(r.k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -689,8 +688,7 @@ absl::Status MoeLayer::RouteAndSort(const MoeLayerArgs& a, const Pass& pass, CUs
   return Sort(sort, pass.slots, stream);
 }
 
-absl::Status MoeLayer::Sort(const moe::MoeSortParams& params, int64_t slots, CUstream stream) {
-  moe::MoeSortParams s = params;  // Launch passes a non-const pointer
+absl::Status MoeLayer::Sort(moe::MoeSortParams s, int64_t slots, CUstream stream) {
   if (slots <= moe::kMoeSortChunk) {
     return Launch(sort_fused_, 1, moe::kMoeSortThreads, 0, &s, stream);
   }
@@ -778,6 +776,18 @@ absl::Status MoeLayer::Finalize(const MoeLayerArgs& a, const Pass& pass, CUstrea
                 stream);
 }
 
+// The steps both layouts share once rows are in expert order (offsets and the row map in
+// the workspace): the gather (quantizing for quantized pairs), GEMM1 with the activation,
+// the intermediate's quantization, GEMM2.
+absl::Status MoeLayer::RunExperts(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
+  CUBIST_RETURN_IF_ERROR(GatherInput(a, pass, stream));
+  CUBIST_RETURN_IF_ERROR(gemm1_->Run(GemmArgs(a, 1, pass.ws, pass.w), stream));
+  if (Quantized(options_.activation_format)) {
+    CUBIST_RETURN_IF_ERROR(QuantizeIntermediate(a, pass, stream));
+  }
+  return gemm2_->Run(GemmArgs(a, 2, pass.ws, pass.w), stream);
+}
+
 absl::Status MoeLayer::RunChunk(const MoeLayerArgs& a, int64_t first, int64_t tokens,
                                 CUstream stream) {
   const int64_t k = options_.top_k;
@@ -795,12 +805,7 @@ absl::Status MoeLayer::RunChunk(const MoeLayerArgs& a, int64_t first, int64_t to
   pass.weights = routed ? pass.ws + pass.w.topk_weights : a.topk_weights + 4 * first * k;
 
   CUBIST_RETURN_IF_ERROR(RouteAndSort(a, pass, stream));
-  CUBIST_RETURN_IF_ERROR(GatherInput(a, pass, stream));
-  CUBIST_RETURN_IF_ERROR(gemm1_->Run(GemmArgs(a, 1, pass.ws, pass.w), stream));
-  if (Quantized(options_.activation_format)) {
-    CUBIST_RETURN_IF_ERROR(QuantizeIntermediate(a, pass, stream));
-  }
-  CUBIST_RETURN_IF_ERROR(gemm2_->Run(GemmArgs(a, 2, pass.ws, pass.w), stream));
+  CUBIST_RETURN_IF_ERROR(RunExperts(a, pass, stream));
   if (options_.finalize == "none") return absl::OkStatus();
   return Finalize(a, pass, stream);
 }
@@ -835,12 +840,7 @@ absl::Status MoeLayer::RunMasked(const MoeLayerArgs& a, CUstream stream) {
   pass.gather_k = 1;
   pass.ws = a.workspace;
   CUBIST_RETURN_IF_ERROR(MaskedStep(sort_masked_, a, pass, stream));
-  CUBIST_RETURN_IF_ERROR(GatherInput(a, pass, stream));
-  CUBIST_RETURN_IF_ERROR(gemm1_->Run(GemmArgs(a, 1, pass.ws, pass.w), stream));
-  if (Quantized(options_.activation_format)) {
-    CUBIST_RETURN_IF_ERROR(QuantizeIntermediate(a, pass, stream));
-  }
-  CUBIST_RETURN_IF_ERROR(gemm2_->Run(GemmArgs(a, 2, pass.ws, pass.w), stream));
+  CUBIST_RETURN_IF_ERROR(RunExperts(a, pass, stream));
   return MaskedStep(finalize_masked_, a, pass, stream);
 }
 

@@ -223,7 +223,8 @@ class MoeLayer {
   absl::Status RouteAndSort(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
   moe::MoeRouteParams RouteParams(const MoeLayerArgs& args, const Pass& pass) const;
   moe::MoeSortParams SortParams(const Pass& pass) const;
-  absl::Status Sort(const moe::MoeSortParams& params, int64_t slots, CUstream stream);
+  absl::Status Sort(moe::MoeSortParams params, int64_t slots, CUstream stream);
+  absl::Status RunExperts(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
   absl::Status GatherInput(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
   absl::Status QuantizeIntermediate(const MoeLayerArgs& args, const Pass& pass, CUstream stream);
   absl::Status Finalize(const MoeLayerArgs& args, const Pass& pass, CUstream stream);

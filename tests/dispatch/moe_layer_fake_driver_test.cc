@@ -250,6 +250,19 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
             absl::StrCat("layer_", pair.stub, "_identity")};
   }
 
+  // Creates the layer of `o` on runtime_ and runs one batch of `tokens` tokens, its
+  // workspace sized for that batch: `w` gets the layout, launches() what it launched.
+  void RunBatch(const MoeLayerOptions& o, int64_t tokens, MoeLayerWorkspace* w) {
+    auto layer = MoeLayer::Create(*runtime_, o);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    auto layout = MoeLayer::WorkspaceLayout(o, tokens);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    *w = *layout;
+    const MoeLayerArgs a = Args(o, tokens, w->bytes);
+    CUBIST_ASSERT_OK((*layer)->CanImplement(a, tokens));
+    CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+  }
+
   static std::vector<std::string> Names(const std::vector<LaunchRecordingDriver::Launch>& v) {
     std::vector<std::string> out;
     for (const auto& l : v) out.push_back(l.name);
@@ -432,23 +445,17 @@ TEST_F(MoeLayerFakeDriverTest, ChunkedPreRoutedPassesStepThroughTheBatch) {
 // Past decode's limits (here more than 32 tokens) routing and the sort are two launches
 // wired as the fused one is.
 TEST_F(MoeLayerFakeDriverTest, LargerBatchesRouteAndSortInTwoLaunches) {
-  const MoeLayerOptions o = Options(kPairs[0]);
-  auto layer = MoeLayer::Create(*runtime_, o);
-  ASSERT_TRUE(layer.ok()) << layer.status();
-  auto w = MoeLayer::WorkspaceLayout(o, 40);
-  ASSERT_TRUE(w.ok());
-  const MoeLayerArgs a = Args(o, 40, w->bytes);
-  CUBIST_ASSERT_OK((*layer)->CanImplement(a, 40));
-  CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+  MoeLayerWorkspace w;
+  ASSERT_NO_FATAL_FAILURE(RunBatch(Options(kPairs[0]), 40, &w));
   const auto launches = driver_.launches();
   ASSERT_THAT(Names(launches),
               ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", "cubist_moe_gather_bf16",
                           "layer_bf16_bf16_swiglu", "layer_bf16_bf16_identity",
                           "cubist_moe_finalize"));
-  ExpectRouteWiring(launches[0].As<moe::MoeRouteParams>(), 40, kWorkspace, *w);
+  ExpectRouteWiring(launches[0].As<moe::MoeRouteParams>(), 40, kWorkspace, w);
   EXPECT_EQ(launches[0].config.gridDimX, 10u) << "a warp per token, 4 per CTA";
   EXPECT_EQ(launches[0].config.sharedMemBytes, static_cast<unsigned>(moe::MoeRouteSharedBytes(16)));
-  ExpectSortWiring(launches[1].As<moe::MoeSortParams>(), 160, kWorkspace, *w);
+  ExpectSortWiring(launches[1].As<moe::MoeSortParams>(), 160, kWorkspace, w);
 }
 
 // A manifest published before the fused kernel: decode takes the two launches, and
@@ -459,21 +466,15 @@ TEST_F(MoeLayerFakeDriverTest, WithoutTheFusedKernelDecodeRoutesAndSortsInTwoLau
   auto rt = OpenRuntime("repo-without-route-sort", kernels);
   ASSERT_TRUE(rt.ok()) << rt.status();
   runtime_ = std::move(*rt);
-  const MoeLayerOptions o = Options(kPairs[0]);
-  auto layer = MoeLayer::Create(*runtime_, o);
-  ASSERT_TRUE(layer.ok()) << layer.status();
-  auto w = MoeLayer::WorkspaceLayout(o, 5);
-  ASSERT_TRUE(w.ok());
-  const MoeLayerArgs a = Args(o, 5, w->bytes);
-  CUBIST_ASSERT_OK((*layer)->CanImplement(a, 5));
-  CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+  MoeLayerWorkspace w;
+  ASSERT_NO_FATAL_FAILURE(RunBatch(Options(kPairs[0]), 5, &w));
   const auto launches = driver_.launches();
   ASSERT_THAT(Names(launches),
               ElementsAre("cubist_moe_route", "cubist_moe_sort_fused", "cubist_moe_gather_bf16",
                           "layer_bf16_bf16_swiglu", "layer_bf16_bf16_identity",
                           "cubist_moe_finalize"));
-  ExpectRouteWiring(launches[0].As<moe::MoeRouteParams>(), 5, kWorkspace, *w);
-  ExpectSortWiring(launches[1].As<moe::MoeSortParams>(), 20, kWorkspace, *w);
+  ExpectRouteWiring(launches[0].As<moe::MoeRouteParams>(), 5, kWorkspace, w);
+  ExpectSortWiring(launches[1].As<moe::MoeSortParams>(), 20, kWorkspace, w);
 }
 
 TEST_F(MoeLayerFakeDriverTest, NoFinalizeStopsAfterGemm2AndWeightOnInputReachesTheGather) {
@@ -508,13 +509,8 @@ TEST_F(MoeLayerFakeDriverTest, EveryKernelThatWaitsIsLaunchedProgrammatically) {
     driver_.Clear();
     MoeLayerOptions o = Options(kPairs[0]);  // bf16: GEMM2's stub does not wait
     o.programmatic_dependent_launch = pdl;
-    auto layer = MoeLayer::Create(*runtime_, o);
-    ASSERT_TRUE(layer.ok()) << layer.status();
-    auto w = MoeLayer::WorkspaceLayout(o, 5);
-    ASSERT_TRUE(w.ok());
-    const MoeLayerArgs a = Args(o, 5, w->bytes);
-    CUBIST_ASSERT_OK((*layer)->CanImplement(a, 5));
-    CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+    MoeLayerWorkspace w;
+    ASSERT_NO_FATAL_FAILURE(RunBatch(o, 5, &w));
     const auto launches = driver_.launches();
     ASSERT_THAT(Names(launches),
                 ElementsAre("cubist_moe_route_sort", "cubist_moe_gather_bf16",
