@@ -37,7 +37,8 @@ expected) before timing. Times: medians of --iters calls with the L2 flushed bef
 (moe_layer_bench.timed: CUDA events, eager unless --graph), the median of --rounds
 rounds that alternate DeepGEMM and ours. Ratio = DeepGEMM us / ours us (> 1: ours
 faster). Also timed in the same process: torch.mm bf16 and torch._scaled_mm fp8 (per
-tensor) on 8192^3, and our fp8 per-tensor pair on --per-tensor-shapes against the latter.
+tensor) on 8192^3, and our fp8 per-tensor pair on --per-tensor-shapes against the latter
+(and against DeepGEMM's 1x128 block GEMM of the shape, which has no per-tensor kernel).
 """
 import argparse
 import glob
@@ -183,6 +184,11 @@ def summarize(rows, dense):
             s["geomean"]["all"] >= TARGET_GEOMEAN)
     fp8_peak = dense.get("fp8_tflops")
     for r in rows:
+        block = [b for b in rows if b["shape"] == r["shape"] and b["format"] == "fp8-block"
+                 and b.get("deepgemm_us")]
+        if r["format"] == "fp8" and r.get("ours_us") and block:
+            # Per tensor has no DeepGEMM kernel: its 1x128 block GEMM of the shape instead.
+            r["deepgemm_block_over_ours"] = block[0]["deepgemm_us"] / r["ours_us"]
         if r["format"] == "fp8" and r.get("ours_tflops") and fp8_peak:
             r["of_dense_fp8"] = r["ours_tflops"] / fp8_peak
             s["targets"][f"{r['shape']} fp8 per tensor >= {TARGET_DENSE_FP8:.2f}x "
@@ -208,6 +214,8 @@ def markdown(rows, dense, summary, meta):
         ratio = fmt_num(r.get("ratio"), "{:.2f}")
         if r["format"] == "fp8" and r.get("of_dense_fp8"):
             ratio = f"{r['of_dense_fp8']:.2f} of torch._scaled_mm"
+            if r.get("deepgemm_block_over_ours"):
+                ratio += f"; DeepGEMM 1x128 / ours {r['deepgemm_block_over_ours']:.2f}"
         kernel = (r.get("our_kernel") or "-") + (f" ({r['ours_note']})" if r.get("ours_note")
                                                  else "")
         diff = fmt_num(r.get("max_abs_diff"), "{:.3g}")
@@ -348,7 +356,8 @@ def self_test():
                   {"deepgemm_status": "ok"})
     expect(md.count("\n| Qwen3-30B-A3B (128, 128, 1536, 2048) |"), 2, "one line per row")
     expect("| 400.0 | 600.0 | 0.67 |" in md, True, "the ratio column")
-    expect("of torch._scaled_mm" in md, True, "the per-tensor row names its baseline")
+    expect("of torch._scaled_mm; DeepGEMM 1x128 / ours 0.40 |" in md, True,
+           "the per-tensor row against torch._scaled_mm and DeepGEMM's block GEMM")
     expect("NOT met" in md, True, "an unmet target is said")
     try:
         import torch
