@@ -29,7 +29,9 @@ cubist.MoeGemm on the sorted rows with int32 offsets [E+1], the dispatcher's cho
   contiguous  m_grouped_{fp8,bf16}_gemm_nt_contiguous, each expert's rows padded to
               get_mk_alignment_for_contiguous_layout(), m_indices int32 per row (-1: pad)
   psum        the same call with use_psum_layout=True: expert e's rows start at the
-              previous end rounded up to the alignment, grouped_layout[e] = its end
+              previous end rounded up to the alignment, grouped_layout[e] = its end;
+              with and without expected_m_for_psum_layout = tokens per expert (it
+              changes DeepGEMM's tile heuristic), the faster reported
   masked      m_grouped_{fp8,bf16}_gemm_nt_masked, [E, max_m, K], masked_m, expected_m
 Activation scales go through get_mn_major_tma_aligned_tensor before timing (once per
 batch, as an engine does). Outputs are compared (max |difference|; bit-identical is
@@ -135,7 +137,8 @@ def deepgemm_call(fmt, layout):
     kind = "fp8" if fmt == "fp8-block" else "bf16"
     if layout == "masked":
         return f"deep_gemm.m_grouped_{kind}_gemm_nt_masked({ab}, d, masked_m, expected_m)"
-    extra = ", use_psum_layout=True" if layout == "psum" else ""
+    extra = (", use_psum_layout=True[, expected_m_for_psum_layout=tokens/expert]: the "
+             "faster" if layout == "psum" else "")
     index = "grouped_layout" if layout == "psum" else "m_indices"
     return f"deep_gemm.m_grouped_{kind}_gemm_nt_contiguous({ab}, d, {index}{extra})"
 
@@ -224,7 +227,9 @@ def markdown(rows, dense, summary, meta):
         dg_us = fmt_num(r.get("deepgemm_us"))
         if r.get("deepgemm_error"):
             dg_us = "failed"
-        out.append(f"| {shape} | {fmt} | {r['layout']} | {dg_us} | "
+        layout = r["layout"] + (f" ({r['deepgemm_variant']})" if r.get("deepgemm_variant")
+                                else "")
+        out.append(f"| {shape} | {fmt} | {layout} | {dg_us} | "
                    f"{fmt_num(r.get('ours_us'))} | {ratio} | "
                    f"{fmt_num(r.get('deepgemm_tflops'), '{:.0f}')} | "
                    f"{fmt_num(r.get('ours_tflops'), '{:.0f}')} | {kernel} | {diff} |")
@@ -330,7 +335,8 @@ def self_test():
         expect("--masked-max-m" in str(err), True, "masked error names the fix")
     expect(deepgemm_call("fp8-block", "psum"),
            "deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, sa), (b, sb), d, grouped_layout, "
-           "use_psum_layout=True)", "psum call")
+           "use_psum_layout=True[, expected_m_for_psum_layout=tokens/expert]: the faster)",
+           "psum call")
     expect(deepgemm_call("bf16", "masked"),
            "deep_gemm.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m)",
            "masked call")
@@ -390,7 +396,7 @@ def self_test_operands(torch, expect):
     def split(x):
         return x if isinstance(x, tuple) else (x, None)
 
-    def contiguous(a, b, d, index, use_psum_layout=False):
+    def contiguous(a, b, d, index, use_psum_layout=False, expected_m_for_psum_layout=None):
         (a, sa), (b, sb) = split(a), split(b)
         if use_psum_layout:
             start = 0
@@ -626,7 +632,7 @@ class Case:
 
     def _deepgemm_operands(self, torch, counts, layout, max_m, alignment, tpe):
         lay = dg_layout(counts, layout, alignment, max_m)
-        self.lay = lay
+        self.lay, self.expected_m = lay, tpe
         rows = torch.tensor(lay["rows"], device=DEV, dtype=torch.int64)
         m_total = lay["m"] * (self.e if layout == "masked" else 1)
         self.dg_rows = rows
@@ -649,7 +655,6 @@ class Case:
                 sa = sa.view(self.e, max_m, kb)
             self.d = torch.empty(self.e, max_m, self.n, device=DEV, dtype=torch.bfloat16)
             self.masked_m = torch.tensor(lay["masked_m"], device=DEV, dtype=torch.int32)
-            self.expected_m = tpe
         else:
             self.d = torch.empty(m_total, self.n, device=DEV, dtype=torch.bfloat16)
             key = "grouped_layout" if layout == "psum" else "m_indices"
@@ -662,17 +667,23 @@ class Case:
         if self.dg_sa is not None:
             self.dg_sa = dg.get_mn_major_tma_aligned_tensor(self.dg_sa)
 
-    def deepgemm_fn(self, dg):
+    def deepgemm_fns(self, dg):
+        """{variant: DeepGEMM call}; the row reports the fastest. The psum layout is tried
+        with and without expected_m_for_psum_layout (the tokens per expert an engine
+        expects), which changes DeepGEMM's tile heuristic."""
         fp8 = self.fmt == "fp8-block"
         a = (self.dg_a, self.dg_sa) if fp8 else self.dg_a
         b = (self.b, self.b_scale) if fp8 else self.b
         if self.layout == "masked":
             f = dg.m_grouped_fp8_gemm_nt_masked if fp8 else dg.m_grouped_bf16_gemm_nt_masked
-            return lambda: f(a, b, self.d, self.masked_m, self.expected_m)
+            return {"": lambda: f(a, b, self.d, self.masked_m, self.expected_m)}
         f = dg.m_grouped_fp8_gemm_nt_contiguous if fp8 else dg.m_grouped_bf16_gemm_nt_contiguous
         if self.layout == "psum":
-            return lambda: f(a, b, self.d, self.index, use_psum_layout=True)
-        return lambda: f(a, b, self.d, self.index)
+            return {"": lambda: f(a, b, self.d, self.index, use_psum_layout=True),
+                    f"expected_m_for_psum_layout={self.expected_m}": lambda: f(
+                        a, b, self.d, self.index, use_psum_layout=True,
+                        expected_m_for_psum_layout=self.expected_m)}
+        return {"": lambda: f(a, b, self.d, self.index)}
 
     def deepgemm_rows(self):
         return self.d.view(-1, self.n).index_select(0, self.dg_rows)
@@ -730,7 +741,8 @@ def warm_only(args):
             try:
                 case = Case(torch, cubist, name, fmt, args.masked_max_m, alignment)
                 case.prepare_scales(dg)
-                case.deepgemm_fn(dg)()
+                for fn in case.deepgemm_fns(dg).values():
+                    fn()
                 sync(torch)
                 print(f"{name} {fmt}: compiled and ran in {time.time() - t0:.1f} s", flush=True)
             except Exception as exc:  # the main run leaves this row's DeepGEMM side out
@@ -891,23 +903,33 @@ def bench_case(torch, cubist, gemm, dg, case, row, median_of_rounds, dg_skip=Non
     elif dg is not None and case.lay is not None:
         try:
             case.prepare_scales(dg)
-            dg_fn = case.deepgemm_fn(dg)
-            row["deepgemm_config"] = capture_stdout(
-                lambda: (dg_fn(), sync(torch)))
-            got, want = case.deepgemm_rows().float(), case.out.float()
-            row["max_abs_diff"] = (got - want).abs().max().item()
-            row["identical"] = bool(torch.equal(case.deepgemm_rows(), case.out))
-            row["rel_l2"] = ((got - want).norm() / want.norm().clamp(min=1e-30)).item()
-            fns = {"deepgemm": dg_fn, "ours": ours}
+            configs, diffs, same, rel = [], [], True, 0.0
+            want = case.out.float()
+            for variant, fn in case.deepgemm_fns(dg).items():
+                case.d.zero_()
+                configs.append(capture_stdout(lambda: (fn(), sync(torch))))
+                got = case.deepgemm_rows()
+                diffs.append((got.float() - want).abs().max().item())
+                same = same and bool(torch.equal(got, case.out))
+                rel = max(rel, ((got.float() - want).norm() / want.norm().clamp(min=1e-30))
+                          .item())
+                fns["deepgemm " + variant if variant else "deepgemm"] = fn
+            row.update(deepgemm_config="\n".join(c for c in configs if c),
+                       max_abs_diff=max(diffs), identical=same, rel_l2=rel)
         except Exception as exc:  # this shape only; the others still run
             row["deepgemm_error"] = f"{type(exc).__name__}: {exc}"
+            fns = {"ours": ours}
     us = median_of_rounds(fns)
-    row["ours_us"] = us["ours"]
-    row["ours_tflops"] = tflops(case.flops, us["ours"])
-    if "deepgemm" in us:
-        row["deepgemm_us"] = us["deepgemm"]
-        row["deepgemm_tflops"] = tflops(case.flops, us["deepgemm"])
-        row["ratio"] = us["deepgemm"] / us["ours"]
+    row["ours_us"] = us.pop("ours")
+    row["ours_tflops"] = tflops(case.flops, row["ours_us"])
+    if us:
+        best = min(us, key=us.get)
+        row["deepgemm_us"] = us[best]
+        row["deepgemm_variant"] = best.removeprefix("deepgemm").strip()
+        if len(us) > 1:
+            row["deepgemm_variants_us"] = us
+        row["deepgemm_tflops"] = tflops(case.flops, us[best])
+        row["ratio"] = us[best] / row["ours_us"]
     print(f"{row['shape']:14s} {row['format']:9s} ours {row['ours_us']:8.1f} us "
           f"{row['ours_tflops']:5.0f} TFLOP/s [{row['our_kernel']}"
           f"{', ' + row['ours_note'] if row.get('ours_note') else ''}]  DeepGEMM "
