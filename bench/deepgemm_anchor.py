@@ -65,11 +65,13 @@ FORMATS = ("fp8-block", "bf16")  # both sides; "fp8" (per tensor) is ours alone
 DENSE = 8192  # the dense peaks' M = N = K
 DEV = "cuda"  # where operands live (--self-test runs the GPU half's bookkeeping on "cpu")
 BUILD_ENV = {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++", "DG_USE_LOCAL_VERSION": "0"}
-# setup.py imports wheel.bdist_wheel at the top, though build_ext never runs it: without
-# the wheel package, setuptools' own (>= 70.1) or a bare Command stands in. The tree's
-# directory goes first on sys.path (setup.py imports its scripts/ package), whatever
-# PYTHONSAFEPATH says.
+# setup.py imports wheel.bdist_wheel and packaging at the top, though build_ext never
+# runs bdist_wheel. setuptools >= 71 puts its vendored copies of both on sys.path when
+# imported, so it goes first; without any wheel, setuptools' own bdist_wheel (>= 70.1) or
+# a bare Command stands in. The tree's directory goes first on sys.path (setup.py imports
+# its scripts/ package), whatever PYTHONSAFEPATH says.
 SETUP_SHIM = """import os, runpy, sys, types
+import setuptools
 sys.path.insert(0, os.getcwd())
 try:
     import wheel.bdist_wheel
