@@ -263,7 +263,7 @@ def markdown(rows, dense, summary, meta):
 def check_tarball(path):
     """What --list says about a DeepGEMM source tarball (raises on a broken one)."""
     with tarfile.open(path) as tar:
-        members = {m.name: m for m in tar.getmembers()}
+        members = {m.name.removeprefix("./"): m for m in tar.getmembers()}
     need = ["DeepGEMM/setup.py", "DeepGEMM/csrc/python_api.cpp", "DeepGEMM/deep_gemm/__init__.py",
             "DeepGEMM/scripts/generate_pyi.py", "DeepGEMM/third-party/fmt/include/fmt/format.h",
             "DeepGEMM/third-party/cutlass/include/cute/tensor.hpp",
@@ -275,9 +275,9 @@ def check_tarball(path):
             missing.append(f"DeepGEMM/deep_gemm/include/{link} (a link into "
                            f"third-party/cutlass/include)")
     if missing:
-        raise SystemExit(f"{path}: not a DeepGEMM source tree this script can build; missing "
-                         f"{', '.join(missing)} (docs/benchmarks.md, \"MoE GEMM against DeepGEMM\", "
-                         f"says how to assemble one)")
+        raise ValueError(f"{path}: not a DeepGEMM source tree this script can build; missing "
+                         f"{', '.join(missing)} (docs/benchmarks.md, \"MoE GEMM against "
+                         f"DeepGEMM\", says how to assemble one)")
     files = sum(1 for m in members.values() if m.isfile())
     sources = members.get("DeepGEMM/SOURCES.txt")
     return f"{path}: {files} files, {os.path.getsize(path) / 1e6:.1f} MB" + (
@@ -295,7 +295,11 @@ def list_plan(args):
     print(f"  dense peaks: torch.mm bf16 and torch._scaled_mm fp8 (per-tensor scales), "
           f"{DENSE}^3")
     if args.deepgemm_src:
-        print(check_tarball(args.deepgemm_src))
+        try:
+            print(check_tarball(args.deepgemm_src))
+        except (OSError, tarfile.TarError, ValueError) as exc:
+            print(f"--deepgemm-src: {exc}")
+            return 1
         print(f"build: tar -xf {args.deepgemm_src} -C {args.build_dir or 'BUILD_DIR'} && cd "
               f"DeepGEMM && " + " ".join(f"{k}={v}" for k, v in BUILD_ENV.items()) +
               " python3 setup.py build_ext --inplace")
