@@ -8,6 +8,8 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "kernels/moe_gemm_abi.h"
 
 namespace cubist::moe {
@@ -346,35 +348,26 @@ __device__ __forceinline__ void StoreTile(const MoeGemmParams& p, int e, int row
   TileEpilogue<WF, ACT> ep(p, e);
   ep.template FoldBias<TN>(acc, n_tile * kTileCols + (lane % 4) * 2);
   const int n_out = MoeGemmOutCols(p.n, ACT);
-  if constexpr (OUT == kFp8) {
-    const float inv_s = OutInvScale(p);
-    uint8_t* out = static_cast<uint8_t*>(p.out);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row0 + warp * 16 + lane / 4 + 8 * h;
-      if (row >= row_end) continue;
-      uint8_t* orow = out + static_cast<int64_t>(row) * n_out;
-#pragma unroll
-      for (int g = 0; g < kOutGroups; ++g) {
-        const int col = n_tile * kTileCols + g * 8 + (lane % 4) * 2;
-        if (col >= n_out) continue;
-        *reinterpret_cast<uint16_t*>(orow + col) =
-            static_cast<uint16_t>(Bf16x2ToE4m3x2(ep.template Pair<TN>(acc, g, h), inv_s));
-      }
-    }
-    return;
-  }
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+  // e4m3 output: one byte per element, each pair of the bf16 epilogue quantized.
+  using Out = std::conditional_t<OUT == kFp8, uint8_t, __nv_bfloat16>;
+  float inv_s = 0.0f;
+  if constexpr (OUT == kFp8) inv_s = OutInvScale(p);
+  Out* out = static_cast<Out*>(p.out);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + warp * 16 + lane / 4 + 8 * h;
     if (row >= row_end) continue;
-    __nv_bfloat16* orow = out + static_cast<int64_t>(row) * n_out;
+    Out* orow = out + static_cast<int64_t>(row) * n_out;
 #pragma unroll
     for (int g = 0; g < kOutGroups; ++g) {
       const int col = n_tile * kTileCols + g * 8 + (lane % 4) * 2;
       if (col >= n_out) continue;
-      *reinterpret_cast<__nv_bfloat162*>(orow + col) = ep.template Pair<TN>(acc, g, h);
+      if constexpr (OUT == kFp8) {
+        *reinterpret_cast<uint16_t*>(orow + col) =
+            static_cast<uint16_t>(Bf16x2ToE4m3x2(ep.template Pair<TN>(acc, g, h), inv_s));
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(orow + col) = ep.template Pair<TN>(acc, g, h);
+      }
     }
   }
 }
