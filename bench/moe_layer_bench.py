@@ -5,6 +5,7 @@ same layer, on an H200, in one process (docs/benchmarks.md, "The MoE layer").
     python3 bench/moe_layer_bench.py --manifest DIR/manifest.json [--models qwen3,gptoss]
         [--pairs bf16,fp8,fp8-block,mxfp4,mxfp4-mxfp8,nvfp4]
         [--tokens 1,16,64,256,4096,16384] [--iters 30] [--json OUT] [--plot OUT.png]
+        [--fuse-intermediate on,off]
 
 For each model and batch size T (uniform random routing logits from a fixed seed; router
 logits are an input, the router GEMM is the engine's):
@@ -19,6 +20,11 @@ logits are an input, the router GEMM is the engine's):
            weights, which is what an engine without those kernels runs
   floor    one read of the weights (with their scales) of the experts the batch
            touches: a sum over a buffer of that many bytes
+With --fuse-intermediate MODES (fp8 pair only; default auto) the fp8 layer is built once
+per mode of MoeLayer's fuse_intermediate_quantization - "on": GEMM1's epilogue writes
+GEMM2's fp8 input, "off": a separate quantize kernel - each timed, its output required
+bit-identical to the first mode's; "ours" is the first mode's time and every mode's is
+printed and kept in the JSON ("fuse").
 Each is timed under CUDA-graph replay (a captured step, as engines run decode) with the
 L2 cache flushed before every replay; medians of --iters replays. Eager times of ours and
 torch are reported too. Every layer output is checked against torch's first.
@@ -205,9 +211,15 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--chunk", type=int, default=0,
                     help="the layer's max_chunk_tokens (0: one pass, the default)")
+    ap.add_argument("--fuse-intermediate", default="auto",
+                    help="fp8 pair: the layer's fuse_intermediate_quantization modes to time "
+                         "(auto, on, off; comma-separated, e.g. on,off)")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     args = ap.parse_args()
+    modes = [v for v in args.fuse_intermediate.split(",") if v]
+    if not modes or any(v not in ("auto", "on", "off") for v in modes):
+        ap.error(f"--fuse-intermediate: {args.fuse_intermediate!r} is not a list of auto, on, off")
     torch.manual_seed(0)
     rt = cubist.Runtime(args.manifest)
     flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")  # 512 MB > L2
@@ -223,7 +235,7 @@ def main():
         plot(rows, args.plot)
     bound = {"bf16": 2e-2, "fp8": 8e-2, "fp8-block": 8e-2, "mxfp4": 2e-2, "mxfp4-mxfp8": 8e-2,
              "nvfp4": 0.2}
-    return 0 if all(r["rel_err"] < bound[r["pair"]] for r in rows) else 1
+    return 0 if all(r["rel_err"] < bound[r["pair"]] and r["modes_identical"] for r in rows) else 1
 
 
 def nbytes(t):
@@ -261,13 +273,19 @@ def bench_model(rt, name, pair, args, flush):
         wkw = {key: v for key, v in wkw.items() if v is not None}
     if af in ("fp8", "nvfp4"):
         wkw.update(input_scale=s1, intermediate_scale=s2)
-    layer = cubist.MoeLayer(
-        rt, num_experts=e, top_k=k, hidden=h, intermediate=inter, routing=m["routing"],
-        activation="swiglu", weights=wf, activations=af, n_group=m.get("n_group", 0),
-        topk_group=m.get("topk_group", 0), routed_scaling_factor=m.get("scale", 1.0),
-        max_chunk_tokens=args.chunk)
     max_t = max(int(t) for t in args.tokens.split(","))
-    layer.prepare(max_t, q1[0], q2[0], **act, **wkw)
+    # One layer per fusion mode (the fp8 pair's; the others quantize with block scales in
+    # a kernel of their own, "auto" alone).
+    modes = args.fuse_intermediate.split(",") if pair == "fp8" else ["auto"]
+    layers = {}
+    for mode in modes:
+        layers[mode] = cubist.MoeLayer(
+            rt, num_experts=e, top_k=k, hidden=h, intermediate=inter, routing=m["routing"],
+            activation="swiglu", weights=wf, activations=af, n_group=m.get("n_group", 0),
+            topk_group=m.get("topk_group", 0), routed_scaling_factor=m.get("scale", 1.0),
+            max_chunk_tokens=args.chunk, fuse_intermediate_quantization=mode)
+        layers[mode].prepare(max_t, q1[0], q2[0], **act, **wkw)
+    layer = layers[modes[0]]
     gemm = cubist.MoeGemm(rt, pdl=True)  # the baseline overlaps its two launches too
     # Bytes per expert of both GEMMs' weights with their scales: the floor's unit.
     per_expert = sum(nbytes(t) for t in (*q1, *q2)) / e
@@ -288,9 +306,14 @@ def bench_model(rt, name, pair, args, flush):
         elif wf != "bf16":
             ref_name = "torch bf16 (dequantized)"
         want = torch_layer(x, logits, w1, w2, m, bias, b1, b2)
-        got = layer(x, q1[0], q2[0], **kw)
+        got = layer(x, q1[0], q2[0], **kw).clone()
         err = ((got.float() - want.float()).norm() / want.float().norm()).item()
-        ours = timed(lambda: layer(x, q1[0], q2[0], **kw), args.iters, flush)
+        fuse = {}  # each mode: its time, what "auto" chose, and its output against the first's
+        for mode, lm in layers.items():
+            same = torch.equal(lm(x, q1[0], q2[0], **kw), got)
+            fuse[mode] = dict(us=timed(lambda: lm(x, q1[0], q2[0], **kw), args.iters, flush),
+                              fused=lm.fuses_intermediate_quantization, identical=same)
+        ours = fuse[modes[0]]["us"]
         ours_eager = timed(lambda: layer(x, q1[0], q2[0], **kw), args.iters, flush, graph=False)
         ref = timed(ref_fn, args.iters, flush)
         ref_eager = timed(ref_fn, args.iters, flush, graph=False)
@@ -329,12 +352,18 @@ def bench_model(rt, name, pair, args, flush):
         row = dict(model=name, pair=pair, tokens=t, ours_us=ours, torch_us=ref,
                    torch_baseline=ref_name, gemms_us=two, floor_us=floor,
                    ours_eager_us=ours_eager, torch_eager_us=ref_eager, experts_touched=touched,
-                   rel_err=err, target_us=target, vs_torch=ref / ours)
+                   rel_err=err, target_us=target, vs_torch=ref / ours, fuse=fuse,
+                   modes_identical=all(f["identical"] for f in fuse.values()))
         rows.append(row)
         print(f"{TITLES[name]:14s} {pair:11s} T={t:6d}: ours {ours:9.1f} us  {ref_name} "
               f"{ref:9.1f} x{ref / ours:5.2f}  gemms {two:9.1f}  floor {floor:8.1f} "
               f"(target {target:8.1f}: {'met' if ours <= target else 'OPEN'})  "
               f"eager {ours_eager:8.1f} / {ref_eager:8.1f}  err {err:.1e}", flush=True)
+        if len(fuse) > 1 or pair == "fp8":
+            print("    fuse_intermediate_quantization: " + "  ".join(
+                f"{mode} {f['us']:9.1f} us ({'fused' if f['fused'] else 'quantize kernel'}"
+                f"{'' if f['identical'] else ', OUTPUT DIFFERS'})" for mode, f in fuse.items()),
+                flush=True)
     return rows
 
 

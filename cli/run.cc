@@ -304,6 +304,10 @@ void RegisterRun(CLI::App& app, Globals& g) {
   cmd->add_option("--max-m", f->layer.max_m,
                   "moe: expert_major_masked rows per expert (T = E x max_m; no --tokens)")
       ->type_name("N");
+  cmd->add_option("--fuse-intermediate-quantization", f->layer.fuse_intermediate_quantization,
+                  "moe, fp8 x fp8: auto (default: fused where the manifest has the kernel), "
+                  "on (GEMM1's epilogue writes GEMM2's fp8 input) or off (a quantize kernel)")
+      ->type_name("MODE");
   cmd->add_option("--check-tokens", f->layer.check_tokens,
                   "moe: tokens checked against the CPU reference (default 16)");
   cmd->add_option("--kernel", f->pin, "Use this kernel (debugging)")->type_name("NAME");

@@ -383,6 +383,7 @@ absl::StatusOr<MoeLayerOptions> MoeLayerOptionsFromFlags(const MoeLayerRunFlags&
   o.max_chunk_tokens = f.max_chunk_tokens;
   o.input_layout = f.input_layout;
   o.max_m = f.max_m;
+  o.fuse_intermediate_quantization = f.fuse_intermediate_quantization;
   if (o.input_layout == "expert_major_masked") {
     if (f.tokens >= 0) {
       return absl::InvalidArgumentError(

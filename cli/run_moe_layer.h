@@ -31,6 +31,9 @@ struct MoeLayerRunFlags {
   // drawn from the seed (T = E x max_m; no routing).
   std::string input_layout = "token_major";
   int64_t max_m = 0;
+  // fp8 x fp8: GEMM1's epilogue quantizes GEMM2's input ("on"), a separate kernel does
+  // ("off"), or whichever the manifest serves ("auto"): MoeLayerOptions'.
+  std::string fuse_intermediate_quantization = "auto";
   int check_tokens = 16;   // tokens compared with the reference
   int iterations = 20;
   int warmup = 3;

@@ -35,7 +35,10 @@ inline bool PointersLookValid(const MoeGemmArgs& a) {
   const CUdeviceptr wide = a.a | a.b | a.out;
   const CUdeviceptr words =
       a.a_global_scale | a.b_global_scale | a.offsets | a.alpha | a.beta | a.limit | a.bias;
-  return (wide & 15) == 0 && (words & 3) == 0 &&
+  const bool fp8_out = a.output_format == DataFormat::kFp8;
+  return (wide & 15) == 0 && ((words | a.out_scale) & 3) == 0 &&
+         (fp8_out ? a.out_scale != 0 || a.tokens == 0
+                  : a.out_scale == 0 && a.output_format == DataFormat::kBf16) &&
          (a.a_scale & ScaleAlignMask(a.activation_format)) == 0 &&
          (a.b_scale & ScaleAlignMask(a.weight_format)) == 0 && a.b != 0 && a.offsets != 0 &&
          (a.tokens == 0 || (a.a != 0 && a.out != 0)) &&
@@ -62,6 +65,7 @@ inline moe::MoeGemmParams ParamsOf(const MoeGemmArgs& args) {
   p.limit = reinterpret_cast<const float*>(args.limit);
   p.out = reinterpret_cast<void*>(args.out);
   p.bias = reinterpret_cast<const float*>(args.bias);
+  p.out_scale = reinterpret_cast<const float*>(args.out_scale);
   return p;
 }
 
@@ -79,6 +83,19 @@ absl::Status ValidateMoeGemmArgs(const MoeGemmArgs& a) {
   }
   if (a.n < 1 || a.n > kInt32Max) return bad(absl::StrCat("n=", a.n, " is outside 1..", kInt32Max));
   if (a.k < 1 || a.k > kInt32Max) return bad(absl::StrCat("k=", a.k, " is outside 1..", kInt32Max));
+  const bool fp8_out = a.output_format == DataFormat::kFp8;
+  if (!fp8_out && a.output_format != DataFormat::kBf16) {
+    return bad(absl::StrCat("output_format ", Sv(DataFormatName(a.output_format)),
+                            " is not one the moe_gemm kernels write; use bf16 or fp8"));
+  }
+  if (fp8_out && a.tokens > 0 && a.out_scale == 0) {
+    return bad("out_scale is null but output_format is fp8 (the kernel multiplies by its "
+               "reciprocal); pass the fp32 [1] dequantization scale of out");
+  }
+  if (!fp8_out && a.out_scale != 0) {
+    return bad("out_scale is set but output_format is bf16 (bf16 output has no scale); "
+               "leave out_scale 0, or ask for output_format fp8");
+  }
   struct Ptr {
     const char* name;
     CUdeviceptr value;
@@ -102,6 +119,7 @@ absl::Status ValidateMoeGemmArgs(const MoeGemmArgs& a) {
       {"limit", a.limit, false, 4},
       {"out", a.out, a.tokens > 0, 16},
       {"bias", a.bias, false, 4},
+      {"out_scale", a.out_scale, false, 4},  // required with fp8 output: above
   };
   for (const Ptr& p : ptrs) {
     if (p.required && p.value == 0) {
@@ -150,6 +168,7 @@ MoeGemmArgs MoeGemmArgsFor(const MoeProblem& p) {
   MoeGemmArgs a;
   CopyGemmShape(p, &a);
   a.tokens = p.tokens;
+  a.output_format = p.output_format.value_or(DataFormat::kBf16);
   return a;
 }
 
@@ -161,6 +180,9 @@ MoeProblem MoeGemm::ProblemOf(const MoeGemmArgs& a) const {
   p.sm = runtime_->sm();
   p.sm_count = runtime_->device_info().sm_count;
   p.bias = a.bias != 0;
+  // bf16 output stays unset: every moe_gemm kernel without an output_format writes it
+  // (the selector reads unset as bf16 for moe_gemm), and a bf16 problem keeps its key.
+  if (a.output_format != DataFormat::kBf16) p.output_format = a.output_format;
   return p;
 }
 
@@ -236,6 +258,7 @@ absl::Status MoeGemm::CanImplement(const MoeGemmArgs& args) {
   desc.tile_m = d->tile_m;
   desc.tile_n = d->tile_n;
   desc.abi = d->info.abi;
+  desc.output_format = d->info.output_format;
   moe::MoeGemmParams params = ParamsOf(args);
   if (args.tokens == 0) {
     // Run launches nothing for an empty batch: only the shape checks apply, so stand in
@@ -244,6 +267,9 @@ absl::Status MoeGemm::CanImplement(const MoeGemmArgs& args) {
     if (params.a == nullptr) params.a = placeholder;
     if (params.a_scale == nullptr) params.a_scale = placeholder;
     if (params.out == nullptr) params.out = const_cast<void*>(placeholder);
+    if (params.out_scale == nullptr && d->info.output_format == moe::kFp8) {
+      params.out_scale = static_cast<const float*>(placeholder);
+    }
   }
   // Each launch Run makes (one per group of experts when E exceeds what one schedules).
   return ForEachExpertGroup(

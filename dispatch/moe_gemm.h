@@ -70,6 +70,14 @@ struct MoeGemmArgs {
   // fp32 [E, N]: added to each expert's B row n before the activation (both halves when
   // gated), or 0. Served by kernels of parameter struct version 3.
   CUdeviceptr bias = 0;
+  // What out holds: kBf16 (every kernel), or kFp8 - e4m3 [T, N] or [T, N/2], the
+  // saturating round-to-nearest-even of the bf16 result times 1 / out_scale[0]
+  // (kernels/moe_gemm_abi.h, version 4) - served only by kernels whose entry says
+  // "output_format": "fp8" and only when asked: a bf16 call never selects one.
+  DataFormat output_format = DataFormat::kBf16;
+  // fp32 [1]: the fp8 output's dequantization scale s (out ~ e4m3 x s). Required with
+  // output_format kFp8, refused (must be 0) with kBf16.
+  CUdeviceptr out_scale = 0;
 };
 
 struct MoeGemmOptions {

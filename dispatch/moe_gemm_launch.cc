@@ -7,7 +7,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/strings.h"
 #include "dispatch/moe_types.h"
+#include "dispatch/registry.h"
 #include "loader/device_memory.h"
 
 namespace cubist {
@@ -151,6 +153,18 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
     }
     k.pdl = it->second == "true";
   }
+  const std::string_view out = KernelOutputFormat(spec);
+  if (out == "fp8") {
+    if (spec.abi < moe::kMoeGemmAbiV4) {
+      return bad("output_format", absl::StrCat("fp8 needs parameter struct version ",
+                                               moe::kMoeGemmAbiV4, " (out_scale), the entry "
+                                               "says ", spec.abi, "; rebuild the kernel with "
+                                               "scripts/build-artifacts"));
+    }
+    k.output_format = moe::kFp8;
+  } else if (out != "bf16") {
+    return bad("output_format", absl::StrCat("moe_gemm kernels write bf16 or fp8, got ", Sv(out)));
+  }
   return k;
 }
 
@@ -186,7 +200,7 @@ absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
                                   const moe::MoeGemmParams& p, int sm_count,
                                   MoeGemmLaunch* out) {
   out->params.g = p;
-  out->params.g.abi = k.abi;  // 2 or 3: the same struct
+  out->params.g.abi = k.abi;  // 2, 3 or 4: the same struct
   auto row_bytes = [&](moe::MoeFormat f) {
     return static_cast<uint64_t>(p.k) * moe::FormatBits(f) / 8;
   };

@@ -48,11 +48,15 @@ struct MoeGemmKernelInfo {
   // first global read, so it may be launched with programmatic stream serialization.
   // Kernels built before they waited lack it and are launched in plain stream order.
   bool pdl = false;
+  // extras "output_format" (default bf16): what the kernel writes, bf16 or fp8 (version
+  // 4 or newer only: it reads out_scale).
+  moe::MoeFormat output_format = moe::kBf16;
 };
 
 // InvalidArgument naming the field when the entry is not a moe_gemm kernel this build can
 // launch (unknown format or activation, abi outside kMoeGemmAbiOldest..kMoeGemmAbi, a
-// retired version 1 saying how to rebuild, bad ctas_per_sm, cluster, max_experts or pdl).
+// retired version 1 saying how to rebuild, bad ctas_per_sm, cluster, max_experts, pdl or
+// output_format, or an fp8 output_format below version 4).
 [[nodiscard]] absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec);
 
 // The parameter block and grid of one launch. Pass kernel_params() as cuLaunchKernel's

@@ -47,6 +47,7 @@ struct MoeGemm::TimingBuffers {
   MoeProblem problem;
   std::vector<Set> sets;
   DeviceBuffer a_global, b_global, offsets, out;
+  DeviceBuffer out_scale;  // fp32 [1], fp8-output problems only
 };
 
 void MoeGemm::TimingBuffersDeleter::operator()(TimingBuffers* t) const { delete t; }
@@ -96,6 +97,11 @@ absl::Status MoeGemm::PrepareTimingBuffers(const MoeProblem& problem,
   CUBIST_RETURN_IF_ERROR(OperandPattern(problem.weight_format, OperandKind::kGlobalScale, 7)
                              .Fill(driver, t->b_global));
   CUBIST_ASSIGN_OR_RETURN(t->out, DeviceBuffer::Allocate(driver, sizes.out));
+  if (problem.output_format == DataFormat::kFp8) {  // e4m3 output: half of sizes.out
+    CUBIST_ASSIGN_OR_RETURN(t->out_scale, DeviceBuffer::Allocate(driver, sizeof(float)));
+    CUBIST_RETURN_IF_ERROR(OperandPattern(DataFormat::kFp8, OperandKind::kGlobalScale, 9)
+                               .Fill(driver, t->out_scale));
+  }
   // Tokens spread evenly over the experts, as the cost model assumes.
   std::vector<int32_t> offsets(problem.experts + 1);
   for (int64_t e = 0; e <= problem.experts; ++e) {
@@ -129,6 +135,7 @@ absl::StatusOr<double> MoeGemm::TimeKernel(const KernelEntry& kernel, const MoeP
     a.b_global_scale = t.b_global.get();
     a.offsets = t.offsets.get();
     a.out = t.out.get();
+    a.out_scale = t.out_scale.get();
     return a;
   };
 

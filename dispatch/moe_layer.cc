@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/strings.h"
+#include "dispatch/selector.h"
 #include "loader/driver_api.h"
 
 namespace cubist {
@@ -161,8 +162,29 @@ absl::Status ValidateShapes(const MoeLayerOptions& o) {
   return ValidatePair(o);
 }
 
+// fuse_intermediate_quantization: a known mode, and "on" only where a GEMM1 can write
+// GEMM2's input (per-tensor fp8; block scales span tiles).
+absl::Status ValidateFusion(const MoeLayerOptions& o) {
+  const std::string& f = o.fuse_intermediate_quantization;
+  if (f != "auto" && f != "on" && f != "off") {
+    return Bad("fuse_intermediate_quantization",
+               absl::StrCat("'", f, "' is not auto, on or off"));
+  }
+  if (f == "on" && !(o.weight_format == DataFormat::kFp8 &&
+                     o.activation_format == DataFormat::kFp8)) {
+    return Bad("fuse_intermediate_quantization",
+               absl::StrCat("'on' needs the fp8 x fp8 (per-tensor) pair; the ",
+                            Sv(DataFormatName(o.weight_format)), " x ",
+                            Sv(DataFormatName(o.activation_format)),
+                            " pair's intermediate is quantized by a kernel of its own: use "
+                            "auto or off"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateOptions(const MoeLayerOptions& o) {
   CUBIST_RETURN_IF_ERROR(ValidateShapes(o));
+  CUBIST_RETURN_IF_ERROR(ValidateFusion(o));
   if (Masked(o)) return ValidateMaskedOptions(o);
   if (o.input_layout != "token_major") {
     return Bad("input_layout", absl::StrCat("'", o.input_layout,
@@ -209,6 +231,7 @@ absl::Status ValidateOptions(const MoeLayerOptions& o) {
   if (o.max_chunk_tokens < 0) return Bad("max_chunk_tokens", "is negative");
   return absl::OkStatus();
 }
+
 
 // The workspace for passes of up to `rows` rows (a RowBucketFor value; the masked
 // layout: L x max_m, with no routing slots and a row map of `rows` entries).
@@ -317,7 +340,28 @@ absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(Runtime& runtime,
   gemm_options.programmatic_dependent_launch = options.programmatic_dependent_launch;
   CUBIST_ASSIGN_OR_RETURN(layer->gemm1_, MoeGemm::Create(runtime, gemm_options));
   CUBIST_ASSIGN_OR_RETURN(layer->gemm2_, MoeGemm::Create(runtime, gemm_options));
+  layer->fuse_ = layer->ResolveFusion();
   return layer;
+}
+
+bool MoeLayer::ResolveFusion() const {
+  const std::string& mode = options_.fuse_intermediate_quantization;
+  const bool fp8_pair = options_.weight_format == DataFormat::kFp8 &&
+                        options_.activation_format == DataFormat::kFp8;
+  if (!fp8_pair || mode == "off") return false;
+  if (mode == "on") return true;
+  // auto: a kernel the selector would accept for GEMM1 writing fp8 - every row bucket
+  // poses the same problem but for its rows, which no kernel of the family limits.
+  MoeGemmArgs g = GemmArgs(MoeLayerArgs{}, 1, 0, LayoutForRows(options_, 1, 64));
+  g.output_format = DataFormat::kFp8;
+  const MoeProblem problem = gemm1_->ProblemOf(g);
+  SelectOptions so;
+  so.abi = moe::kMoeGemmAbi;
+  so.allow_inexact = options_.gemm.allow_inexact;
+  for (const KernelEntry& k : runtime_->registry().kernels()) {
+    if (CheckKernel(k, problem, so).empty()) return true;
+  }
+  return false;
 }
 
 // The glue kernels: for each op and function name, the first manifest kernel that runs on
@@ -550,6 +594,11 @@ MoeGemmArgs MoeLayer::GemmArgs(const MoeLayerArgs& a, int gemm, CUdeviceptr ws,
   g.bias = first ? a.w1_bias : a.w2_bias;
   g.a = ws + (first ? w.gathered : w.quantized);
   g.out = ws + (first ? w.activated : w.rows);
+  if (first && fuse_) {  // GEMM1 writes GEMM2's e4m3 input with its per-tensor scale
+    g.out = ws + w.quantized;
+    g.output_format = DataFormat::kFp8;
+    g.out_scale = a.intermediate_scale;
+  }
   if (first) {  // H -> I with the activation and its per-expert parameters
     g.activation = options_.activation;
     g.n = IsGated(options_.activation) ? 2 * options_.intermediate : options_.intermediate;
@@ -597,6 +646,7 @@ absl::Status MoeLayer::CanImplement(const MoeLayerArgs& args, int64_t max_tokens
       if (g.a_global_scale == 0 && moe::FormatHasGlobalScale(options_.activation_format)) {
         g.a_global_scale = placeholder;
       }
+      if (g.out_scale == 0 && g.output_format == DataFormat::kFp8) g.out_scale = placeholder;
       CUBIST_RETURN_IF_ERROR((gemm == 1 ? gemm1_ : gemm2_)->CanImplement(g));
     }
   }
@@ -778,11 +828,11 @@ absl::Status MoeLayer::Finalize(const MoeLayerArgs& a, const Pass& pass, CUstrea
 
 // The steps both layouts share once rows are in expert order (offsets and the row map in
 // the workspace): the gather (quantizing for quantized pairs), GEMM1 with the activation,
-// the intermediate's quantization, GEMM2.
+// the intermediate's quantization (unless GEMM1's epilogue did it: fuse_), GEMM2.
 absl::Status MoeLayer::RunExperts(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
   CUBIST_RETURN_IF_ERROR(GatherInput(a, pass, stream));
   CUBIST_RETURN_IF_ERROR(gemm1_->Run(GemmArgs(a, 1, pass.ws, pass.w), stream));
-  if (Quantized(options_.activation_format)) {
+  if (Quantized(options_.activation_format) && !fuse_) {
     CUBIST_RETURN_IF_ERROR(QuantizeIntermediate(a, pass, stream));
   }
   return gemm2_->Run(GemmArgs(a, 2, pass.ws, pass.w), stream);

@@ -31,8 +31,9 @@
 // fp8-block x fp8-block (1x128 activations, 128x128 weights), mxfp4 x bf16, mxfp4 x mxfp8
 // and nvfp4 x nvfp4. For the quantized activation formats the layer quantizes both GEMMs'
 // inputs itself with its moe_quantize kernels (kernels/moe_layer_abi.h states the
-// rounding): the token rows on their way into expert order, and GEMM1's bf16 output.
-// Other pairs are refused by Create (Unimplemented naming the pair).
+// rounding): the token rows on their way into expert order, and GEMM1's bf16 output -
+// for fp8 x fp8, in GEMM1's own epilogue where the manifest has such a kernel
+// (fuse_intermediate_quantization; the same bytes either way). Other pairs are refused by Create (Unimplemented naming the pair).
 //
 // Masked input (input_layout "expert_major_masked"): the expert-major layout that
 // low-latency all-to-all libraries deliver (DeepEP's low-latency dispatch; DeepGEMM's
@@ -113,6 +114,15 @@ struct MoeLayerOptions {
   // [L, max_m, H] ("Masked input" above).
   std::string input_layout = "token_major";
   int64_t max_m = 0;  // expert_major_masked: rows per expert slot (L x max_m <= 2^31 - 1)
+  // The fp8 x fp8 (per-tensor) pair's quantization of GEMM1's output to GEMM2's input:
+  // "on": GEMM1's epilogue writes e4m3 straight into GEMM2's input (a kernel whose entry
+  // says "output_format": "fp8"; CanImplement fails NotFound without one); "off": GEMM1
+  // writes bf16 and the separate quantize kernel converts it; "auto": on when the
+  // manifest has an fp8-output GEMM1 kernel that serves the layer's shape (its
+  // activation, formats, alignment) on this device, else off. Both give the same bytes:
+  // the fused epilogue rounds to bf16 first and then quantizes with the same rule
+  // (kernels/moe_gemm_abi.h, version 4). Other pairs accept "auto" and "off" only.
+  std::string fuse_intermediate_quantization = "auto";
   MoeGemmOptions gemm;  // for both GEMMs (pinning, inexact kernels)
 };
 
@@ -172,7 +182,8 @@ struct MoeLayerWorkspace {
   size_t chunk_counts = 0;   // int32 [sort chunks, L + 1]
   size_t gathered = 0;       // GEMM1's input [chunk x k, H], the activation format
   size_t gathered_scale = 0;  // its block scales (quantized formats)
-  size_t activated = 0;      // bf16 [chunk x k, I]: GEMM1's output
+  size_t activated = 0;      // bf16 [chunk x k, I]: GEMM1's output (unused when GEMM1
+                             // writes fp8 into `quantized` itself: fused quantization)
   size_t quantized = 0;      // GEMM2's input [chunk x k, I] (quantized formats; else
                              // GEMM2 reads `activated`)
   size_t quantized_scale = 0;  // its block scales
@@ -203,6 +214,9 @@ class MoeLayer {
   [[nodiscard]] absl::Status Run(const MoeLayerArgs& args, CUstream stream);
 
   const MoeLayerOptions& options() const { return options_; }
+  // Whether GEMM1 writes GEMM2's fp8 input itself (fuse_intermediate_quantization, as
+  // Create resolved "auto"), so that no quantize kernel runs between the GEMMs.
+  bool fuses_intermediate_quantization() const { return fuse_; }
   moe::MoeRoutingMethod routing_method() const { return method_; }
 
  private:
@@ -212,6 +226,8 @@ class MoeLayer {
   };
   struct Pass;  // one pass over a chunk of tokens (moe_layer.cc)
   MoeLayer(Runtime& runtime, const MoeLayerOptions& options);
+  // fuse_intermediate_quantization resolved against the manifest ("auto").
+  bool ResolveFusion() const;
   absl::Status LoadGlue();
   absl::Status RaiseSharedLimits();
   absl::Status ValidateArgs(const MoeLayerArgs& args, int64_t max_tokens) const;
@@ -243,6 +259,7 @@ class MoeLayer {
   Runtime* runtime_;
   MoeLayerOptions options_;
   moe::MoeRoutingMethod method_ = moe::kRouteRenormalize;
+  bool fuse_ = false;    // GEMM1 writes fp8 (fuse_intermediate_quantization resolved)
   bool masked_ = false;  // input_layout "expert_major_masked"
   bool logits_bf16_ = false;
   int64_t local_experts_ = 0;  // L

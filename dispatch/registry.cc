@@ -208,6 +208,14 @@ std::string FirstDifference(const KernelSpec& a, const KernelSpec& b) {
 
 }  // namespace
 
+std::string_view KernelOutputFormat(const KernelSpec& spec) {
+  auto it = spec.extras.find("output_format");
+  if (it == spec.extras.end()) return "bf16";
+  std::string_view v = it->second;
+  if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
+  return v;
+}
+
 absl::StatusOr<Registry> Registry::Create(const Manifest& manifest) {
   Registry r;
   r.manifest_name_ = manifest.name;

@@ -86,6 +86,12 @@ struct KernelEntry {
   const std::string& name() const { return spec.name; }
 };
 
+// What a kernel writes: its manifest extras "output_format" (a JSON string: the format's
+// name, without the quotes), or "bf16" when the entry has none - what every moe_gemm kernel
+// without one writes. moe_gemm kernels write bf16 or, entries of parameter struct version
+// 4 saying "fp8", e4m3 (kernels/moe_gemm_abi.h); MoeGemmKernelInfoOf refuses others.
+std::string_view KernelOutputFormat(const KernelSpec& spec);
+
 class Registry {
  public:
   // Validates and indexes `manifest.kernels` (see the file comment for the errors).

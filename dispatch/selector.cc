@@ -201,18 +201,15 @@ std::vector<Rejection> CheckKernel(const KernelEntry& kernel, const MoeProblem& 
                                   ", problem wants ", Sv(ActivationName(p.activation)))});
     }
   }
-  if (p.output_format.has_value()) {
-    // The kernel's output format: the manifest's "output_format" extra (a JSON string),
-    // else bf16, what every moe_gemm kernel writes.
-    std::string_view writes = "bf16";
-    if (auto it = kernel.spec.extras.find("output_format"); it != kernel.spec.extras.end()) {
-      writes = it->second;
-      if (writes.size() >= 2 && writes.front() == '"') writes = writes.substr(1, writes.size() - 2);
-    }
-    if (writes != DataFormatName(*p.output_format)) {
+  // A moe_gemm problem without an output format wants bf16, what its callers read: an
+  // fp8-output kernel (version 4) is chosen only when asked for. Other ops' problems
+  // without one accept any.
+  if (p.output_format.has_value() || (moe_gemm && p.op == Op::kMoeGemm)) {
+    const std::string_view wants = DataFormatName(p.output_format.value_or(DataFormat::kBf16));
+    const std::string_view writes = KernelOutputFormat(kernel.spec);
+    if (writes != wants) {
       out.push_back({RejectReason::kOutputFormat,
-                     absl::StrCat("kernel writes ", Sv(writes), ", problem wants ",
-                                  Sv(DataFormatName(*p.output_format)))});
+                     absl::StrCat("kernel writes ", Sv(writes), ", problem wants ", Sv(wants))});
     }
   }
   if (!SassRunsOn(kernel.arch, p.sm)) {

@@ -10,7 +10,11 @@
 //   [T, K]; its weights are B[e] = [N, K] (K contiguous, "TN"); C = A_e * B_e^T in fp32
 //   after dequantisation, plus the expert's bias row when given (version 3); out =
 //   act(C) in bf16, [T, N] or, for gated activations, [T, N/2] with x0 = C[:, 0:N/2]
-//   (linear) and x1 = C[:, N/2:N] (gate).
+//   (linear) and x1 = C[:, N/2:N] (gate). Kernels whose manifest entry says
+//   "output_format": "fp8" (version 4) write e4m3 instead: out = the saturating,
+//   round-to-nearest-even e4m3 of float(bf16(act(C))) x (1 / out_scale[0]), the
+//   reciprocal computed once in fp32 - the bytes the layer's fp8 quantizer
+//   (kernels/moe_layer_abi.h) makes of the bf16 output.
 //
 // Versions: every kernel's manifest entry records the version of the parameter struct it
 // takes ("abi"). Any change to a struct's layout or to the meaning of a field is a new
@@ -25,6 +29,13 @@
 //      expert and B row, both halves when gated) to C after the global scales, before
 //      the activation. Version 2 never reads the field (it was reserved, 0): a problem
 //      with a bias needs a version-3 kernel.
+//   4  version 3's struct (same size and layout), whose reserved[0] became `out_scale`:
+//      the fp32 [1] dequantization scale of an fp8 output. Only kernels whose entry says
+//      "output_format": "fp8" are built as version 4, and they require it; every
+//      kernel writing bf16 stays version 3 and never reads it (null). fp8-output kernels
+//      take a version of their own so that a dispatcher that predates them (versions up
+//      to 3, no notion of an output format) refuses them instead of selecting one for a
+//      bf16 problem and reading its e4m3 bytes as bf16.
 #ifndef CUBIST_KERNELS_MOE_GEMM_ABI_H_
 #define CUBIST_KERNELS_MOE_GEMM_ABI_H_
 
@@ -40,8 +51,9 @@ namespace cubist::moe {
 
 inline constexpr int kMoeGemmAbiV2 = 2;
 inline constexpr int kMoeGemmAbiV3 = 3;
-inline constexpr int kMoeGemmAbi = 3;  // the newest version
-static_assert(kMoeGemmAbi == kMoeGemmAbiV3, "kMoeGemmAbi names the newest version");
+inline constexpr int kMoeGemmAbiV4 = 4;
+inline constexpr int kMoeGemmAbi = 4;  // the newest version
+static_assert(kMoeGemmAbi == kMoeGemmAbiV4, "kMoeGemmAbi names the newest version");
 inline constexpr int kMoeGemmAbiOldest = kMoeGemmAbiV2;  // the oldest one still launched
 inline constexpr int kMoeGemmAbiRetiredV1 = 1;  // generation 1's, refused with the fix below
 // What to do with a kernel of a retired version (below kMoeGemmAbiOldest): the message's
@@ -130,9 +142,14 @@ struct MoeGemmParams {
   const float* alpha;  // [E] or null
   const float* beta;   // [E] or null
   const float* limit;  // [E] or null (= +inf)
-  void* out;           // bf16 [T, N] or [T, N/2] (gated), dense rows
-  const float* bias;   // [E, N] or null; read by version-3 kernels only (null for 2)
-  int64_t reserved[2];  // 0; room for strides without an ABI bump of the size
+  void* out;           // bf16 (or e4m3: fp8-output kernels) [T, N] or [T, N/2] (gated),
+                       // dense rows
+  const float* bias;   // [E, N] or null; read by version-3 and -4 kernels (null for 2)
+  // fp32 [1]: the dequantization scale s of an fp8 output (out ~ e4m3 x s), read by the
+  // kernels whose entry says "output_format": "fp8" (version 4), which need it; null for
+  // every kernel that writes bf16 (MoeGemmCheck refuses it there). Was reserved[0].
+  const float* out_scale;
+  int64_t reserved[1];  // 0; room for a stride without an ABI bump of the size
 };
 static_assert(sizeof(MoeGemmParams) == 136, "MoeGemmParams layout is ABI");
 
@@ -214,6 +231,13 @@ CUBIST_HD constexpr int32_t MoeGemmKAlign(MoeFormat w, MoeFormat a) {
   return align;
 }
 inline constexpr int32_t kMoeGemmOutColsAlign = 8;
+// fp8-output kernels store whole 16-byte pieces of e4m3 rows (16 columns), so their
+// output width is a multiple of 16 (manifest "n_multiple": twice the bf16 kernels').
+inline constexpr int32_t kMoeGemmOutColsAlignFp8 = 16;
+// The output width's alignment for a kernel writing `out` (kBf16 or kFp8).
+CUBIST_HD constexpr int32_t MoeGemmOutColsAlign(MoeFormat out) {
+  return out == kFp8 ? kMoeGemmOutColsAlignFp8 : kMoeGemmOutColsAlign;
+}
 
 // The size in bytes of every array of one problem (E experts, T tokens, N, K): the one
 // place that says it, for the dispatcher, `cubist run`, the benchmarks and the CPU

@@ -23,6 +23,9 @@ struct MoeGemmKernelDesc {
   int32_t tile_m = 0;
   int32_t tile_n = 0;
   int32_t abi = kMoeGemmAbi;  // the version of the kernel's parameter struct
+  // What it writes: kBf16, or kFp8 for entries saying "output_format": "fp8" (version 4,
+  // reads out_scale).
+  MoeFormat output_format = kBf16;
 };
 
 // Returns "" when `p` can be launched on the kernel `k`, otherwise
@@ -30,9 +33,10 @@ struct MoeGemmKernelDesc {
 //   "moe_gemm: K = 100 is not a multiple of 32 (mxfp4 x bf16 kernels read whole
 //    16-byte chunks and 32-element scale blocks); pad K with zeros to a multiple of 32"
 // Checks: ABI version, E >= 1, T >= 0, K >= 1 and its alignment, N (even and out columns
-// a multiple of 8), required pointers present (operands, offsets, out, block scales of
-// block-scaled formats), 16-byte alignment of a, b and out, 4-byte alignment of fp32
-// scale arrays, and a grid that fits in one launch. It cannot check device memory:
+// a multiple of 8, of 16 for fp8 output), required pointers present (operands, offsets,
+// out, block scales of block-scaled formats), 16-byte alignment of a, b and out, 4-byte
+// alignment of fp32 scale arrays, out_scale given exactly when the kernel writes fp8, and
+// a grid that fits in one launch. It cannot check device memory:
 // offsets must be non-decreasing from 0 with offsets[E] <= T (the kernel clamps rows to
 // [0, T], so a wrong offsets array gives wrong results but never an out-of-bounds access).
 inline std::string MoeGemmCheck(const MoeGemmParams& p, const MoeGemmKernelDesc& k);
@@ -89,10 +93,13 @@ inline std::string CheckShape(const MoeGemmParams& p, const MoeGemmKernelDesc& k
                   : std::string(" must be positive"));
   }
   const int32_t out_cols = MoeGemmOutCols(p.n, k.activation);
-  if (out_cols % kMoeGemmOutColsAlign != 0) {
+  const int32_t out_align = MoeGemmOutColsAlign(k.output_format);
+  if (out_cols % out_align != 0) {
     return "moe_gemm: output width " + Str(out_cols) + (gated ? " (N/2)" : " (N)") +
-           " is not a multiple of " + Str(kMoeGemmOutColsAlign) +
-           "; pad N (each half, when gated) to a multiple of 8";
+           " is not a multiple of " + Str(out_align) +
+           (k.output_format == kFp8 ? " (fp8-output kernels store 16-byte pieces of e4m3)"
+                                    : "") +
+           "; pad N (each half, when gated) to a multiple of " + Str(out_align);
   }
   return "";
 }
@@ -120,10 +127,38 @@ inline std::string CheckPointers(const MoeGemmParams& p, const MoeGemmKernelDesc
       Misaligned(p.bias, 4)) {
     return "moe_gemm: fp32 arrays (scales, alpha, beta, limit, bias) must be 4-byte aligned";
   }
+  if (Misaligned(p.out_scale, 4)) {
+    return "moe_gemm: out_scale must be 4-byte aligned (one fp32); pass the address of an "
+           "fp32 [1] array";
+  }
   if (p.bias != nullptr && k.abi < kMoeGemmAbiV3) {
     return "moe_gemm: the kernel takes parameter struct version " + Str(k.abi) +
            ", which has no bias; a bias needs a version-3 kernel (scripts/build-artifacts "
            "builds them)";
+  }
+  return "";
+}
+
+// The output format: out_scale given exactly when the kernel writes fp8 (it needs the
+// scale; a bf16 kernel would ignore it, so a caller passing one expects fp8 bytes it would
+// not get), and an fp8-output kernel of a version that has the field.
+inline std::string CheckOutput(const MoeGemmParams& p, const MoeGemmKernelDesc& k) {
+  if (k.output_format != kBf16 && k.output_format != kFp8) {
+    return std::string("moe_gemm: the kernel writes ") + FormatName(k.output_format) +
+           "; moe_gemm kernels write bf16 or fp8";
+  }
+  if (k.output_format == kFp8 && k.abi < kMoeGemmAbiV4) {
+    return "moe_gemm: the kernel writes fp8 but takes parameter struct version " + Str(k.abi) +
+           ", which has no out_scale; rebuild it (scripts/build-artifacts builds fp8-output "
+           "kernels as version 4)";
+  }
+  if (k.output_format == kFp8 && p.out_scale == nullptr) {
+    return "moe_gemm: out_scale is null, but the kernel writes fp8 (output_format fp8); pass "
+           "the output's fp32 [1] dequantization scale in out_scale";
+  }
+  if (k.output_format == kBf16 && p.out_scale != nullptr) {
+    return "moe_gemm: out_scale is set, but the kernel writes bf16 and never reads it; leave "
+           "out_scale null, or use a kernel whose output_format is fp8";
   }
   return "";
 }
@@ -155,6 +190,7 @@ inline std::string MoeGemmCheck(const MoeGemmParams& p, const MoeGemmKernelDesc&
   std::string error = internal::CheckVersions(p, k);
   if (error.empty()) error = internal::CheckShape(p, k);
   if (error.empty()) error = internal::CheckPointers(p, k);
+  if (error.empty()) error = internal::CheckOutput(p, k);
   if (error.empty()) error = internal::CheckLaunchLimits(p, k);
   return error;
 }

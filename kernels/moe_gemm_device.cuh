@@ -8,6 +8,8 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "kernels/moe_gemm_abi.h"
 
 namespace cubist::moe {
@@ -314,9 +316,31 @@ __device__ __forceinline__ void PrefetchBiasL2(const MoeGemmParams& p, int e, in
   }
 }
 
-template <MoeFormat WF, MoeActivation ACT, int TN, int R>
+// fp8 output (parameter struct version 4, kernels whose entry says "output_format":
+// "fp8"): the two bf16 values the bf16 epilogue would store, times inv_s = rcp(out_scale)
+// (one correctly rounded fp32 multiply each), to e4m3 rounded to nearest even, saturating
+// at +-448, NaN -> 0x7F: exactly the layer's fp8 quantizer (kernels/moe_layer.cu) applied
+// to the bf16 output, so a fused GEMM1 writes the bytes the separate quantize would.
+// Element 0 in the low byte.
+__device__ __forceinline__ uint32_t Bf16x2ToE4m3x2(__nv_bfloat162 v, float inv_s) {
+  const float lo = __fmul_rn(__low2float(v), inv_s);
+  const float hi = __fmul_rn(__high2float(v), inv_s);
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// The factor an fp8-output epilogue multiplies by: the correctly rounded reciprocal of
+// out_scale[0], computed once per tile (as the quantizer computes it once).
+__device__ __forceinline__ float OutInvScale(const MoeGemmParams& p) {
+  return __frcp_rn(__ldg(p.out_scale));
+}
+
+// OUT: the output format, kBf16 (versions 2 and 3) or kFp8 (version 4: 1 byte per
+// element, rows of n_out bytes).
+template <MoeFormat WF, MoeActivation ACT, int TN, MoeFormat OUT = kBf16, int R>
 __device__ __forceinline__ void StoreTile(const MoeGemmParams& p, int e, int row0, int row_end,
                                           int n_tile, float (&acc)[R]) {
+  static_assert(OUT == kBf16 || OUT == kFp8, "moe_gemm kernels write bf16 or e4m3");
   constexpr bool kGated = IsGated(ACT);
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
   constexpr int kOutGroups = kGated ? TN / 16 : TN / 8;  // 8-column groups of out
@@ -324,17 +348,26 @@ __device__ __forceinline__ void StoreTile(const MoeGemmParams& p, int e, int row
   TileEpilogue<WF, ACT> ep(p, e);
   ep.template FoldBias<TN>(acc, n_tile * kTileCols + (lane % 4) * 2);
   const int n_out = MoeGemmOutCols(p.n, ACT);
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+  // e4m3 output: one byte per element, each pair of the bf16 epilogue quantized.
+  using Out = std::conditional_t<OUT == kFp8, uint8_t, __nv_bfloat16>;
+  float inv_s = 0.0f;
+  if constexpr (OUT == kFp8) inv_s = OutInvScale(p);
+  Out* out = static_cast<Out*>(p.out);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + warp * 16 + lane / 4 + 8 * h;
     if (row >= row_end) continue;
-    __nv_bfloat16* orow = out + static_cast<int64_t>(row) * n_out;
+    Out* orow = out + static_cast<int64_t>(row) * n_out;
 #pragma unroll
     for (int g = 0; g < kOutGroups; ++g) {
       const int col = n_tile * kTileCols + g * 8 + (lane % 4) * 2;
       if (col >= n_out) continue;
-      *reinterpret_cast<__nv_bfloat162*>(orow + col) = ep.template Pair<TN>(acc, g, h);
+      if constexpr (OUT == kFp8) {
+        *reinterpret_cast<uint16_t*>(orow + col) =
+            static_cast<uint16_t>(Bf16x2ToE4m3x2(ep.template Pair<TN>(acc, g, h), inv_s));
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(orow + col) = ep.template Pair<TN>(acc, g, h);
+      }
     }
   }
 }

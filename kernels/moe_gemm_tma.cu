@@ -3,6 +3,7 @@
 // scripts/build-artifacts with
 //   -DMOE_FMT=kBf16 -DMOE_ACT=kSwiglu -DMOE_TM=128 -DMOE_TN=256 -DMOE_STAGES=4
 //   -DMOE_NAME=moe_gemm_tma_bf16_bf16_swiglu_m128n256k64
+// (and -DMOE_OUT=kFp8 for the e4m3-output variants, named *_ofp8, version 4)
 // and -gencode=arch=compute_90a,code=sm_90a. Contract: kernels/moe_gemm_abi.h (version
 // 2: MoeGemmParamsV2, MoeGemmPersistentGridFor); shared memory: MakeTmaLayout in
 // kernels/moe_gemm_layout.h; docs/kernels.md explains the design and the measurements.
@@ -12,8 +13,9 @@
 // A's and B's k-tile into it, completing on the stage's `full` mbarrier. Warpgroups
 // 1..tile_m/64 are consumers, each owning 64 rows of the tile and all tile_n columns in
 // registers: wait `full`, issue wgmma on the stage, release it once the wgmma that read it
-// retired, and after the last k-tile apply the activation and store bf16 to `out`. While
-// consumers run the epilogue the producer already fills stages with the next tile.
+// retired, and after the last k-tile apply the activation and store bf16 (or e4m3) to
+// `out`. While consumers run the epilogue the producer already fills stages with the next
+// tile.
 //
 // Scheduling. Each CTA reads offsets once into shared memory and builds the prefix sum of
 // per-expert M tiles; tile i (blockIdx.x, blockIdx.x + gridDim.x, ...) maps to (M tile,
@@ -36,15 +38,20 @@
 #ifndef MOE_CLUSTER
 #define MOE_CLUSTER 1  // CTAs per cluster along M (1 or 2)
 #endif
+#ifndef MOE_OUT
+#define MOE_OUT kBf16  // the output format: kBf16, or kFp8 (e4m3, parameter struct version 4)
+#endif
 
 namespace cubist::moe {
 namespace {
 
 // ---------------------------------------------------------------------------------
 
-template <MoeFormat F, MoeActivation ACT, int TM, int TN, int ST, int CL>
+template <MoeFormat F, MoeActivation ACT, int TM, int TN, int ST, int CL, MoeFormat OUT = kBf16>
 struct MoeGemmTma {
   static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 CTAs along M");
+  static_assert(OUT == kBf16 || (OUT == kFp8 && (IsGated(ACT) ? TN / 2 : TN) % 16 == 0),
+                "e4m3 output in whole 16-column pieces per tile");
   static constexpr MoeGemmTmaLayout L = MakeTmaLayout(F, F, TM, TN, ST);
   static_assert(L.error == nullptr, "invalid moe_gemm_tma configuration (moe_gemm_layout.h)");
   static constexpr int kThreads = L.threads;
@@ -214,10 +221,10 @@ struct MoeGemmTma {
       // Tiles with fewer rows than the consumer's 64 (decode steps, an expert's last tile)
       // store directly: staging would move all 64 rows through shared memory.
       if (L.staged_epilogue && t.row_end - (t.row_begin + ci * 64) >= 64) {
-        StoreStaged<F, ACT, TN>(p, t, ci, acc,
-                                c.smem + L.epilogue_offset + ci * kMoeGemmTmaEpilogueBytes);
+        StoreStaged<F, ACT, TN, OUT>(
+            p, t, ci, acc, c.smem + L.epilogue_offset + ci * kMoeGemmTmaEpilogueBytes);
       } else {
-        StoreTile<F, ACT, TN>(p, t.e, t.row_begin + ci * 64, t.row_end, t.n_tile, acc);
+        StoreTile<F, ACT, TN, OUT>(p, t.e, t.row_begin + ci * 64, t.row_end, t.n_tile, acc);
       }
     }
     if constexpr (CL > 1) ClusterSync();
@@ -514,7 +521,7 @@ struct MoeGemmTma {
 
 using MoeTmaKernel =
     cubist::moe::MoeGemmTma<cubist::moe::MOE_FMT, cubist::moe::MOE_ACT, MOE_TM, MOE_TN,
-                            MOE_STAGES, MOE_CLUSTER>;
+                            MOE_STAGES, MOE_CLUSTER, cubist::moe::MOE_OUT>;
 
 // One CTA per SM caps two-consumer kernels at 168 registers at entry, below the setmaxnreg
 // targets as setmaxnreg requires; one-consumer kernels ask for the CTAs per SM their

@@ -94,7 +94,11 @@ class MoeLayer:
     local_expert_offset / num_local_experts (expert parallelism: L local experts),
     max_chunk_tokens (bounds the workspace), finalize ("sum", or "none"), pdl;
     input_layout (one of INPUT_LAYOUTS) and max_m (expert_major_masked: rows per expert
-    slot; top_k and the routing options stay unset)."""
+    slot; top_k and the routing options stay unset); fuse_intermediate_quantization
+    ("auto", "on" or "off": fp8 x fp8 only, whether GEMM1's epilogue writes GEMM2's fp8
+    input instead of a separate quantize kernel - the same bytes either way; "auto" fuses
+    where the manifest has the kernel, and fuses_intermediate_quantization says what it
+    chose)."""
 
     _next_handle = 1
 
@@ -103,7 +107,7 @@ class MoeLayer:
                  activations="bf16", n_group=0, topk_group=0, routed_scaling_factor=1.0,
                  apply_weight_on_input=False, logits="fp32", local_expert_offset=0,
                  num_local_experts=0, max_chunk_tokens=0, finalize="sum", pdl=True,
-                 input_layout="token_major", max_m=0):
+                 input_layout="token_major", max_m=0, fuse_intermediate_quantization="auto"):
         from . import Runtime
         if not isinstance(runtime, Runtime):
             raise _bad("runtime", f"expected cubist.Runtime, got {type(runtime).__name__}")
@@ -120,11 +124,16 @@ class MoeLayer:
             self.hidden, self.intermediate, routing, int(n_group), int(topk_group),
             float(routed_scaling_factor), bool(apply_weight_on_input), logits,
             int(local_expert_offset), int(num_local_experts), int(max_chunk_tokens),
-            finalize, bool(pdl), input_layout, self.max_m)
+            finalize, bool(pdl), input_layout, self.max_m, fuse_intermediate_quantization)
         self._workspace = None  # (tensor, max_tokens) grown on demand outside capture
         self.handle = MoeLayer._next_handle
         MoeLayer._next_handle += 1
         _live_layers[self.handle] = self
+
+    @property
+    def fuses_intermediate_quantization(self):
+        """Whether GEMM1 writes GEMM2's fp8 input itself (no quantize kernel between)."""
+        return self._native.fuses_intermediate_quantization
 
     def workspace_size(self, max_tokens):
         """Bytes of workspace a batch of up to max_tokens tokens needs."""

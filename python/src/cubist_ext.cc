@@ -637,7 +637,8 @@ class PyMoeLayer {
              bool apply_weight_on_input, const std::string& logits,
              int64_t local_expert_offset, int64_t num_local_experts,
              int64_t max_chunk_tokens, const std::string& finalize, bool pdl,
-             const std::string& input_layout, int64_t max_m) {
+             const std::string& input_layout, int64_t max_m,
+             const std::string& fuse_intermediate_quantization) {
     MoeLayerOptions& o = options_;
     o.weight_format = Check(ParseDataFormat(weights));
     o.activation_format = Check(ParseDataFormat(activations));
@@ -659,8 +660,11 @@ class PyMoeLayer {
     o.programmatic_dependent_launch = pdl;
     o.input_layout = input_layout;
     o.max_m = max_m;
+    o.fuse_intermediate_quantization = fuse_intermediate_quantization;
     op_ = Check(MoeLayer::Create(rt.get(), o));
   }
+
+  bool FusesIntermediateQuantization() const { return op_->fuses_intermediate_quantization(); }
 
   size_t WorkspaceSize(int64_t max_tokens) const {
     return Check(MoeLayer::WorkspaceSize(options_, max_tokens));
@@ -1028,8 +1032,11 @@ NB_MODULE(_cubist, m) {
       .def(nb::init<PyRuntime&, const std::string&, const std::string&, const std::string&,
                     int64_t, int64_t, int64_t, int64_t, const std::string&, int64_t, int64_t,
                     double, bool, const std::string&, int64_t, int64_t, int64_t,
-                    const std::string&, bool, const std::string&, int64_t>(),
+                    const std::string&, bool, const std::string&, int64_t,
+                    const std::string&>(),
            nb::keep_alive<1, 2>())
+      .def_prop_ro("fuses_intermediate_quantization",
+                   &PyMoeLayer::FusesIntermediateQuantization)
       .def("workspace_size", &PyMoeLayer::WorkspaceSize)
       .def("workspace_layout", &PyMoeLayer::WorkspaceLayout)
       .def("run", &PyMoeLayer::Run);

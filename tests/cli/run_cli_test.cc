@@ -70,6 +70,28 @@ TEST_F(RunCliTest, MaskedLayoutFlagsAreCheckedBeforeTheRuntimeOpens) {
   EXPECT_THAT(out, ::testing::Not(HasSubstr("moe layer:")));
 }
 
+// --fuse-intermediate-quantization: a known mode, "on" for the fp8 x fp8 pair only.
+TEST_F(RunCliTest, FuseIntermediateQuantizationIsCheckedBeforeTheRuntimeOpens) {
+  std::string out;
+  EXPECT_EQ(Run(std::string(kLayer) + "--top-k 2 --tokens 4 "
+                "--fuse-intermediate-quantization maybe",
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("moe layer: fuse_intermediate_quantization: 'maybe' is not "
+                             "auto, on or off"));
+  EXPECT_EQ(Run(std::string(kLayer) + "--top-k 2 --tokens 4 "
+                "--fuse-intermediate-quantization on",
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("'on' needs the fp8 x fp8 (per-tensor) pair"));
+  EXPECT_EQ(Run("--op moe --weights fp8 --activations fp8 --activation swiglu --experts 8 "
+                "--hidden 64 --intermediate 64 --top-k 2 --tokens 4 "
+                "--fuse-intermediate-quantization on",
+                &out),
+            5);
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("moe layer:")));
+}
+
 TEST_F(RunCliTest, UnservedPairIsUnimplementedNotAUsageError) {
   std::string out;
   const int rc = Run(

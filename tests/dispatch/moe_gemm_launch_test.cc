@@ -277,16 +277,16 @@ TEST(MoeGemmLaunchTest, KernelInfoFromTheManifestEntry) {
   s.abi = 3;  // version 2's struct with the bias
   ASSERT_TRUE(MoeGemmKernelInfoOf(s).ok());
   EXPECT_EQ(MoeGemmKernelInfoOf(s)->abi, 3);
-  s.abi = 4;
+  s.abi = 5;
   EXPECT_THAT(MoeGemmKernelInfoOf(s),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("abi: parameter struct version 4; this build fills versions "
-                                 "2 to 3")));
+                       HasSubstr("abi: parameter struct version 5; this build fills versions "
+                                 "2 to 4")));
   s.abi = 0;
   EXPECT_THAT(MoeGemmKernelInfoOf(s),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("abi: parameter struct version 0; this build fills versions "
-                                 "2 to 3")));
+                                 "2 to 4")));
   // Generation 1's version is retired: the entry is refused with the fix.
   s.abi = 1;
   EXPECT_THAT(MoeGemmKernelInfoOf(s),
@@ -294,6 +294,26 @@ TEST(MoeGemmLaunchTest, KernelInfoFromTheManifestEntry) {
                        HasSubstr("kernel moe_gemm_tma_fp8_fp8_relu2_m64n128k128: abi: parameter "
                                  "struct version 1 (generation 1) is retired and no longer "
                                  "launched; rebuild the family with scripts/build-artifacts")));
+  // "output_format": what the kernel writes; fp8 only from version 4 (out_scale).
+  s.abi = 3;
+  EXPECT_EQ(MoeGemmKernelInfoOf(s)->output_format, moe::kBf16);
+  s.extras["output_format"] = "\"fp8\"";
+  EXPECT_THAT(MoeGemmKernelInfoOf(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("kernel moe_gemm_tma_fp8_fp8_relu2_m64n128k128: output_format: "
+                                 "fp8 needs parameter struct version 4 (out_scale), the entry "
+                                 "says 3; rebuild the kernel with scripts/build-artifacts")));
+  s.abi = 4;
+  ASSERT_TRUE(MoeGemmKernelInfoOf(s).ok()) << MoeGemmKernelInfoOf(s).status();
+  EXPECT_EQ(MoeGemmKernelInfoOf(s)->output_format, moe::kFp8);
+  s.extras["output_format"] = "\"bf16\"";
+  EXPECT_EQ(MoeGemmKernelInfoOf(s)->output_format, moe::kBf16);
+  s.extras["output_format"] = "\"nvfp4\"";
+  EXPECT_THAT(MoeGemmKernelInfoOf(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("output_format: moe_gemm kernels write bf16 or fp8, got "
+                                 "nvfp4")));
+  s.extras.erase("output_format");
   s.abi = 3;
   s.weight_format = "fp16";
   EXPECT_THAT(MoeGemmKernelInfoOf(s), StatusIs(absl::StatusCode::kInvalidArgument,

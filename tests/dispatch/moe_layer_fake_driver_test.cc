@@ -477,6 +477,143 @@ TEST_F(MoeLayerFakeDriverTest, WithoutTheFusedKernelDecodeRoutesAndSortsInTwoLau
   ExpectSortWiring(launches[1].As<moe::MoeSortParams>(), 20, kWorkspace, w);
 }
 
+// The fp8 pair's GEMM1 writing e4m3 itself (version 4; scripts/build-artifacts' _ofp8
+// kernels): the stub, as build-artifacts describes such a kernel.
+TestKernel FusedGemm1Stub() {
+  TestKernel k;
+  k.name = "layer_fp8_fp8_swiglu_ofp8";
+  k.artifact = kStubPath;
+  k.weight_format = k.activation_format = "fp8";
+  k.activation = "swiglu";
+  k.tile_k = 128;
+  k.threads = 128;
+  k.shared_mem_bytes = 100000;
+  k.abi = moe::kMoeGemmAbiV4;
+  k.extras = "\"pdl\": true, \"output_format\": \"fp8\", \"n_multiple\": 32";
+  return k;
+}
+
+// With an fp8-output GEMM1 in the manifest, "auto" and "on" fuse the intermediate's
+// quantization into GEMM1: it writes GEMM2's input (the `quantized` array) with the
+// caller's intermediate_scale as out_scale, and no quantize kernel runs between the GEMMs;
+// "off" keeps the bf16 GEMM1 (never the fp8-output one) and the quantize kernel.
+TEST_F(MoeLayerFakeDriverTest, FusedQuantizationWritesGemm2sInputFromGemm1) {
+  std::vector<TestKernel> kernels = LayerKernels();
+  kernels.push_back(FusedGemm1Stub());
+  auto rt = OpenRuntime("repo-fused", kernels);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  runtime_ = std::move(*rt);
+  const Pair& fp8 = kPairs[1];
+  const auto [quantize, gemm1, gemm2] = StepNames(fp8);
+  for (const char* mode : {"auto", "on", "off"}) {
+    SCOPED_TRACE(mode);
+    driver_.Clear();
+    MoeLayerOptions o = Options(fp8);
+    o.fuse_intermediate_quantization = mode;
+    auto layer = MoeLayer::Create(*runtime_, o);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    const bool fused = std::string_view(mode) != "off";
+    EXPECT_EQ((*layer)->fuses_intermediate_quantization(), fused);
+    auto w = MoeLayer::WorkspaceLayout(o, 5);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const MoeLayerArgs a = Args(o, 5, w->bytes);
+    CUBIST_ASSERT_OK((*layer)->CanImplement(a, 5));
+    CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+    const auto launches = driver_.launches();
+    const CUdeviceptr ws = kWorkspace;
+    if (!fused) {
+      ASSERT_THAT(Names(launches), ElementsAre("cubist_moe_route_sort", quantize, gemm1,
+                                               quantize, gemm2, "cubist_moe_finalize"));
+      const auto g1 = launches[2].gemm();
+      EXPECT_EQ(Addr(g1.out), ws + w->activated);
+      EXPECT_EQ(g1.out_scale, nullptr);
+      EXPECT_EQ(g1.abi, moe::kMoeGemmAbi) << "the stub's version";
+      EXPECT_EQ(Addr(launches[3].As<moe::MoeQuantizeParams>().input), ws + w->activated);
+      continue;
+    }
+    ASSERT_THAT(Names(launches),
+                ElementsAre("cubist_moe_route_sort", quantize, "layer_fp8_fp8_swiglu_ofp8",
+                            gemm2, "cubist_moe_finalize"));
+    const auto g1 = launches[2].gemm();
+    const auto g2 = launches[3].gemm();
+    EXPECT_EQ(g1.abi, moe::kMoeGemmAbiV4);
+    EXPECT_EQ(g1.n, 256);
+    EXPECT_EQ(Addr(g1.a), ws + w->gathered);
+    EXPECT_EQ(Addr(g1.a_global_scale), kInputScale);
+    EXPECT_EQ(Addr(g1.out), ws + w->quantized) << "GEMM1 writes GEMM2's input";
+    EXPECT_EQ(Addr(g1.out_scale), kIntermediateScale);
+    EXPECT_EQ(Addr(g2.a), Addr(g1.out));
+    EXPECT_EQ(Addr(g2.a_global_scale), kIntermediateScale) << "GEMM2 dequantizes with it";
+    EXPECT_EQ(g2.out_scale, nullptr) << "GEMM2 writes bf16";
+    EXPECT_EQ(Addr(g2.out), ws + w->rows);
+  }
+}
+
+// Without an fp8-output GEMM1 that serves the layer, "auto" keeps the quantize kernel:
+// a manifest without one, or with one for another activation only (here swiglu, the
+// layer's GEMM1 identity); "on" then fails CanImplement naming the output format.
+TEST_F(MoeLayerFakeDriverTest, AutoFusesOnlyWhereAFusedKernelServesTheLayer) {
+  const Pair& fp8 = kPairs[1];
+  const auto [quantize, gemm1, gemm2] = StepNames(fp8);
+  MoeLayerOptions o = Options(fp8);
+  auto layer = MoeLayer::Create(*runtime_, o);  // LayerKernels(): no fp8-output kernel
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_FALSE((*layer)->fuses_intermediate_quantization());
+  MoeLayerWorkspace w;
+  ASSERT_NO_FATAL_FAILURE(RunBatch(o, 5, &w));
+  EXPECT_THAT(Names(driver_.launches()),
+              ElementsAre("cubist_moe_route_sort", quantize, gemm1, quantize, gemm2,
+                          "cubist_moe_finalize"));
+
+  o.fuse_intermediate_quantization = "on";
+  layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_TRUE((*layer)->fuses_intermediate_quantization());
+  auto ws = MoeLayer::WorkspaceSize(o, 5);
+  ASSERT_TRUE(ws.ok());
+  EXPECT_THAT((*layer)->CanImplement(Args(o, 5, *ws), 5),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("output format: kernel writes bf16, problem wants fp8")));
+
+  std::vector<TestKernel> kernels = LayerKernels();
+  kernels.push_back(FusedGemm1Stub());
+  auto rt = OpenRuntime("repo-fused-narrow", kernels);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  runtime_ = std::move(*rt);
+  o.fuse_intermediate_quantization = "auto";
+  o.activation = Activation::kIdentity;
+  layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_FALSE((*layer)->fuses_intermediate_quantization());
+  driver_.Clear();
+  ASSERT_NO_FATAL_FAILURE(RunBatch(o, 5, &w));
+  EXPECT_THAT(Names(driver_.launches()),
+              ElementsAre("cubist_moe_route_sort", quantize, gemm2, quantize, gemm2,
+                          "cubist_moe_finalize"));
+}
+
+TEST_F(MoeLayerFakeDriverTest, FuseIntermediateQuantizationIsValidated) {
+  MoeLayerOptions o = Options(kPairs[1]);
+  o.fuse_intermediate_quantization = "yes";
+  EXPECT_THAT(MoeLayer::Create(*runtime_, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("moe layer: fuse_intermediate_quantization: 'yes' is not "
+                                 "auto, on or off")));
+  for (const Pair& pair : kPairs) {
+    if (pair.a == DataFormat::kFp8) continue;
+    SCOPED_TRACE(pair.stub);
+    o = Options(pair);
+    o.fuse_intermediate_quantization = "on";
+    EXPECT_THAT(MoeLayer::Create(*runtime_, o).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("'on' needs the fp8 x fp8 (per-tensor) pair")));
+    o.fuse_intermediate_quantization = "off";
+    auto layer = MoeLayer::Create(*runtime_, o);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    EXPECT_FALSE((*layer)->fuses_intermediate_quantization());
+  }
+}
+
 TEST_F(MoeLayerFakeDriverTest, NoFinalizeStopsAfterGemm2AndWeightOnInputReachesTheGather) {
   MoeLayerOptions o = Options(kPairs[1]);  // fp8: the gather quantizes
   o.top_k = 1;

@@ -148,14 +148,19 @@ struct Result {
   ref::Routing routing;  // what the layer used (device routing, or the given ids)
   std::vector<uint16_t> out;
   int32_t dropped = 0;
+  bool fused = false;  // GEMM1 wrote GEMM2's fp8 input itself (no quantize kernel)
+  std::vector<uint8_t> gemm2_input;  // quantized activations: GEMM2's input, its rows
 };
 
 // The quantize kernels' bytes, bit for bit: GEMM1's input (the gathered rows quantized on
 // the way) against the reference quantizer of the same rows, and GEMM2's input against
-// the reference quantizer of the kernels' own bf16 GEMM1 output.
+// the reference quantizer of the kernels' own bf16 GEMM1 output - unless GEMM1 wrote that
+// input itself (`fused`: no bf16 output to quantize; FusedIntermediateQuantization-
+// IsBitIdentical compares it with the unfused layer's, and moe_gemm_gpu_test the fused
+// kernels with their bf16 twins).
 void CheckQuantized(const ref::MoeLayerData& d, const ref::Routing& routing,
                     const ref::SlotSort& sort, const DeviceBuffer& ws,
-                    const MoeLayerWorkspace& w) {
+                    const MoeLayerWorkspace& w, bool fused) {
   const int rows = sort.offsets.back(), h = d.hidden, k = routing.top_k;
   std::vector<uint16_t> gathered(static_cast<size_t>(rows) * h);
   for (int r = 0; r < rows; ++r) {
@@ -174,6 +179,7 @@ void CheckQuantized(const ref::MoeLayerData& d, const ref::Routing& routing,
       << name << ": GEMM1's input differs from the reference quantizer";
   EXPECT_TRUE(Download<uint8_t>(ws, q1.scale.size(), w.gathered_scale) == q1.scale)
       << name << ": GEMM1's input scales differ from the reference quantizer";
+  if (fused) return;
   const std::vector<uint16_t> act =
       Download<uint16_t>(ws, static_cast<size_t>(rows) * d.intermediate, w.activated);
   const ref::QuantizedRows q2 =
@@ -386,7 +392,13 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
               sort.permuted_to_expanded);
     r.dropped = Download<int32_t>(*ws, 1, layout->dropped)[0];
     EXPECT_EQ(r.dropped, sort.dropped);
-    if (quantized_acts) CheckQuantized(d, r.routing, sort, *ws, *layout);
+    r.fused = (*layer)->fuses_intermediate_quantization();
+    if (quantized_acts) {
+      CheckQuantized(d, r.routing, sort, *ws, *layout, r.fused);
+      r.gemm2_input = Download<uint8_t>(
+          *ws, moe::MoeElementBytes(d.activation_format, int64_t{sort.offsets[l]} * d.intermediate),
+          layout->quantized);
+    }
   }
   r.out = Download<uint16_t>(out, size_t(t) * h);
   const std::vector<double> want = ref::MoeLayerReference(d, r.routing, prior);
@@ -440,6 +452,44 @@ TEST(MoeLayerGpuTest, EveryFormatPair) {
       c.tokens = t;
       SCOPED_TRACE(absl::StrCat(moe::FormatName(wf), " x ", moe::FormatName(af), " T=", t));
       RunAndCheck(c, 800 + t);
+    }
+  }
+}
+
+// The fp8 pair with GEMM1's output quantized in GEMM1's epilogue (the _ofp8 kernels,
+// fuse_intermediate_quantization "on") and by the separate quantize kernel ("off"): the
+// same GEMM2 input bytes and the same layer output, bit for bit - decode, a multi-CTA
+// sort, gated and element-wise activations, gpt-oss's biases and clamp.
+TEST(MoeLayerGpuTest, FusedIntermediateQuantizationIsBitIdentical) {
+  CUBIST_REQUIRE_GPU();
+  MoeLayerOptions probe = Small();
+  probe.weight_format = probe.activation_format = DataFormat::kFp8;
+  auto layer = MoeLayer::Create(*Env().runtime, probe);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  if (!(*layer)->fuses_intermediate_quantization()) {
+    GTEST_SKIP() << "the manifest has no fp8-output GEMM1 kernel (scripts/build-artifacts "
+                    "builds the _ofp8 kernels with the fp8 pair)";
+  }
+  for (Activation act : {Activation::kSwiglu, Activation::kRelu2}) {
+    for (bool biases : {false, true}) {
+      if (biases && act != Activation::kSwiglu) continue;
+      for (int t : {3, 64, 1500}) {
+        Case c;
+        c.options = probe;
+        c.options.activation = act;
+        c.biases = biases;
+        c.tokens = t;
+        SCOPED_TRACE(absl::StrCat(ActivationName(act), biases ? " biases" : "", " T=", t));
+        c.options.fuse_intermediate_quantization = "off";
+        const Result off = RunAndCheck(c, 1700 + t);
+        c.options.fuse_intermediate_quantization = "on";
+        const Result on = RunAndCheck(c, 1700 + t);
+        EXPECT_FALSE(off.fused);
+        EXPECT_TRUE(on.fused);
+        EXPECT_FALSE(on.gemm2_input.empty());
+        EXPECT_TRUE(on.gemm2_input == off.gemm2_input) << "GEMM2's input bytes differ";
+        EXPECT_TRUE(on.out == off.out) << "the layer's outputs differ in some bits";
+      }
     }
   }
 }

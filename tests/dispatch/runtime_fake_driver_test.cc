@@ -430,6 +430,45 @@ TEST_F(RuntimeFakeDriverTest, EmptyBatchLaunchesNothing) {
   EXPECT_TRUE(driver_.launches().empty());
 }
 
+// The output format of a call: out_scale exactly with fp8 output, fp8 only from kernels
+// that write it (this manifest has none), and no other format; refused before any launch.
+TEST_F(RuntimeFakeDriverTest, OutScaleGoesWithFp8OutputInTheArguments) {
+  auto rt = Open();
+  ASSERT_NE(rt, nullptr);
+  auto gemm = MoeGemm::Create(*rt);
+  ASSERT_TRUE(gemm.ok());
+  MoeGemmArgs args = Args(8, 64, 1024, 512);
+  args.out_scale = 0x600000;
+  EXPECT_THAT(ValidateMoeGemmArgs(args),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("out_scale is set but output_format is bf16 (bf16 output has "
+                                 "no scale); leave out_scale 0, or ask for output_format fp8")));
+  EXPECT_THAT((*gemm)->Run(args, nullptr), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                    HasSubstr("out_scale is set")));
+  args.output_format = DataFormat::kFp8;
+  args.out_scale = 0;
+  EXPECT_THAT(ValidateMoeGemmArgs(args),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("out_scale is null but output_format is fp8")));
+  EXPECT_THAT((*gemm)->Run(args, nullptr), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                    HasSubstr("out_scale is null")));
+  args.out_scale = 0x600002;
+  EXPECT_THAT(ValidateMoeGemmArgs(args),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("out_scale = 0x600002 is not 4-byte aligned")));
+  args.out_scale = 0x600000;
+  CUBIST_EXPECT_OK(ValidateMoeGemmArgs(args));
+  EXPECT_THAT((*gemm)->CanImplement(args),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("output format: kernel writes bf16, problem wants fp8")));
+  args.output_format = DataFormat::kNvfp4;
+  EXPECT_THAT(ValidateMoeGemmArgs(args),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("output_format nvfp4 is not one the moe_gemm kernels write; "
+                                 "use bf16 or fp8")));
+  EXPECT_TRUE(driver_.launches().empty());
+}
+
 TEST_F(RuntimeFakeDriverTest, EmptyBatchNeedsNoActivationPointers) {
   auto rt = Open();
   ASSERT_NE(rt, nullptr);

@@ -266,7 +266,7 @@ TEST_F(SelectTest, AbiOutsideTheBuildRejects) {
   o.abi = 2;
   EXPECT_THAT(SelectKernel(*registry_, Bf16Swiglu(8, 64, 1024, 512), o),
               StatusIs(absl::StatusCode::kNotFound,
-                       HasSubstr("abi: kernel takes parameter struct version 3, this build "
+                       HasSubstr("abi: kernel takes parameter struct version 4, this build "
                                  "fills versions 2 to 2")));
   testing::TestKernel k;
   k.name = "abi2_m64n128k64";
@@ -278,6 +278,45 @@ TEST_F(SelectTest, AbiOutsideTheBuildRejects) {
   auto best = SelectKernel(*reg, Bf16Swiglu(8, 64, 1024, 512), o);
   ASSERT_TRUE(best.ok()) << best.status();
   EXPECT_EQ(best->kernel->name(), "abi2_m64n128k64");
+}
+
+// moe_gemm kernels writing fp8 (version 4, "output_format": "fp8") serve only problems
+// that ask for fp8 output; a problem without an output format wants bf16, as every caller
+// of a bf16 GEMM reads it, so the fp8 twin is never selected for it, even alone.
+TEST_F(SelectTest, Fp8OutputKernelsServeOnlyProblemsThatAskForThem) {
+  testing::TestKernel plain;
+  plain.name = "fp8_swiglu_m64n128k128";
+  plain.weight_format = plain.activation_format = "fp8";
+  plain.tile_k = 128;
+  plain.abi = moe::kMoeGemmAbiV3;
+  testing::TestKernel fused = plain;
+  fused.name = "fp8_swiglu_m64n128k128_ofp8";
+  fused.abi = moe::kMoeGemmAbiV4;
+  fused.extras = "\"output_format\": \"fp8\"";
+  MoeProblem p = Problem(DataFormat::kFp8, DataFormat::kFp8, Activation::kSwiglu, 8, 64, 1024,
+                         512);
+  SelectOptions o;
+  o.abi = moe::kMoeGemmAbi;
+  auto m = ParseTestManifest({fused, plain});
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto reg = Registry::Create(*m);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  auto best = SelectKernel(*reg, p, o);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "fp8_swiglu_m64n128k128");
+  p.output_format = DataFormat::kFp8;
+  best = SelectKernel(*reg, p, o);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "fp8_swiglu_m64n128k128_ofp8");
+
+  m = ParseTestManifest({fused});
+  ASSERT_TRUE(m.ok()) << m.status();
+  reg = Registry::Create(*m);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  p.output_format.reset();
+  EXPECT_THAT(SelectKernel(*reg, p, o),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("output format: kernel writes fp8, problem wants bf16")));
 }
 
 // Generation 1's parameter struct (version 1) is retired: a manifest that still lists such

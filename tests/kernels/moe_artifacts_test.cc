@@ -149,9 +149,9 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->name, "moe-gemm-sm90a");
-  // Without --version: the family's, raised when its set of kernels changed (4: the GEMMs
-  // wait for the previous grid, three more glue kernels).
-  EXPECT_EQ(m->version, 4);
+  // Without --version: the family's, raised when its set of kernels changed (5: the fp8
+  // pair's e4m3-output GEMMs).
+  EXPECT_EQ(m->version, 5);
   // The --small preset: 6 GEMMs in a cubin each, and the layer's 14 kernels in one.
   ASSERT_EQ(m->kernels.size(), 20u);
   ASSERT_EQ(m->artifacts.size(), 7u);
@@ -309,14 +309,15 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_tma_mxfp4_mxfp8_geglu_m64n128k256\n" +
                 std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
-  // The whole family: 120 TMA kernels (generation 2; generation 1's 95 are retired); then
-  // the layer's 14, which the GEMM selection flags do not filter.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 134);
+  // The whole family: 120 TMA kernels writing bf16 (generation 2; generation 1's 95 are
+  // retired) and the fp8 pair's 15 writing e4m3 (_ofp8); then the layer's 14, which the
+  // GEMM selection flags do not filter.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 149);
   EXPECT_THAT(out, ::testing::Not(::testing::ContainsRegex("(^|\n)moe_gemm_[^t]")));
   EXPECT_TRUE(out.ends_with(kLayerList)) << out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --no-layer 2>&1", &out),
             0);
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 120);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 135);
   EXPECT_THAT(out, ::testing::Not(HasSubstr("cubist_moe_")));
   // mxfp4 x mxfp8: the bf16-MMA kernels up to 64 tokens (kernels/moe_gemm_fp4.cu), then
   // the fp8-MMA one of 128 tokens, weights decoded by converters
@@ -334,8 +335,29 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
                        "--formats fp8 --activations relu2 --no-layer 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
             "moe_gemm_tma_fp8_fp8_relu2_m64n128k128\n"
+            "moe_gemm_tma_fp8_fp8_relu2_m64n128k128_ofp8\n"
             "moe_gemm_tma_fp8_fp8_relu2_m128n128k128\n"
-            "moe_gemm_tma_fp8_fp8_relu2_m128n192k128\n");
+            "moe_gemm_tma_fp8_fp8_relu2_m128n128k128_ofp8\n"
+            "moe_gemm_tma_fp8_fp8_relu2_m128n192k128\n"
+            "moe_gemm_tma_fp8_fp8_relu2_m128n192k128_ofp8\n");
+  // --outputs: bf16 leaves the e4m3-output twins out, fp8 keeps only them (the fp8 pair's:
+  // no other pair has them).
+  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats fp8,bf16 "
+                       "--activations relu2 --tiles 64x128 --outputs bf16 --no-layer 2>&1",
+                       &out), 0) << out;
+  EXPECT_EQ(out,
+            "moe_gemm_tma_bf16_bf16_relu2_m64n128k64\n"
+            "moe_gemm_tma_fp8_fp8_relu2_m64n128k128\n");
+  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats fp8,bf16 "
+                       "--activations swiglu --outputs fp8 --no-layer 2>&1",
+                       &out), 0) << out;
+  EXPECT_EQ(out,
+            "moe_gemm_tma_fp8_fp8_swiglu_m64n128k128_ofp8\n"
+            "moe_gemm_tma_fp8_fp8_swiglu_m128n128k128_ofp8\n"
+            "moe_gemm_tma_fp8_fp8_swiglu_m128n192k128_ofp8\n");
+  EXPECT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --outputs nvfp4 2>&1",
+                       &out), 2);
+  EXPECT_THAT(out, HasSubstr("--outputs: unknown 'nvfp4'; one of ['bf16', 'fp8']"));
   EXPECT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats fp16 2>&1",
                        &out), 2);
   EXPECT_THAT(out, HasSubstr("--formats: unknown 'fp16'"));
@@ -351,8 +373,9 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
 // weights into registers (here mxfp4 x mxfp8 with 64 tokens) and the converter-fed
 // fp8-MMA mxfp4 x mxfp8 one must stay free of it; build-artifacts would name such a
 // kernel. The 128-row fp8 kernel keeps its serialized loop because it
-// measured faster: the check's positive case, counted once in the summary, not named as a
-// problem.
+// measured faster: the check's positive case, counted in the summary, not named as a
+// problem. The fp8 pair's e4m3-output twins (_ofp8) keep their bf16 twins' main loops:
+// the 64-row one free of it, the 128-row one serialized by design; neither spills.
 TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
   TempDir dir;
@@ -364,13 +387,14 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
                        &out),
             0)
       << out;
-  EXPECT_THAT(out, HasSubstr("build-artifacts: 4 kernels in"));
-  EXPECT_THAT(out, HasSubstr("; 1 with the wgmma serialized by ptxas, as designed: "
+  EXPECT_THAT(out, HasSubstr("build-artifacts: 6 kernels in"));
+  EXPECT_THAT(out, HasSubstr("; 2 with the wgmma serialized by ptxas, as designed: "
                              "docs/kernels.md, \"Serialized wgmma\")\n"));
-  EXPECT_THAT(out, HasSubstr("build-artifacts: [4/4] "));
+  EXPECT_THAT(out, HasSubstr("build-artifacts: [6/6] "));
   EXPECT_THAT(out, ::testing::Not(HasSubstr("ptxas serialized the wgmma of")));
   for (const char* name :
-       {"moe_gemm_tma_fp8_fp8_relu2_m64n128k128", "moe_gemm_tma_mxfp4_mxfp8_relu2_m64n128k256",
+       {"moe_gemm_tma_fp8_fp8_relu2_m64n128k128", "moe_gemm_tma_fp8_fp8_relu2_m64n128k128_ofp8",
+        "moe_gemm_tma_mxfp4_mxfp8_relu2_m64n128k256",
         "moe_gemm_tma_mxfp4_mxfp8_relu2_m128n128k128"}) {
     EXPECT_THAT(out, ::testing::Not(HasSubstr(std::string("wgmma of ") + name + " ")));
     EXPECT_TRUE(FileExists(dir.Join(std::string("art/cubins/sm_90a/") + name + ".cubin")))
@@ -383,10 +407,21 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   // Without --version: the family's version, raised when its set of kernels changed.
-  EXPECT_EQ(m->version, 4);
-  ASSERT_EQ(m->kernels.size(), 4u);
+  EXPECT_EQ(m->version, 5);
+  ASSERT_EQ(m->kernels.size(), 6u);
   for (const KernelSpec& k : m->kernels) {
     EXPECT_EQ(k.extras.count("exact"), 0u) << k.name;
+    // The e4m3-output twins: version 4, what they write, rows of whole 16-byte pieces
+    // (relu2: N itself is the output width), no spill; the others version 3, bf16.
+    const bool fp8_out = k.name.ends_with("_ofp8");
+    EXPECT_EQ(k.abi, fp8_out ? moe::kMoeGemmAbiV4 : moe::kMoeGemmAbiV3) << k.name;
+    if (fp8_out) {
+      EXPECT_EQ(k.extras.at("output_format"), "\"fp8\"") << k.name;
+      EXPECT_EQ(k.extras.at("n_multiple"), "16") << k.name;
+      EXPECT_EQ(k.extras.at("spill_bytes"), "0") << k.name;
+    } else {
+      EXPECT_EQ(k.extras.count("output_format"), 0u) << k.name;
+    }
   }
 }
 

@@ -30,6 +30,8 @@
 #include "base/status_macros.h"
 #include "dispatch/moe_gemm.h"
 #include "dispatch/moe_gemm_launch.h"
+#include "dispatch/moe_quantize_reference.h"
+#include "dispatch/registry.h"
 #include "dispatch/moe_types.h"
 #include "dispatch/reference.h"
 #include "dispatch/runtime.h"
@@ -124,7 +126,7 @@ TEST(MoeGemmCheckTest, RejectsMissingScalesMisalignmentAndAbi) {
   p = ValidParams();
   p.abi = 0;
   EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128}),
-              HasSubstr("has abi 0, this build fills 3"));
+              HasSubstr("has abi 0, this build fills 4"));
 }
 
 TEST(MoeGemmCheckTest, OnlyVersionThreeKernelsTakeABias) {
@@ -140,6 +142,41 @@ TEST(MoeGemmCheckTest, OnlyVersionThreeKernelsTakeABias) {
               HasSubstr("(scales, alpha, beta, limit, bias) must be 4-byte aligned"));
 }
 
+// Version 4: out_scale goes with fp8 output, both ways, and fp8 rows are 16-column pieces.
+TEST(MoeGemmCheckTest, OutScaleGoesWithFp8OutputOnly) {
+  MoeGemmParams p = ValidParams();
+  MoeGemmKernelDesc fp8_out{kFp8, kFp8, kSwiglu, 64, 128, kMoeGemmAbiV4, kFp8};
+  EXPECT_THAT(MoeGemmCheck(p, fp8_out),
+              HasSubstr("out_scale is null, but the kernel writes fp8 (output_format fp8); "
+                        "pass the output's fp32 [1] dequantization scale in out_scale"));
+  alignas(16) static const float kScale[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+  p.out_scale = kScale;
+  EXPECT_EQ(MoeGemmCheck(p, fp8_out), "");
+  EXPECT_THAT(MoeGemmCheck(p, {kFp8, kFp8, kSwiglu, 64, 128, kMoeGemmAbiV3}),
+              HasSubstr("out_scale is set, but the kernel writes bf16 and never reads it; "
+                        "leave out_scale null, or use a kernel whose output_format is fp8"));
+  p.out_scale = reinterpret_cast<const float*>(reinterpret_cast<uintptr_t>(kScale) + 2);
+  EXPECT_THAT(MoeGemmCheck(p, fp8_out),
+              HasSubstr("out_scale must be 4-byte aligned (one fp32); pass the address of "
+                        "an fp32 [1] array"));
+  p.out_scale = kScale;
+  fp8_out.abi = kMoeGemmAbiV3;
+  EXPECT_THAT(MoeGemmCheck(p, fp8_out),
+              HasSubstr("the kernel writes fp8 but takes parameter struct version 3, which "
+                        "has no out_scale; rebuild it"));
+  fp8_out.abi = kMoeGemmAbiV4;
+  p.n = 272;  // out 136: a multiple of 8, not of 16
+  EXPECT_THAT(MoeGemmCheck(p, fp8_out),
+              HasSubstr("output width 136 (N/2) is not a multiple of 16 (fp8-output kernels "
+                        "store 16-byte pieces of e4m3); pad N (each half, when gated) to a "
+                        "multiple of 16"));
+  p.out_scale = nullptr;
+  EXPECT_EQ(MoeGemmCheck(p, {kFp8, kFp8, kSwiglu, 64, 128, kMoeGemmAbiV3}), "");
+  fp8_out.output_format = kNvfp4;
+  EXPECT_THAT(MoeGemmCheck(ValidParams(), fp8_out),
+              HasSubstr("the kernel writes nvfp4; moe_gemm kernels write bf16 or fp8"));
+}
+
 TEST(MoeGemmCheckTest, OneLaunchBoundsExpertsAndRows) {
   MoeGemmParams p = ValidParams();
   const MoeGemmKernelDesc tma{kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV2};
@@ -152,9 +189,9 @@ TEST(MoeGemmCheckTest, OneLaunchBoundsExpertsAndRows) {
   p.n = 4 * 1024 * 1024;  // 4e9 weight rows: past a TMA coordinate
   EXPECT_THAT(MoeGemmCheck(p, tma), HasSubstr("weight rows exceed a TMA coordinate"));
   p = ValidParams();
-  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, 4}),
-              HasSubstr("the kernel takes parameter struct version 4, this build fills "
-                        "versions 2 to 3"));
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, 5}),
+              HasSubstr("the kernel takes parameter struct version 5, this build fills "
+                        "versions 2 to 4"));
   // Generation 1's version is retired: the check names the fix.
   EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128, 1}),
               HasSubstr("moe_gemm: the kernel's parameter struct version 1 (generation "
@@ -190,6 +227,55 @@ TEST(MoeGemmAbiTest, GridIsAnUpperBoundOnTiles) {
   // With room for every tile, the persistent grid is the bound itself.
   EXPECT_EQ(MoeGemmPersistentGridFor(p, kIdentity, 64, 128, 132, 1).x, 4u * 4u);
   EXPECT_EQ(MoeGemmPersistentGridFor(p, kSwiglu, 64, 128, 132, 1).x, 4u * 4u);
+}
+
+// ---- fp8 output (version 4): the comparison the GPU test below makes. ----
+
+// The e4m3 bytes an fp8-output kernel must write for its bf16 twin's output `bf16`
+// ([rows, cols] bit patterns): the layer's fp8 quantizer (dispatch/
+// moe_quantize_reference.h, exactly cubist_moe_quantize_fp8) with dequantization scale s.
+std::vector<uint8_t> Fp8OfBf16(const std::vector<uint16_t>& bf16, int rows, int cols, float s) {
+  return QuantizeActivations(kFp8, bf16, rows, cols, s).data;
+}
+
+// "" when `got` equals `want` byte for byte, else how many bytes differ and the first
+// (row, column, both bytes), for rows of `cols` bytes.
+std::string CompareFp8Bytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
+                            int cols) {
+  if (got.size() != want.size()) {
+    return absl::StrFormat("%d bytes, want %d", got.size(), want.size());
+  }
+  size_t first = got.size(), differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    if (differ++ == 0) first = i;
+  }
+  if (differ == 0) return "";
+  return absl::StrFormat("%d of %d bytes differ; first at row %d, column %d: got 0x%02x, "
+                         "want 0x%02x",
+                         differ, got.size(), first / cols, first % cols, got[first],
+                         want[first]);
+}
+
+// The expected bytes follow the documented rule (saturating round-to-nearest-even of
+// x / s, NaN 0x7F), and the comparison names the first differing element.
+TEST(MoeGemmFp8OutputTest, ExpectedBytesAndTheComparison) {
+  // 1, -2.5, 1000, NaN, 0.013671875 (7 x 2^-9), 0, then 1, 1
+  const std::vector<uint16_t> bf16 = {0x3F80, 0xC020, 0x447A, 0x7FC0, 0x3C60, 0x0000,
+                                      0x3F80, 0x3F80};
+  const std::vector<uint8_t> want = Fp8OfBf16(bf16, 2, 4, 2.0f);
+  // 1/2 = 0.5 -> 0x30; -1.25 -> 0xBA; 500 saturates to 448 -> 0x7E; NaN -> 0x7F;
+  // 7 x 2^-9 / 2 = 3.5 x 2^-9, halfway between the subnormals 3 and 4 x 2^-9: to even,
+  // 0x04; 0 -> 0x00.
+  EXPECT_EQ(want, (std::vector<uint8_t>{0x30, 0xBA, 0x7E, 0x7F, 0x04, 0x00, 0x30, 0x30}));
+  EXPECT_EQ(CompareFp8Bytes(want, want, 4), "");
+  std::vector<uint8_t> got = want;
+  got[6] = 0x31;
+  got[7] = 0x2F;
+  EXPECT_EQ(CompareFp8Bytes(got, want, 4),
+            "2 of 8 bytes differ; first at row 1, column 2: got 0x31, want 0x30");
+  got.pop_back();
+  EXPECT_EQ(CompareFp8Bytes(got, want, 4), "7 bytes, want 8");
 }
 
 // ---- GPU. ----
@@ -384,6 +470,11 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
     if (k.op != kMoeGemmOp) continue;
     auto w = ParseFormat(k.weight_format), a = ParseFormat(k.activation_format);
     ASSERT_TRUE(w && a && ParseAct(k.activation)) << k.name;
+    // fp8-output kernels (version 4) are compared with their bf16 twins below.
+    if (KernelOutputFormat(k) == "fp8") {
+      EXPECT_EQ(k.abi, kMoeGemmAbiV4) << k.name;
+      continue;
+    }
     EXPECT_EQ(k.abi, kMoeGemmAbiV3) << k.name;
     by_pair[{*w, *a}].push_back(&k);
   }
@@ -462,6 +553,101 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
   if (results) *results << "moe_gemm: " << passed << " of " << launched << " passed\n";
 }
 
+// Loads kernel `k` through the module cache, launches it on `params` and waits.
+absl::Status LaunchAndWait(GpuEnv& env, const KernelSpec& k, const MoeGemmParams& params) {
+  DriverApi& d = *env.driver;
+  const Artifact* art = env.manifest.FindArtifact(k.artifact);
+  if (art == nullptr) return absl::NotFoundError("no artifact " + k.artifact);
+  CUBIST_ASSIGN_OR_RETURN(auto img, env.cache->AddImageFile(env.dir + "/" + k.artifact,
+                                                            {.expected_sha256 = art->sha256}));
+  CUBIST_ASSIGN_OR_RETURN(auto fid, env.cache->AddFunction(img, k.function, k.shared_mem_bytes));
+  CUBIST_ASSIGN_OR_RETURN(CUfunction fn, env.cache->GetFunction(fid));
+  CUBIST_ASSIGN_OR_RETURN(MoeGemmKernelInfo info, MoeGemmKernelInfoOf(k));
+  const MoeGemmKernelDesc desc{info.weight_format, info.activation_format, info.activation,
+                               k.tile_m, k.tile_n, info.abi, info.output_format};
+  if (std::string e = MoeGemmCheck(params, desc); !e.empty()) {
+    return absl::InvalidArgumentError(e);
+  }
+  MoeGemmLaunch launch;
+  CUBIST_RETURN_IF_ERROR(PrepareMoeGemmLaunch(d, info, params, env.sm_count, &launch));
+  CUBIST_RETURN_IF_ERROR(CuCheck(d,
+                                 d.LaunchKernel(fn, launch.grid.x, launch.grid.y, launch.grid.z,
+                                                k.threads, 1, 1, k.shared_mem_bytes,
+                                                env.stream.get(), launch.kernel_params(),
+                                                nullptr),
+                                 "launch " + k.name));
+  return env.stream.Synchronize();
+}
+
+// Every fp8-output kernel (version 4, "_ofp8") writes, byte for byte, what the layer's
+// fp8 quantizer makes of its bf16 twin's output (the same kernel but for the output; the
+// test above checks the twin against the reference), on every problem of the pair, with a
+// scale that saturates the largest quarter of the values. Nothing past its e4m3 rows.
+TEST(MoeGemmGpuTest, Fp8OutputKernelsWriteTheQuantizedOutputOfTheirBf16Twins) {
+  CUBIST_REQUIRE_GPU();
+  GpuEnv& env = Env();
+  DriverApi& d = *env.driver;
+  std::vector<std::pair<const KernelSpec*, const KernelSpec*>> fused;  // (fp8 out, twin)
+  for (const KernelSpec& k : env.manifest.kernels) {
+    if (k.op != kMoeGemmOp || KernelOutputFormat(k) != "fp8") continue;
+    const std::string twin = k.name.substr(0, k.name.rfind("_ofp8"));
+    auto it = std::find_if(env.manifest.kernels.begin(), env.manifest.kernels.end(),
+                           [&](const KernelSpec& t) { return t.name == twin; });
+    ASSERT_NE(it, env.manifest.kernels.end()) << k.name << " has no bf16 twin " << twin;
+    ASSERT_EQ(KernelOutputFormat(*it), "bf16") << twin;
+    fused.emplace_back(&k, &*it);
+  }
+  if (fused.empty()) {
+    GTEST_SKIP() << "the manifest has no fp8-output kernel (scripts/build-artifacts builds "
+                    "them with the fp8 pair)";
+  }
+  int compared = 0;
+  uint64_t seed = 5000;
+  for (const ProblemCase& pc : Problems(kFp8, kFp8)) {
+    SCOPED_TRACE(pc.name);
+    MoeProblemData prob = MakeRandomProblem(pc.shape, ++seed);
+    if (pc.mutate != nullptr) pc.mutate(&prob);
+    DeviceProblem dev;
+    ASSERT_TRUE(dev.Init(d, prob).ok());
+    auto scale_buf = DeviceBuffer::Allocate(d, 16);
+    ASSERT_TRUE(scale_buf.ok()) << scale_buf.status();
+    const int rows = prob.offsets.back();  // the rows the experts own (and the kernels write)
+    for (const auto& [k, twin] : fused) {
+      SCOPED_TRACE(k->name);
+      const MoeActivation act = *ParseAct(k->activation);
+      const int cols = MoeGemmOutCols(prob.n, act);
+      MoeGemmParams params = dev.Params(prob, act);
+      ASSERT_TRUE(dev.out.Fill(0xFF).ok());
+      const absl::Status twin_run = LaunchAndWait(env, *twin, params);
+      ASSERT_TRUE(twin_run.ok()) << twin_run;
+      std::vector<uint16_t> bf16(static_cast<size_t>(rows) * cols);
+      ASSERT_TRUE(dev.out.CopyToHost(bf16.data(), bf16.size() * 2).ok());
+      float amax = 0.0f;
+      for (uint16_t v : bf16) amax = std::max(amax, std::fabs(Bf16ToFloat(v)));
+      const float s = std::max(amax, 1e-30f) * 0.75f / 448.0f;
+      ASSERT_TRUE(scale_buf->CopyFromHost(&s, sizeof(s)).ok());
+      params.out_scale = reinterpret_cast<const float*>(scale_buf->get());
+      ASSERT_TRUE(dev.out.Fill(0xFF).ok());
+      const absl::Status run = LaunchAndWait(env, *k, params);
+      ASSERT_TRUE(run.ok()) << run;
+      const size_t bytes = static_cast<size_t>(rows) * cols;
+      std::vector<uint8_t> got(bytes), guard(DeviceProblem::kGuard);
+      ASSERT_TRUE(dev.out.CopyToHost(got.data(), bytes).ok());
+      ASSERT_TRUE(dev.out.CopyToHost(guard.data(), guard.size(),
+                                     static_cast<size_t>(prob.num_tokens) * cols)
+                      .ok());
+      EXPECT_EQ(std::count(guard.begin(), guard.end(), 0xFF), int(guard.size()))
+          << "wrote past the end of out";
+      const std::string diff = CompareFp8Bytes(got, Fp8OfBf16(bf16, rows, cols, s), cols);
+      EXPECT_EQ(diff, "");
+      std::printf("%-48s %-7s %s %s\n", k->name.c_str(), pc.name.c_str(),
+                  diff.empty() ? "PASS" : "FAIL", diff.empty() ? "exact" : diff.c_str());
+      ++compared;
+    }
+  }
+  std::printf("moe_gemm fp8 output: %d kernel x problem comparisons\n", compared);
+}
+
 // More experts than one launch schedules (1,024): MoeGemm runs them as
 // launches over groups of experts (dispatch/moe_gemm_launch.h MoeGemmExpertGroup), each
 // with its own offsets, B, scales, activation parameters and bias. Through the dispatcher
@@ -486,7 +672,7 @@ TEST(MoeGemmGpuTest, ManyExpertsRunAsLaunchesOverGroupsOfExperts) {
   }
   std::map<std::pair<MoeFormat, MoeFormat>, std::vector<const KernelSpec*>> by_pair;
   for (const KernelSpec& k : env.manifest.kernels) {
-    if (k.op == kMoeGemmOp && k.activation == "swiglu") {
+    if (k.op == kMoeGemmOp && k.activation == "swiglu" && KernelOutputFormat(k) == "bf16") {
       by_pair[{*ParseFormat(k.weight_format), *ParseFormat(k.activation_format)}].push_back(&k);
     }
   }
@@ -577,6 +763,9 @@ TEST(MoeGemmGpuTest, NoTokensWritesNothing) {
     const MoeActivation act = *ParseAct(k->activation);
     MoeGemmParams params = dev.Params(prob, act);
     params.a = params.out = reinterpret_cast<void*>(dev.out.get());  // T = 0: any valid ptr
+    if (KernelOutputFormat(*k) == "fp8") {  // version 4: an fp8 output needs its scale
+      params.out_scale = reinterpret_cast<const float*>(dev.out.get());
+    }
     auto img = env.cache->AddImageFile(
         env.dir + "/" + k->artifact,
         {.expected_sha256 = env.manifest.FindArtifact(k->artifact)->sha256});
