@@ -23,6 +23,8 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_device.cuh"
 #include "kernels/moe_gemm_layout.h"
@@ -347,14 +349,16 @@ struct MoeGemmTma {
   // The fp8-block main loop of 192-column tiles (L.smem_scales): their accumulator and
   // partial take 192 of the consumer's 232 registers, and BlockLoop's per-thread scales
   // and scale addresses spilled there. Here the scales go through shared memory instead:
-  // each k-tile, every thread of the consumer fetches one scale of the next k-tile
-  // (threads 0-63 the A scale of their row, 64.. the B scale of one 8-column group,
-  // ScaleSource) and stores it into the other of two slots once its own promotion is done;
-  // a named barrier per k-tile orders those writes before the next k-tile's reads and
-  // after this one's. A thread then holds one address and one value, and the promotion
-  // reads each group's B scale from the slot, so tiles whose B rows cross a 128-row scale
-  // block (most 192-row tiles) need no per-group select. The arithmetic is BlockLoop's:
-  // each k-tile's partial times (sa x sb) added into acc, in k order.
+  // every thread of the consumer fetches one scale per k-tile (threads 0-63 the A scale
+  // of their row, 64.. the B scale of one 8-column group; ScaleSource), a k-tile ahead,
+  // and stores it into the other of two slots once its own promotion is done; a named
+  // barrier per k-tile orders those writes before the next promotion's reads and after
+  // this one's. A thread holds one address and one value, and the promotion reads each
+  // group's B scale from the slot, so tiles whose B rows cross a 128-row scale block
+  // (most 192-row tiles) need no per-group select. k-tile 0's scales are fetched before
+  // the loop and stored once its wgmma are issued, so the fetch does not delay them. The
+  // arithmetic is BlockLoop's: each k-tile's partial times (sa x sb) added into acc, in
+  // k order.
   template <typename Release>
   __device__ __forceinline__ static void StagedScaleLoop(const MoeGemmParams& p, const Tile& t,
                                                          int ci, uint32_t smem_base,
@@ -370,17 +374,21 @@ struct MoeGemmTma {
     const bool fetches = tid < 64 + TN / 8;
     const float* src = ScaleSource(p, t, ci, tid);
     const uint32_t dst = slots + tid * 4;
-    // The previous tile's last barrier ordered its reads of slot 0 before this write.
-    if (fetches) StSharedF32(dst, __ldg(src));
-    NamedBarrier128(1 + ci);
     // The scale of this thread's first accumulator row; its second is 8 rows further.
     const uint32_t sa = slots + (tid / 32 * 16 + tid % 32 / 4) * 4;
-    for (int kt = 0; kt < num_kt; ++kt) {
+    const float first = fetches ? __ldg(src) : 0.0f;
+    // k-tile kt (is_first: k-tile 0, whose slot is written here). The previous tile's
+    // last barrier ordered its reads of slot 0 before that write.
+    auto k_tile = [&](auto is_first, int kt) {
       const uint32_t cur = (kt & 1) * kSlot;
       const bool ahead = fetches && kt + 1 < num_kt;
       const float next = ahead ? __ldg(src + kt + 1) : 0.0f;
       MbarWait(full_bar + 8 * pipe.s, pipe.phase);
       Issue(smem_base + pipe.s * L.stage_bytes, a_off, part, false);
+      if constexpr (decltype(is_first)::value) {
+        if (fetches) StSharedF32(dst, first);
+        NamedBarrier128(1 + ci);
+      }
       WgmmaWait<0>();
       FenceRegs(part);
       if (signals) release(pipe.s);
@@ -388,7 +396,9 @@ struct MoeGemmTma {
       if (ahead) StSharedF32(dst + (kSlot - cur), next);
       NamedBarrier128(1 + ci);
       pipe.Advance();
-    }
+    };
+    k_tile(std::true_type{}, 0);  // MoeGemmCheck refuses K < 1: there is a k-tile 0
+    for (int kt = 1; kt < num_kt; ++kt) k_tile(std::false_type{}, kt);
   }
   // The scale row whose k-tile element this consumer thread fetches into the slots:
   // threads 0-63 the A scales of their row (clamped into the tile's rows: rows past the
