@@ -353,6 +353,14 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
   EXPECT_THAT(out, HasSubstr("unrecognized arguments: --generation 1"));
 }
 
+// Builds the GEMM kernels `selection` names (no layer, the Python manifest writer) into
+// dir/art; returns build-artifacts' exit status, its output in *out.
+int BuildGemmKernels(const TempDir& dir, const std::string& selection, std::string* out) {
+  return RunCommand(SourceDir() + "/scripts/build-artifacts '" + dir.Join("art") + "' " +
+                        selection + " --writer python --no-layer 2>&1",
+                    out);
+}
+
 // ptxas serializes every wgmma of a kernel (a wait after each) when one is left in flight
 // across a loop's back edge or issued under a runtime condition (docs/kernels.md,
 // "Serialized wgmma"). The 64-row fp8 per-tensor kernel, the fp4 kernels that decode
@@ -365,11 +373,9 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
   TempDir dir;
   std::string out;
-  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts '" + dir.Join("art") +
-                           "' --formats fp8,mxfp4xmxfp8 --activations relu2 "
-                           "--tiles 64x128x128,128x128x128,64x128x256 "
-                           "--writer python --no-layer 2>&1",
-                       &out),
+  ASSERT_EQ(BuildGemmKernels(dir, "--formats fp8,mxfp4xmxfp8 --activations relu2 "
+                                  "--tiles 64x128x128,128x128x128,64x128x256",
+                             &out),
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("build-artifacts: 4 kernels in"));
@@ -407,10 +413,8 @@ TEST(MoeKernelPtxasTest, Fp8Block192NeitherSpillsNorSerializes) {
   if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
   TempDir dir;
   std::string out;
-  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts '" + dir.Join("art") +
-                           "' --formats fp8-block --activations identity,swiglu "
-                           "--tiles 128x192 --writer python --no-layer 2>&1",
-                       &out),
+  ASSERT_EQ(BuildGemmKernels(
+                dir, "--formats fp8-block --activations identity,swiglu --tiles 128x192", &out),
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("build-artifacts: 2 kernels in"));
