@@ -89,6 +89,10 @@ struct MoeGemmFp4Fp8 {
   static constexpr int kThreads = L.threads;
   static constexpr int kConsumers = L.consumers;
   static constexpr int kConverters = L.converters;
+  // A converter's items (Convert): one 32-element block of every kStep-th weight row.
+  static constexpr int kStep = kConverters / 4;  // rows between a converter's items
+  static constexpr int kItems = (TN + kStep - 1) / kStep;
+  static_assert(kItems <= 8, "one scale byte per item in one 64-bit word");
   static constexpr bool kGated = IsGated(ACT);
   using Mma = Wgmma<WgmmaKind::kE4m3, TN>;
   static constexpr int kRegs = Mma::kRegs;
@@ -431,9 +435,6 @@ struct MoeGemmFp4Fp8 {
   // not need the activations), arrives on `conv`; per packed slot, arrives on `pempty`.
   __device__ __forceinline__ static void Convert(const Cta& c, int ct) {
     const MoeGemmParams& p = c.pv.g;
-    constexpr int kStep = kConverters / 4;  // rows between a converter's items
-    constexpr int kItems = (TN + kStep - 1) / kStep;
-    static_assert(kItems <= 8, "one scale byte per item in one 64-bit word");
     const int kb = p.k / 32;
     const int j = ct % 4, r0 = ct / 4;
     const uint8_t* b_scale = static_cast<const uint8_t*>(p.b_scale);
@@ -446,18 +447,13 @@ struct MoeGemmFp4Fp8 {
       const int64_t g0 = static_cast<int64_t>(t.e) * p.n + t.n_tile * kWRows;
       auto scale_row = [&](int r) { return b_scale + WeightRow(g0, r, p.n, weight_rows) * kb; };
       const bool uniform = TileMode(scale_row, kb, ct, ref_s);
-      // Gated kernels: each item's scale row, as rows past g0, chosen between the up and the
-      // gate half once per tile (chosen per k-tile, as scale_row does, it cost them 10-15%
-      // of their time; measured). WeightRow's mapping, written out in 32 bits: through
-      // WeightRow's 64-bit form the converters ran 1-4% slower (measured).
+      // Gated kernels: each item's scale row chosen between the up and the gate half once
+      // per tile (chosen per k-tile, as scale_row does, it cost them 10-15% of their time;
+      // measured).
       int item_d[kItems];
       if constexpr (kGated) {
 #pragma unroll
-        for (int i = 0; i < kItems; ++i) {
-          const int r = min(r0 + i * kStep, TN - 1);
-          item_d[i] = r >= kWRows ? p.n / 2 + (r - kWRows) : r;
-          if (g0 + item_d[i] >= weight_rows) item_d[i] = static_cast<int>(weight_rows - 1 - g0);
-        }
+        for (int i = 0; i < kItems; ++i) item_d[i] = ItemRow(r0 + i * kStep, p.n, g0, weight_rows);
       }
       // The scale bytes of stage kt, block 4 kt + j of each item, one per register: packed
       // (byte i of a 64-bit word) only a stage later, when the loads have landed, since a
@@ -501,12 +497,7 @@ struct MoeGemmFp4Fp8 {
         const uint32_t stage = c.smem_base + ring.s * L.stage_bytes;
         const uint32_t packed = c.smem_base + L.packed_offset + slot.s * L.packed_bytes;
         DecodeItems(packed, 4 * (kt % 2) + j, stage, st, ct, scales, uniform, ref_s);
-        if (kt == c.num_kt - 1) {
-          for (int r = ct; r < TN; r += kConverters) {
-            reinterpret_cast<float*>(st + L.col_offset)[r] =
-                uniform ? Pow2(ref_s[r] - 133) : 1.0f;
-          }
-        }
+        if (kt == c.num_kt - 1) ColumnScales(st, ct, uniform, ref_s);
         if (kt == prefetch_kt) PrefetchScaleRows(c, tile + gridDim.x, ct, kb, weight_rows);
         if (ct == 0) *reinterpret_cast<int*>(st + L.mode_offset) = uniform ? 1 : 0;
         FenceProxyAsync();  // the decoded panel is read by wgmma
@@ -518,6 +509,25 @@ struct MoeGemmFp4Fp8 {
         }
         scales = pack(next);
       }
+    }
+  }
+
+  // A gated kernel's scale row of tile row r, as rows past the tile's first weight row g0:
+  // WeightRow's mapping written out in 32 bits (through its 64-bit form the converters ran
+  // 1-4% slower; measured).
+  __device__ __forceinline__ static int ItemRow(int r, int n, int64_t g0, int64_t weight_rows) {
+    r = min(r, TN - 1);
+    const int d = r >= kWRows ? n / 2 + (r - kWRows) : r;
+    return g0 + d >= weight_rows ? static_cast<int>(weight_rows - 1 - g0) : d;
+  }
+
+  // The tile's last stage carries each weight column's factor for the consumers'
+  // ColumnFactors: in the uniform mode 2^(ref - 133) (the row's largest scale and the 2^6
+  // of the fold), else 1 (the general loop applies the block scales itself).
+  __device__ __forceinline__ static void ColumnScales(uint8_t* st, int ct, bool uniform,
+                                                      const int* ref_s) {
+    for (int r = ct; r < TN; r += kConverters) {
+      reinterpret_cast<float*>(st + L.col_offset)[r] = uniform ? Pow2(ref_s[r] - 133) : 1.0f;
     }
   }
 
@@ -547,8 +557,6 @@ struct MoeGemmFp4Fp8 {
   __device__ __forceinline__ static void DecodeItems(uint32_t packed, int chunk, uint32_t stage,
                                                      uint8_t* st, int ct, uint64_t scales,
                                                      bool uniform, const int* ref_s) {
-    constexpr int kStep = kConverters / 4;  // rows between a converter's items
-    constexpr int kItems = (TN + kStep - 1) / kStep;
     const int j = ct % 4, r0 = ct / 4;
     // Unrolled: the items' loads and decodes overlap (at 80 registers this spilled, and
     // the loop was kept rolled).

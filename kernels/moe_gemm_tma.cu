@@ -68,6 +68,21 @@ struct MoeGemmTma {
 
   using Tile = MoeTile;
 
+  // What both roles of a CTA share: the parameters, shared memory and the pipeline's
+  // barriers, the scheduler's offsets and prefix sums, and the tile space
+  // (PipelinePrologue).
+  struct Cta {
+    const MoeGemmParamsV2& pv;
+    int num_experts;
+    uint8_t* smem;
+    uint32_t smem_base, full_bar, empty_bar;  // a stage's barriers at + 8 * stage
+    const int* off;
+    const int* pre;
+    int64_t m_tiles, n_tiles, tiles;
+    int num_kt;
+    uint32_t rank;  // in the cluster (0 without one)
+  };
+
   __device__ static void Run(const MoeGemmParamsV2& pv) {
     const MoeGemmParams& p = pv.g;
     extern __shared__ uint8_t smem_raw[];
@@ -91,54 +106,72 @@ struct MoeGemmTma {
     const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, TN);
     const int64_t tiles = m_tiles * n_tiles;
     const int num_kt = (p.k + kBoxElems - 1) / kBoxElems;
+    const Cta c{pv,  E,       smem,    smem_base, full_bar, empty_bar, off,
+                pre, m_tiles, n_tiles, tiles,     num_kt,   rank};
     const int wg = threadIdx.x / 128;
-
     if (wg == 0) {
-      if constexpr (kSetMaxNreg) SetMaxRegsDec<L.producer_regs>();
-      if (threadIdx.x != 0) {
-        // No CTA leaves while its peer may still multicast into it or arrive on it.
-        if constexpr (CL > 1) ClusterSync();
-        return;
-      }
-      StageRing<ST> ring;
-      for (int64_t tile = blockIdx.x / CL; tile < tiles; tile += gridDim.x / CL) {
-        Tile t = TileAt(tile, m_tiles, n_tiles, E, TM * CL, off, pre);
-        t.row_begin += rank * TM;
-        PrefetchBiasL2<ACT, TN>(p, t.e, t.n_tile);
-        const int b_row = t.e * p.n + t.n_tile * kBRows;
-        for (int kt = 0; kt < num_kt; ++kt) {
-          // A fresh barrier's preceding phase counts as complete: the first pass is free.
-          MbarWait(empty_bar + 8 * ring.s, ring.phase ^ 1);
-          const uint32_t full = full_bar + 8 * ring.s;
-          const uint32_t a_dst = smem_base + ring.s * L.stage_bytes;
-          const uint32_t b_dst = a_dst + L.a_stage_bytes;
-          MbarArriveExpectTx(full, kStageTx);
-          TmaLoad2d(a_dst, &pv.a_map, kt * kBoxElems, t.row_begin, full);
-          if constexpr (CL == 1) {
-            TmaLoad2d(b_dst, &pv.b_map, kt * kBoxElems, b_row, full);
-            if constexpr (kGated) {
-              // The gate half: rows N/2 further down the expert's B.
-              TmaLoad2d(b_dst + kBRows * kMoeGemmTmaBoxBytes, &pv.b_map, kt * kBoxElems,
-                        b_row + p.n / 2, full);
-            }
-          } else {
-            const uint32_t share = rank * kBShare;
-            TmaLoad2dMulticast(b_dst + share * kMoeGemmTmaBoxBytes, &pv.b_map, kt * kBoxElems,
-                               b_row + share, full, 0x3);
-            if constexpr (kGated) {
-              TmaLoad2dMulticast(b_dst + (kBRows + share) * kMoeGemmTmaBoxBytes, &pv.b_map,
-                                 kt * kBoxElems, b_row + p.n / 2 + share, full, 0x3);
-            }
-          }
-          ring.Advance();
-        }
-      }
+      Produce(c);
+      return;
+    }
+    Consume(c, wg - 1);
+  }
+
+  // The producer warpgroup: one thread issues every stage's TMA loads (A's rows, B's rows
+  // or, in a cluster, this CTA's share of them multicast to both); the others leave.
+  __device__ __forceinline__ static void Produce(const Cta& c) {
+    const MoeGemmParams& p = c.pv.g;
+    if constexpr (kSetMaxNreg) SetMaxRegsDec<L.producer_regs>();
+    if (threadIdx.x != 0) {
+      // No CTA leaves while its peer may still multicast into it or arrive on it.
       if constexpr (CL > 1) ClusterSync();
       return;
     }
+    StageRing<ST> ring;
+    for (int64_t tile = blockIdx.x / CL; tile < c.tiles; tile += gridDim.x / CL) {
+      Tile t = TileAt(tile, c.m_tiles, c.n_tiles, c.num_experts, TM * CL, c.off, c.pre);
+      t.row_begin += c.rank * TM;
+      PrefetchBiasL2<ACT, TN>(p, t.e, t.n_tile);
+      const int b_row = t.e * p.n + t.n_tile * kBRows;
+      for (int kt = 0; kt < c.num_kt; ++kt) {
+        // A fresh barrier's preceding phase counts as complete: the first pass is free.
+        MbarWait(c.empty_bar + 8 * ring.s, ring.phase ^ 1);
+        const uint32_t full = c.full_bar + 8 * ring.s;
+        const uint32_t a_dst = c.smem_base + ring.s * L.stage_bytes;
+        const uint32_t b_dst = a_dst + L.a_stage_bytes;
+        MbarArriveExpectTx(full, kStageTx);
+        TmaLoad2d(a_dst, &c.pv.a_map, kt * kBoxElems, t.row_begin, full);
+        if constexpr (CL == 1) {
+          TmaLoad2d(b_dst, &c.pv.b_map, kt * kBoxElems, b_row, full);
+          if constexpr (kGated) {
+            // The gate half: rows N/2 further down the expert's B.
+            TmaLoad2d(b_dst + kBRows * kMoeGemmTmaBoxBytes, &c.pv.b_map, kt * kBoxElems,
+                      b_row + p.n / 2, full);
+          }
+        } else {
+          const uint32_t share = c.rank * kBShare;
+          TmaLoad2dMulticast(b_dst + share * kMoeGemmTmaBoxBytes, &c.pv.b_map, kt * kBoxElems,
+                             b_row + share, full, 0x3);
+          if constexpr (kGated) {
+            TmaLoad2dMulticast(b_dst + (kBRows + share) * kMoeGemmTmaBoxBytes, &c.pv.b_map,
+                               kt * kBoxElems, b_row + p.n / 2 + share, full, 0x3);
+          }
+        }
+        ring.Advance();
+      }
+    }
+    if constexpr (CL > 1) ClusterSync();
+  }
 
+  // Consumer warpgroup ci (rows ci*64 .. ci*64+63 of each tile): the format's main loop
+  // into fp32 accumulators, then the epilogue. The main loops take the CTA's values as
+  // scalars, not the Cta, and their partials from here: either way round changes the
+  // kernels' code (checked on the cubins' bytes), which this split leaves as it was.
+  __device__ __forceinline__ static void Consume(const Cta& c, int ci) {
+    const MoeGemmParams& p = c.pv.g;
+    const uint32_t smem_base = c.smem_base, full_bar = c.full_bar, empty_bar = c.empty_bar;
+    const int num_kt = c.num_kt;
+    const uint32_t rank = c.rank;
     if constexpr (kSetMaxNreg) SetMaxRegsInc<L.consumer_regs>();
-    const int ci = wg - 1;  // this consumer's rows: ci*64 .. ci*64+63 of the tile
     const bool signals = threadIdx.x % 128 == 0;  // arrives on `empty` for the warpgroup
     const uint32_t a_off = ci * 64 * kMoeGemmTmaBoxBytes;
     StageRing<ST> pipe;  // persists across tiles
@@ -149,29 +182,17 @@ struct MoeGemmTma {
       MbarArrive(empty_bar + 8 * stage);
       if constexpr (CL > 1) MbarArriveCluster(empty_bar + 8 * stage, rank ^ 1);
     };
-    for (int64_t tile = blockIdx.x / CL; tile < tiles; tile += gridDim.x / CL) {
-      Tile t = TileAt(tile, m_tiles, n_tiles, E, TM * CL, off, pre);
+    for (int64_t tile = blockIdx.x / CL; tile < c.tiles; tile += gridDim.x / CL) {
+      Tile t = TileAt(tile, c.m_tiles, c.n_tiles, c.num_experts, TM * CL, c.off, c.pre);
       t.row_begin += rank * TM;  // rows past the expert's end are computed, never stored
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
       if constexpr (!kFp8) {
-        // bf16: one accumulator; a stage is released once the wgmma after it has been
-        // issued and its own has retired (one group in flight).
-        int prev = -1;
-        for (int kt = 0; kt < num_kt; ++kt) {
-          MbarWait(full_bar + 8 * pipe.s, pipe.phase);
-          Issue(smem_base + pipe.s * L.stage_bytes, a_off, acc, true);
-          WgmmaWait<1>();
-          FenceRegs(acc);
-          if (prev >= 0 && signals) release(prev);
-          prev = pipe.s;
-          pipe.Advance();
-        }
-        WgmmaWait<0>();
-        FenceRegs(acc);
-        if (prev >= 0 && signals) release(prev);
+        Bf16Loop(smem_base, a_off, full_bar, signals, release, pipe, num_kt, acc);
       } else if constexpr (F == kFp8Block && L.smem_scales) {
-        StagedScaleLoop(p, t, ci, smem_base, a_off, full_bar, signals, release, pipe, num_kt, acc);
+        float part[kRegs];
+        StagedScaleLoop(p, t, ci, smem_base, a_off, full_bar, signals, release, pipe, num_kt, acc,
+                        part);
       } else if constexpr (F == kFp8Block) {
         // Tiles whose B halves each lie in one 128-row scale block (N a multiple of the
         // tile's B rows: every tile of the benchmarked shapes) take the uniform loop.
@@ -184,112 +205,164 @@ struct MoeGemmTma {
                            num_kt, acc);
         }
       } else if constexpr (TN > 128) {
-        // fp8 per tensor, 192 columns: an accumulator and one partial of 96 registers fill
-        // the consumer's budget (a second partial would spill), so each k-tile's wgmma are
-        // waited for before its promotion; the other consumer's wgmma keep the tensor
-        // cores busy meanwhile, as in the fp8-block loop.
         float part[kRegs];
-        for (int kt = 0; kt < num_kt; ++kt) {
-          MbarWait(full_bar + 8 * pipe.s, pipe.phase);
-          Issue(smem_base + pipe.s * L.stage_bytes, a_off, part, false);
-          WgmmaWait<0>();
-          FenceRegs(part);
-          if (signals) release(pipe.s);
-#pragma unroll
-          for (int i = 0; i < kRegs; ++i) acc[i] += part[i];
-          pipe.Advance();
-        }
+        Fp8WideLoop(smem_base, a_off, full_bar, signals, release, pipe, num_kt, acc, part);
       } else {
-        // fp8 per tensor: as fp8-block without block scales (the tensor cores' fp8
-        // accumulation keeps fewer bits than fp32), each k-tile into a fresh partial. Two
-        // loops (docs/kernels.md "fp8 per tensor"):
         float part0[kRegs], part1[kRegs];
         if constexpr (kConsumers == 1) {
-          // One consumer: two k-tiles at a time into two partials, so that the first is
-          // promoted while the second's wgmma run, and each iteration ends with no wgmma in
-          // flight. A wgmma left in flight across the loop's back edge (the loop below) makes
-          // ptxas serialize every wgmma of the kernel (C7514: a wait after each), and so does
-          // one issued under a runtime condition (C7518), so an odd last k-tile runs alone.
-          // Measured 1.1-1.3x faster than the loop below on 64-row tiles.
-          // The next stage's k-tile into a fresh partial (returns its stage), and a partial
-          // whose wgmma have been waited for: the stage released, the partial added.
-          auto issue_next = [&](float (&part)[kRegs]) {
-            const int st = pipe.s;
-            MbarWait(full_bar + 8 * pipe.s, pipe.phase);
-            Issue(smem_base + pipe.s * L.stage_bytes, a_off, part, false);
-            pipe.Advance();
-            return st;
-          };
-          auto promote = [&](float (&part)[kRegs], int st) {
-            FenceRegs(part);
-            if (signals) release(st);
-#pragma unroll
-            for (int r = 0; r < kRegs; ++r) acc[r] += part[r];
-          };
-          for (int i = 0; i < num_kt / 2; ++i) {
-            const int s0 = issue_next(part0);
-            const int s1 = issue_next(part1);
-            WgmmaWait<1>();
-            promote(part0, s0);
-            WgmmaWait<0>();
-            promote(part1, s1);
-          }
-          if (num_kt % 2 != 0) {
-            const int s0 = issue_next(part0);
-            WgmmaWait<0>();
-            promote(part0, s0);
-          }
+          Fp8PairedLoop(smem_base, a_off, full_bar, signals, release, pipe, num_kt, acc, part0,
+                        part1);
         } else {
-          // Two consumers: two partials that alternate over all k-tiles, the wgmma of k-tile
-          // kt+1 issued before k-tile kt is promoted. ptxas serializes this loop's wgmma (a
-          // wait after each; C7514), but the other consumer's wgmma fill the tensor cores
-          // meanwhile, and the loop above measured 0.88-1.16x of this one on 128-row tiles
-          // (deepseek-v3 5-12% slower), so these kernels keep it.
-          int s0 = pipe.s;
-          MbarWait(full_bar + 8 * pipe.s, pipe.phase);
-          Issue(smem_base + pipe.s * L.stage_bytes, a_off, part0, false);
-          pipe.Advance();
-          for (int kt = 0; kt < num_kt; kt += 2) {
-            const int s1 = pipe.s;
-            if (kt + 1 < num_kt) {
-              MbarWait(full_bar + 8 * pipe.s, pipe.phase);
-              Issue(smem_base + pipe.s * L.stage_bytes, a_off, part1, false);
-              pipe.Advance();
-              WgmmaWait<1>();
-            } else {
-              WgmmaWait<0>();
-            }
-            FenceRegs(part0);
-            if (signals) release(s0);
-#pragma unroll
-            for (int i = 0; i < kRegs; ++i) acc[i] += part0[i];
-            if (kt + 1 >= num_kt) break;
-            s0 = pipe.s;
-            if (kt + 2 < num_kt) {
-              MbarWait(full_bar + 8 * pipe.s, pipe.phase);
-              Issue(smem_base + pipe.s * L.stage_bytes, a_off, part0, false);
-              pipe.Advance();
-              WgmmaWait<1>();
-            } else {
-              WgmmaWait<0>();
-            }
-            FenceRegs(part1);
-            if (signals) release(s1);
-#pragma unroll
-            for (int i = 0; i < kRegs; ++i) acc[i] += part1[i];
-          }
+          Fp8AlternatingLoop(smem_base, a_off, full_bar, signals, release, pipe, num_kt, acc, part0,
+                             part1);
         }
       }
       // Tiles with fewer rows than the consumer's 64 (decode steps, an expert's last tile)
       // store directly: staging would move all 64 rows through shared memory.
       if (L.staged_epilogue && t.row_end - (t.row_begin + ci * 64) >= 64) {
         StoreStaged<F, ACT, TN>(p, t, ci, acc,
-                                smem + L.epilogue_offset + ci * kMoeGemmTmaEpilogueBytes);
+                                c.smem + L.epilogue_offset + ci * kMoeGemmTmaEpilogueBytes);
       } else {
         StoreTile<F, ACT, TN>(p, t.e, t.row_begin + ci * 64, t.row_end, t.n_tile, acc);
       }
     }
     if constexpr (CL > 1) ClusterSync();
+  }
+
+  // bf16: one accumulator; a stage is released once the wgmma after it has been issued and
+  // its own has retired (one group in flight).
+  template <typename Release>
+  __device__ __forceinline__ static void Bf16Loop(uint32_t smem_base, uint32_t a_off,
+                                                  uint32_t full_bar, bool signals, Release release,
+                                                  StageRing<ST>& pipe, int num_kt,
+                                                  float (&acc)[kRegs]) {
+    int prev = -1;
+    for (int kt = 0; kt < num_kt; ++kt) {
+      MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+      Issue(smem_base + pipe.s * L.stage_bytes, a_off, acc, true);
+      WgmmaWait<1>();
+      FenceRegs(acc);
+      if (prev >= 0 && signals) release(prev);
+      prev = pipe.s;
+      pipe.Advance();
+    }
+    WgmmaWait<0>();
+    FenceRegs(acc);
+    if (prev >= 0 && signals) release(prev);
+  }
+
+  // fp8 per tensor, 192 columns: an accumulator and one partial of 96 registers fill the
+  // consumer's budget (a second partial would spill), so each k-tile's wgmma are waited
+  // for before its promotion; the other consumer's wgmma keep the tensor cores busy
+  // meanwhile, as in the fp8-block loop.
+  template <typename Release>
+  __device__ __forceinline__ static void Fp8WideLoop(uint32_t smem_base, uint32_t a_off,
+                                                     uint32_t full_bar, bool signals,
+                                                     Release release, StageRing<ST>& pipe,
+                                                     int num_kt, float (&acc)[kRegs],
+                                                     float (&part)[kRegs]) {
+    for (int kt = 0; kt < num_kt; ++kt) {
+      MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+      Issue(smem_base + pipe.s * L.stage_bytes, a_off, part, false);
+      WgmmaWait<0>();
+      FenceRegs(part);
+      if (signals) release(pipe.s);
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) acc[i] += part[i];
+      pipe.Advance();
+    }
+  }
+
+  // fp8 per tensor: as fp8-block without block scales (the tensor cores' fp8 accumulation
+  // keeps fewer bits than fp32), each k-tile into a fresh partial (docs/kernels.md "fp8
+  // per tensor"). One consumer: two k-tiles at a time into two partials, so that the first
+  // is promoted while the second's wgmma run, and each iteration ends with no wgmma in
+  // flight. A wgmma left in flight across the loop's back edge (Fp8AlternatingLoop) makes
+  // ptxas serialize every wgmma of the kernel (C7514: a wait after each), and so does one
+  // issued under a runtime condition (C7518), so an odd last k-tile runs alone. Measured
+  // 1.1-1.3x faster than the alternating loop on 64-row tiles.
+  template <typename Release>
+  __device__ __forceinline__ static void Fp8PairedLoop(uint32_t smem_base, uint32_t a_off,
+                                                       uint32_t full_bar, bool signals,
+                                                       Release release, StageRing<ST>& pipe,
+                                                       int num_kt, float (&acc)[kRegs],
+                                                       float (&part0)[kRegs],
+                                                       float (&part1)[kRegs]) {
+    // The next stage's k-tile into a fresh partial (returns its stage), and a partial
+    // whose wgmma have been waited for: the stage released, the partial added.
+    auto issue_next = [&](float (&part)[kRegs]) {
+      const int st = pipe.s;
+      MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+      Issue(smem_base + pipe.s * L.stage_bytes, a_off, part, false);
+      pipe.Advance();
+      return st;
+    };
+    auto promote = [&](float (&part)[kRegs], int st) {
+      FenceRegs(part);
+      if (signals) release(st);
+#pragma unroll
+      for (int r = 0; r < kRegs; ++r) acc[r] += part[r];
+    };
+    for (int i = 0; i < num_kt / 2; ++i) {
+      const int s0 = issue_next(part0);
+      const int s1 = issue_next(part1);
+      WgmmaWait<1>();
+      promote(part0, s0);
+      WgmmaWait<0>();
+      promote(part1, s1);
+    }
+    if (num_kt % 2 != 0) {
+      const int s0 = issue_next(part0);
+      WgmmaWait<0>();
+      promote(part0, s0);
+    }
+  }
+
+  // fp8 per tensor, two consumers: two partials that alternate over all k-tiles, the wgmma
+  // of k-tile kt+1 issued before k-tile kt is promoted. ptxas serializes this loop's wgmma
+  // (a wait after each; C7514), but the other consumer's wgmma fill the tensor cores
+  // meanwhile, and Fp8PairedLoop measured 0.88-1.16x of this one on 128-row tiles
+  // (deepseek-v3 5-12% slower), so these kernels keep it.
+  template <typename Release>
+  __device__ __forceinline__ static void Fp8AlternatingLoop(uint32_t smem_base, uint32_t a_off,
+                                                            uint32_t full_bar, bool signals,
+                                                            Release release, StageRing<ST>& pipe,
+                                                            int num_kt, float (&acc)[kRegs],
+                                                            float (&part0)[kRegs],
+                                                            float (&part1)[kRegs]) {
+    int s0 = pipe.s;
+    MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+    Issue(smem_base + pipe.s * L.stage_bytes, a_off, part0, false);
+    pipe.Advance();
+    for (int kt = 0; kt < num_kt; kt += 2) {
+      const int s1 = pipe.s;
+      if (kt + 1 < num_kt) {
+        MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+        Issue(smem_base + pipe.s * L.stage_bytes, a_off, part1, false);
+        pipe.Advance();
+        WgmmaWait<1>();
+      } else {
+        WgmmaWait<0>();
+      }
+      FenceRegs(part0);
+      if (signals) release(s0);
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) acc[i] += part0[i];
+      if (kt + 1 >= num_kt) break;
+      s0 = pipe.s;
+      if (kt + 2 < num_kt) {
+        MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+        Issue(smem_base + pipe.s * L.stage_bytes, a_off, part0, false);
+        pipe.Advance();
+        WgmmaWait<1>();
+      } else {
+        WgmmaWait<0>();
+      }
+      FenceRegs(part1);
+      if (signals) release(s1);
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) acc[i] += part1[i];
+    }
   }
 
   // Issues the wgmma of one stage (at `stage`; this consumer's A rows at a_off) into d,
@@ -365,10 +438,10 @@ struct MoeGemmTma {
                                                          uint32_t a_off, uint32_t full_bar,
                                                          bool signals, Release release,
                                                          StageRing<ST>& pipe, int num_kt,
-                                                         float (&acc)[kRegs]) {
+                                                         float (&acc)[kRegs],
+                                                         float (&part)[kRegs]) {
     constexpr uint32_t kSlot = MoeGemmTmaScaleSlotBytes(TN);
     static_assert(64 + TN / 8 <= 128, "one scale per consumer thread");
-    float part[kRegs];
     const int tid = threadIdx.x % 128;
     const uint32_t slots = smem_base + L.scale_offset + ci * kMoeGemmTmaScaleSlots * kSlot;
     const bool fetches = tid < 64 + TN / 8;
