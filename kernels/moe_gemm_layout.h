@@ -43,12 +43,19 @@ CUBIST_HD constexpr bool SetMaxNRegFits(int threads, int consumers, int consumer
 // as TMA writes them with the 128-byte swizzle. Warpgroup 0 produces (one thread issues
 // the copies), warpgroups 1..tile_m/64 consume (64 rows each). Shared memory:
 //   [stages x (A tile, B tile)] [full/empty mbarriers] [offsets, tile prefix: E+1 each]
+//   [fp8-block, 192 columns: per consumer two slots of block scales]
 //   [epilogue: per consumer 64 rows x 64 output columns of bf16, rows padded to 144 B]
 // The epilogue buffer exists in one-CTA-per-SM kernels: their consumers stage each 64-column
 // chunk of the output there and write it back as whole 128-byte lines, where storing from
 // the accumulator layout writes 16-byte pieces of 8 rows per instruction (measured on the
 // H200: those stores cost 15% of Mixtral's FC1). Two-CTA kernels overlap one CTA's
 // epilogue with the other's main loop instead and store directly.
+// fp8-block kernels of 192 columns keep their block scales in shared memory, between the
+// scheduler's arrays and the epilogue buffer: per consumer two slots (k-tiles kt and
+// kt + 1) of 64 A-row scales and one B scale per 8-column group. Their accumulator and
+// partial (96 registers each) leave no room for per-thread scale values and addresses.
+inline constexpr int kMoeGemmTmaScaleSlots = 2;
+CUBIST_HD constexpr int MoeGemmTmaScaleSlotBytes(int tile_n) { return (64 + tile_n / 8) * 4; }
 inline constexpr int kMoeGemmTmaEpilogueCols = 64;
 inline constexpr int kMoeGemmTmaEpilogueRowBytes = kMoeGemmTmaEpilogueCols * 2 + 16;
 inline constexpr int kMoeGemmTmaEpilogueBytes = 64 * kMoeGemmTmaEpilogueRowBytes;
@@ -63,6 +70,9 @@ struct MoeGemmTmaLayout {
   int a_stage_bytes = 0, b_stage_bytes = 0, stage_bytes = 0;
   int barrier_offset = 0;  // 2 * stages mbarriers of 8 bytes
   int sched_offset = 0;    // 2 * (kMoeGemmTmaMaxExperts + 1) int32
+  // consumers x kMoeGemmTmaScaleSlots x MoeGemmTmaScaleSlotBytes(tile_n) (smem_scales only)
+  int scale_offset = 0;
+  bool smem_scales = false;
   int epilogue_offset = 0;  // consumers x kMoeGemmTmaEpilogueBytes (staged epilogue only)
   bool staged_epilogue = false;
   int smem_bytes = 0;      // dynamic shared memory to request, alignment slack included
@@ -92,7 +102,13 @@ CUBIST_HD constexpr MoeGemmTmaLayout MakeTmaLayout(MoeFormat w, MoeFormat a, int
   // (228 KiB per SM, 1 KiB of it reserved per CTA)
   // fp8 consumers hold an accumulator and two partials (192 registers): one per SM.
   l.ctas_per_sm = tile_m == 64 && !l.fp8_mma && 2 * (l.smem_bytes + 1024) <= 233472 ? 2 : 1;
-  l.epilogue_offset = RoundUp(l.sched_offset + kMoeGemmTmaSchedBytes, 128);
+  l.smem_scales = w == kFp8Block && tile_n == 192;
+  l.scale_offset = RoundUp(l.sched_offset + kMoeGemmTmaSchedBytes, 128);
+  l.epilogue_offset =
+      l.smem_scales ? RoundUp(l.scale_offset + l.consumers * kMoeGemmTmaScaleSlots *
+                                                   MoeGemmTmaScaleSlotBytes(tile_n),
+                              128)
+                    : l.scale_offset;
   l.staged_epilogue = l.ctas_per_sm == 1;
   if (l.staged_epilogue) {
     l.smem_bytes = kSmemAlign + l.epilogue_offset + l.consumers * kMoeGemmTmaEpilogueBytes;
@@ -104,9 +120,9 @@ CUBIST_HD constexpr MoeGemmTmaLayout MakeTmaLayout(MoeFormat w, MoeFormat a, int
     l.error = "tile_m must be 64 or 128";
   } else if (tile_n != 64 && tile_n != 128 && tile_n != 192 && tile_n != 256) {
     l.error = "tile_n must be 64, 128, 192 or 256";
-  } else if (tile_n == 192 && !(w == kFp8 && tile_m == 128)) {
-    l.error = "tile_n 192 is for fp8 per-tensor kernels of 128 rows (an accumulator and one "
-              "partial of 96 registers per consumer; fp8-block's scale loop spills there)";
+  } else if (tile_n == 192 && !((w == kFp8 || w == kFp8Block) && tile_m == 128)) {
+    l.error = "tile_n 192 is for fp8 and fp8-block kernels of 128 rows (an accumulator and "
+              "one partial of 96 registers per consumer)";
   } else if (l.fp8_mma && tile_n > 192) {
     l.error = "fp8 kernels keep an accumulator and partials: tile_n at most 192";
   } else if (l.consumers == 2 &&

@@ -25,6 +25,8 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_device.cuh"
 #include "kernels/moe_gemm_layout.h"
@@ -194,6 +196,10 @@ struct MoeGemmTma {
       for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
       if constexpr (!kFp8) {
         Bf16Loop(smem_base, a_off, full_bar, signals, release, pipe, num_kt, acc);
+      } else if constexpr (F == kFp8Block && L.smem_scales) {
+        float part[kRegs];
+        StagedScaleLoop(p, t, ci, smem_base, a_off, full_bar, signals, release, pipe, num_kt, acc,
+                        part);
       } else if constexpr (F == kFp8Block) {
         // Tiles whose B halves each lie in one 128-row scale block (N a multiple of the
         // tile's B rows: every tile of the benchmarked shapes) take the uniform loop.
@@ -418,6 +424,103 @@ struct MoeGemmTma {
       Promote<kUniform>(hi_mask, sc, acc, part);
       sc = next;
       pipe.Advance();
+    }
+  }
+  // The fp8-block main loop of 192-column tiles (L.smem_scales): their accumulator and
+  // partial take 192 of the consumer's 232 registers, and BlockLoop's per-thread scales
+  // and scale addresses spilled there. Here the scales go through shared memory instead:
+  // every thread of the consumer fetches one scale per k-tile (threads 0-63 the A scale
+  // of their row, 64.. the B scale of one 8-column group; ScaleSource), a k-tile ahead,
+  // and stores it into the other of two slots once its own promotion is done; a named
+  // barrier per k-tile orders those writes before the next promotion's reads and after
+  // this one's. A thread holds one address and one value, and the promotion reads each
+  // group's B scale from the slot, so tiles whose B rows cross a 128-row scale block
+  // (most 192-row tiles) need no per-group select. k-tile 0's scales are fetched before
+  // the loop and stored once its wgmma are issued, so the fetch does not delay them. The
+  // arithmetic is BlockLoop's: each k-tile's partial times (sa x sb) added into acc, in
+  // k order.
+  template <typename Release>
+  __device__ __forceinline__ static void StagedScaleLoop(const MoeGemmParams& p, const Tile& t,
+                                                         int ci, uint32_t smem_base,
+                                                         uint32_t a_off, uint32_t full_bar,
+                                                         bool signals, Release release,
+                                                         StageRing<ST>& pipe, int num_kt,
+                                                         float (&acc)[kRegs],
+                                                         float (&part)[kRegs]) {
+    constexpr uint32_t kSlot = MoeGemmTmaScaleSlotBytes(TN);
+    static_assert(64 + TN / 8 <= 128, "one scale per consumer thread");
+    const int tid = threadIdx.x % 128;
+    const uint32_t slots = smem_base + L.scale_offset + ci * kMoeGemmTmaScaleSlots * kSlot;
+    const bool fetches = tid < 64 + TN / 8;
+    const float* src = ScaleSource(p, t, ci, tid);
+    const uint32_t dst = slots + tid * 4;
+    // The scale of this thread's first accumulator row; its second is 8 rows further.
+    const uint32_t sa = slots + (tid / 32 * 16 + tid % 32 / 4) * 4;
+    const float first = fetches ? __ldg(src) : 0.0f;
+    // k-tile kt (is_first: k-tile 0, whose slot is written here). The previous tile's
+    // last barrier ordered its reads of slot 0 before that write.
+    auto k_tile = [&](auto is_first, int kt) {
+      const uint32_t cur = (kt & 1) * kSlot;
+      const bool ahead = fetches && kt + 1 < num_kt;
+      const float next = ahead ? __ldg(src + kt + 1) : 0.0f;
+      MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+      Issue(smem_base + pipe.s * L.stage_bytes, a_off, part, false);
+      if constexpr (decltype(is_first)::value) {
+        if (fetches) StSharedF32(dst, first);
+        NamedBarrier128(1 + ci);
+      }
+      WgmmaWait<0>();
+      FenceRegs(part);
+      if (signals) release(pipe.s);
+      PromoteStaged(slots + cur, sa + cur, acc, part);
+      if (ahead) StSharedF32(dst + (kSlot - cur), next);
+      NamedBarrier128(1 + ci);
+      pipe.Advance();
+    };
+    k_tile(std::true_type{}, 0);  // MoeGemmCheck refuses K < 1: there is a k-tile 0
+    for (int kt = 1; kt < num_kt; ++kt) k_tile(std::false_type{}, kt);
+  }
+  // The scale row whose k-tile element this consumer thread fetches into the slots:
+  // threads 0-63 the A scales of their row (clamped into the tile's rows: rows past the
+  // expert's end are computed, never stored), threads 64.. the B block of 8-column group
+  // tid - 64 (HiBlockMask's rule: a tile's B rows start at a multiple of 8, so a group
+  // lies in one 128-row block). Threads past the groups fetch nothing.
+  __device__ __forceinline__ static const float* ScaleSource(const MoeGemmParams& p,
+                                                             const Tile& t, int ci, int tid) {
+    const int kb = (p.k + 127) / 128;
+    const int nb = (p.n + 127) / 128;
+    if (tid < 64) {
+      const int row = min(t.row_begin + ci * 64 + tid, t.row_end - 1);
+      return static_cast<const float*>(p.a_scale) + static_cast<int64_t>(row) * kb;
+    }
+    const int g = min(tid - 64, TN / 8 - 1);
+    const int h = kGated && g * 8 >= kBRows ? 1 : 0;
+    const int first = t.n_tile * kBRows + (h ? p.n / 2 : 0);
+    const int row = min(first + (g * 8) % kBRows, p.n - 1);
+    return static_cast<const float*>(p.b_scale) +
+           (static_cast<int64_t>(t.e) * nb + row / 128) * kb;
+  }
+  // Promote with the scales of one slot: sa of this thread's two rows (at sa_addr and 8
+  // rows further), sb of each 8-column group four at a time (one 16-byte broadcast read).
+  __device__ __forceinline__ static void PromoteStaged(uint32_t slot, uint32_t sa_addr,
+                                                       float (&acc)[kRegs],
+                                                       float (&part)[kRegs]) {
+    static_assert(TN % 32 == 0, "whole 16-byte reads of group scales");
+    const float sa0 = LdSharedF32(sa_addr), sa1 = LdSharedF32(sa_addr + 8 * 4);
+#pragma unroll
+    for (int q = 0; q < TN / 32; ++q) {
+      const uint4 v = LdShared128(slot + 64 * 4 + q * 16);
+      const float sb4[4] = {__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z),
+                            __uint_as_float(v.w)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int g = q * 4 + j;
+        const float s0 = sa0 * sb4[j], s1 = sa1 * sb4[j];
+        acc[g * 4 + 0] += part[g * 4 + 0] * s0;
+        acc[g * 4 + 1] += part[g * 4 + 1] * s0;
+        acc[g * 4 + 2] += part[g * 4 + 2] * s1;
+        acc[g * 4 + 3] += part[g * 4 + 3] * s1;
+      }
     }
   }
   // fp8-block scale factors of one k-tile: sa per accumulator row half, and per B half

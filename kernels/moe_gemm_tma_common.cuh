@@ -223,6 +223,17 @@ __device__ __forceinline__ void StShared128(uint32_t addr, uint4 v) {
                : "memory");
 }
 
+// 4-byte shared-memory load and store (the fp8-block scale slots of kernels/moe_gemm_tma.cu);
+// ordered against the named barriers around them.
+__device__ __forceinline__ float LdSharedF32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void StSharedF32(uint32_t addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+
 // ---------------------------------------------------------------------------------
 // The staged epilogue (kernels/moe_gemm_tma.cu, kernels/moe_gemm_fp4_fp8.cu).
 

@@ -309,15 +309,15 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_tma_mxfp4_mxfp8_geglu_m64n128k256\n" +
                 std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
-  // The whole family: 120 TMA kernels writing bf16 (generation 2; generation 1's 95 are
+  // The whole family: 125 TMA kernels writing bf16 (generation 2; generation 1's 95 are
   // retired) and the fp8 pair's 15 writing e4m3 (_ofp8); then the layer's 14, which the
   // GEMM selection flags do not filter.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 149);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 154);
   EXPECT_THAT(out, ::testing::Not(::testing::ContainsRegex("(^|\n)moe_gemm_[^t]")));
   EXPECT_TRUE(out.ends_with(kLayerList)) << out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --no-layer 2>&1", &out),
             0);
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 135);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 140);
   EXPECT_THAT(out, ::testing::Not(HasSubstr("cubist_moe_")));
   // mxfp4 x mxfp8: the bf16-MMA kernels up to 64 tokens (kernels/moe_gemm_fp4.cu), then
   // the fp8-MMA one of 128 tokens, weights decoded by converters
@@ -358,6 +358,14 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
   EXPECT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --outputs nvfp4 2>&1",
                        &out), 2);
   EXPECT_THAT(out, HasSubstr("--outputs: unknown 'nvfp4'; one of ['bf16', 'fp8']"));
+  // fp8-block: the same tiles as fp8 per tensor, 128x192 with its scales in shared memory.
+  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list "
+                       "--formats fp8-block --activations swiglu --no-layer 2>&1", &out), 0)
+      << out;
+  EXPECT_EQ(out,
+            "moe_gemm_tma_fp8block_fp8block_swiglu_m64n128k128\n"
+            "moe_gemm_tma_fp8block_fp8block_swiglu_m128n128k128\n"
+            "moe_gemm_tma_fp8block_fp8block_swiglu_m128n192k128\n");
   EXPECT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats fp16 2>&1",
                        &out), 2);
   EXPECT_THAT(out, HasSubstr("--formats: unknown 'fp16'"));
@@ -365,6 +373,14 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
   EXPECT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --generation 1 2>&1",
                        &out), 2);
   EXPECT_THAT(out, HasSubstr("unrecognized arguments: --generation 1"));
+}
+
+// Builds the GEMM kernels `selection` names (no layer, the Python manifest writer) into
+// dir/art; returns build-artifacts' exit status, its output in *out.
+int BuildGemmKernels(const TempDir& dir, const std::string& selection, std::string* out) {
+  return RunCommand(SourceDir() + "/scripts/build-artifacts '" + dir.Join("art") + "' " +
+                        selection + " --writer python --no-layer 2>&1",
+                    out);
 }
 
 // ptxas serializes every wgmma of a kernel (a wait after each) when one is left in flight
@@ -380,11 +396,9 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
   TempDir dir;
   std::string out;
-  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts '" + dir.Join("art") +
-                           "' --formats fp8,mxfp4xmxfp8 --activations relu2 "
-                           "--tiles 64x128x128,128x128x128,64x128x256 "
-                           "--writer python --no-layer 2>&1",
-                       &out),
+  ASSERT_EQ(BuildGemmKernels(dir, "--formats fp8,mxfp4xmxfp8 --activations relu2 "
+                                  "--tiles 64x128x128,128x128x128,64x128x256",
+                             &out),
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("build-artifacts: 6 kernels in"));
@@ -422,6 +436,35 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
     } else {
       EXPECT_EQ(k.extras.count("output_format"), 0u) << k.name;
     }
+  }
+}
+
+// The fp8-block 128x192 kernels hold an accumulator and a partial of 96 registers per
+// consumer thread; their block scales go through shared memory (kernels/moe_gemm_tma.cu
+// StagedScaleLoop) because per-thread scales spilled there. ptxas must report no spill
+// and keep their wgmma asynchronous; their entries carry the scale slots' shared memory
+// and the provisional calibration (the 128x128 tile's until measured).
+TEST(MoeKernelPtxasTest, Fp8Block192NeitherSpillsNorSerializes) {
+  if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
+  TempDir dir;
+  std::string out;
+  ASSERT_EQ(BuildGemmKernels(
+                dir, "--formats fp8-block --activations identity,swiglu --tiles 128x192", &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("build-artifacts: 2 kernels in"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("serialized")));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("spilled")));
+  const std::string path = dir.Join("art/manifest.json");
+  auto m = ParseManifest(ReadFileOrDie(path), path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->kernels.size(), 2u);
+  for (const KernelSpec& k : m->kernels) {
+    SCOPED_TRACE(k.name);
+    EXPECT_EQ(k.tile_n, 192);
+    EXPECT_EQ(k.shared_mem_bytes, 193152);
+    EXPECT_EQ(k.extras.at("spill_bytes"), "0");
+    EXPECT_EQ(k.extras.at("mma_efficiency"), "0.76");
   }
 }
 

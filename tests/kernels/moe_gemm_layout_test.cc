@@ -68,6 +68,50 @@ TEST(MoeGemmTmaLayoutTest, EpilogueRowsAvoidBankConflicts) {
   }
 }
 
+// fp8-block 192-column tiles (kernels/moe_gemm_tma.cu StagedScaleLoop) keep two slots of
+// block scales per consumer in shared memory, between the scheduler's arrays and the
+// epilogue buffer: 64 A-row scales and one B scale per 8-column group, the group scales
+// read 16 bytes at a time. No other kernel has them, so their layouts stay as they were.
+TEST(MoeGemmTmaLayoutTest, Fp8Block192StagesItsScalesInSharedMemory) {
+  const MoeGemmTmaLayout l = MakeTmaLayout(kFp8Block, kFp8Block, 128, 192, 4);
+  ASSERT_EQ(l.error, nullptr);
+  EXPECT_TRUE(l.smem_scales);
+  EXPECT_TRUE(l.staged_epilogue);
+  const int slot = MoeGemmTmaScaleSlotBytes(192);
+  EXPECT_EQ(slot, (64 + 192 / 8) * 4);
+  EXPECT_EQ(slot % 16, 0);
+  EXPECT_EQ(l.scale_offset % 16, 0);
+  EXPECT_EQ(l.scale_offset, RoundUp(l.sched_offset + kMoeGemmTmaSchedBytes, 128));
+  EXPECT_GE(l.epilogue_offset, l.scale_offset + l.consumers * kMoeGemmTmaScaleSlots * slot);
+  EXPECT_EQ(l.smem_bytes, kSmemAlign + l.epilogue_offset + 2 * kMoeGemmTmaEpilogueBytes);
+  EXPECT_EQ(l.smem_bytes, 193152);  // fp8 per tensor's 191,744 plus 2 x 2 x 352
+  // Four 40 KB stages are the most that fit, as for fp8 per tensor at 192 columns.
+  EXPECT_THAT(MakeTmaLayout(kFp8Block, kFp8Block, 128, 192, 5).error,
+              HasSubstr("shared memory exceeds 227 KB"));
+  struct Case {
+    MoeFormat f;
+    int tm, tn, stages;
+  };
+  for (const Case& c : {Case{kFp8, 128, 192, 4}, Case{kFp8Block, 128, 128, 6},
+                        Case{kFp8Block, 64, 128, 8}, Case{kFp8, 128, 128, 6},
+                        Case{kBf16, 128, 256, 4}}) {
+    SCOPED_TRACE(testing::Message() << c.tm << "x" << c.tn);
+    const MoeGemmTmaLayout o = MakeTmaLayout(c.f, c.f, c.tm, c.tn, c.stages);
+    ASSERT_EQ(o.error, nullptr);
+    EXPECT_FALSE(o.smem_scales);
+    if (o.staged_epilogue) {
+      EXPECT_EQ(o.epilogue_offset, RoundUp(o.sched_offset + kMoeGemmTmaSchedBytes, 128));
+    }
+  }
+  // 192 columns need the two consumers of a 128-row tile; bf16 has no such tile.
+  for (MoeFormat f : {kFp8Block, kFp8}) {
+    EXPECT_THAT(MakeTmaLayout(f, f, 64, 192, 4).error,
+                HasSubstr("tile_n 192 is for fp8 and fp8-block kernels of 128 rows"));
+  }
+  EXPECT_THAT(MakeTmaLayout(kBf16, kBf16, 128, 192, 4).error,
+              HasSubstr("tile_n 192 is for fp8 and fp8-block kernels of 128 rows"));
+}
+
 // kernels/moe_gemm_fp4.cu multiplies in bf16 from registers for every tile it builds:
 // its stage is the packed weights, the bf16 panels and the raw activation boxes. 128
 // tokens of mxfp8 do not fit two such stages; that tile is kernels/moe_gemm_fp4_fp8.cu's
