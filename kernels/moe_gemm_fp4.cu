@@ -22,10 +22,10 @@
 //     rows that its A fragment holds, times the block scale (ue8m0 per 32, or e4m3 per
 //     16), into four bf16 pairs (exact), and issues two wgmma m64nTTk16 with those
 //     registers as A and the activation panel in shared memory as B. With permuted
-//     activations the 8 elements are one word of the row (DecodeE2m1Pairs: about 1.2 ALU
-//     instructions per element); with TMA-copied bf16 they are byte lane % 4 of each of
+//     activations the 8 elements are one word of the row (DecodeE2m1Pairs: 21
+//     instructions for the 8); with TMA-copied bf16 they are byte lane % 4 of each of
 //     the block's four words (a 16-byte load, three prmt, DecodeE2m1x8: about 3);
-//   - the scale bytes of its two rows come from global memory, one k-tile ahead;
+//   - the scale bytes of its two rows come from global memory as words, one k-tile ahead;
 //   - the epilogue goes through shared memory to put x0 next to x1 (gated) and to store
 //     16 bytes of a token's row at a time; nvfp4's global scales are applied there.
 // Scheduling is generation 2's persistent one (kernels/moe_gemm_tma_common.cuh) over
