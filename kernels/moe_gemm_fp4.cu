@@ -22,10 +22,10 @@
 //     rows that its A fragment holds, times the block scale (ue8m0 per 32, or e4m3 per
 //     16), into four bf16 pairs (exact), and issues two wgmma m64nTTk16 with those
 //     registers as A and the activation panel in shared memory as B. With permuted
-//     activations the 8 elements are one word of the row (DecodeE2m1Pairs: about 1.2 ALU
-//     instructions per element); with TMA-copied bf16 they are byte lane % 4 of each of
+//     activations the 8 elements are one word of the row (DecodeE2m1Pairs: 21
+//     instructions for the 8); with TMA-copied bf16 they are byte lane % 4 of each of
 //     the block's four words (a 16-byte load, three prmt, DecodeE2m1x8: about 3);
-//   - the scale bytes of its two rows come from global memory, one k-tile ahead;
+//   - the scale bytes of its two rows come from global memory as words, one k-tile ahead;
 //   - the epilogue goes through shared memory to put x0 next to x1 (gated) and to store
 //     16 bytes of a token's row at a time; nvfp4's global scales are applied there.
 // Scheduling is generation 2's persistent one (kernels/moe_gemm_tma_common.cuh) over
@@ -61,20 +61,54 @@ __device__ __forceinline__ uint32_t LdShared32(uint32_t addr) {
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
 }
-// The 16 scale bytes row[first .. first + 15] as four words, read as five aligned words
-// (scale rows need no alignment). Words that start at or past the row's end (kb bytes) are
-// not read: a read never goes more than 3 bytes past the row.
-__device__ __forceinline__ uint4 LoadScales16(const uint8_t* row, int first, int kb) {
+// The 4 kWords scale bytes row[first ..] as kWords words, read as kWords + 1 aligned
+// words (scale rows need no alignment). Words that start at or past the row's end (kb
+// bytes) are not read (their bytes are 0): a read never goes more than 3 bytes past the
+// row. Bytes past the row inside a word that is read are whatever follows it.
+template <int kWords>
+__device__ __forceinline__ void LoadScaleWords(const uint8_t* row, int first, int kb,
+                                               uint32_t (&out)[kWords]) {
   const uintptr_t addr = reinterpret_cast<uintptr_t>(row + first);
   const uint32_t* wp = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
   const int lead = static_cast<int>(addr & 3);
   const int avail = kb - first + lead;  // bytes of the row from wp on
-  uint32_t w[5];
+  uint32_t w[kWords + 1];
 #pragma unroll
-  for (int i = 0; i < 5; ++i) w[i] = 4 * i < avail ? __ldg(wp + i) : 0u;
+  for (int i = 0; i <= kWords; ++i) w[i] = 4 * i < avail ? __ldg(wp + i) : 0u;
   const uint32_t sh = 8u * lead;
-  return make_uint4(__funnelshift_r(w[0], w[1], sh), __funnelshift_r(w[1], w[2], sh),
-                    __funnelshift_r(w[2], w[3], sh), __funnelshift_r(w[3], w[4], sh));
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+// ue8m0 scale bytes as bf16 exponents, Ue8m0ToBf16x2's values two at a time: e[0] holds
+// bytes 0 and 2 of raw[0] in its low and high half, e[1] bytes 1 and 3, e[2] and e[3] the
+// same of raw[1]; block j's scale in both halves is then one prmt (Ue8m0Pair). Shifting a
+// word moves four bytes at once, so a k-tile's 8 scales cost about 18 instructions instead
+// of 8 multiplies and 8 special-value tests and selects, without a branch.
+__device__ __forceinline__ void Ue8m0Exps(const uint32_t (&raw)[2], uint32_t (&e)[4]) {
+  constexpr uint32_t kExp = 0x7F807F80u;  // bf16 exponent field of both halves
+  constexpr uint32_t kLow7 = 0x7F7F7F7Fu, kBit6 = 0x00400040u;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t r = raw[i];
+    // Bit 7 of each byte: set iff the byte is neither 0 nor 0xFF (adding 0x7F to the low 7
+    // bits carries into bit 7 iff they are not all 0; no carry crosses a byte).
+    const uint32_t ok = (((r & kLow7) + kLow7) | r) & (((~r & kLow7) + kLow7) | ~r);
+    // s << 7 in each half; the special bytes also take bit 6: 0 -> 0x0040 (2^-127),
+    // 0xFF -> 0x7FC0 (NaN), as Ue8m0ToBf16x2.
+    e[2 * i] = ((r << 7) & kExp) | ((~ok >> 1) & kBit6);
+    e[2 * i + 1] = ((r >> 1) & kExp) | ((~ok >> 9) & kBit6);
+  }
+}
+// Block j's (0..7) scale of Ue8m0Exps's words, in both halves.
+__device__ __forceinline__ __nv_bfloat162 Ue8m0Pair(const uint32_t (&e)[4], int j) {
+  return Bits2(Prmt(e[2 * (j / 4) + j % 2], 0u, (j / 2) % 2 ? 0x3232u : 0x1010u));
+}
+// The B descriptor at byte offset `off` (a multiple of 16) from the one whose low word is
+// base_lo (Desc(addr)'s): the start address field is the low bits, and no shared address
+// reaches its carry, so one add instead of rebuilding the descriptor.
+__device__ __forceinline__ uint64_t DescPlus(uint32_t base_lo, uint32_t off) {
+  const uint32_t hi = static_cast<uint32_t>(Desc(0) >> 32);  // constant
+  return (static_cast<uint64_t>(hi) << 32) | (base_lo + (off >> 4));
 }
 // Synchronises the consumer warpgroups (not the producer): named barrier 1.
 template <int kThreads>
@@ -95,6 +129,9 @@ struct MoeGemmFp4 {
   static constexpr int kEpTokens = L.epilogue_tokens;
   static constexpr int kRegs = Mma::kRegs;
   static constexpr bool kNv = WF == kNvfp4;
+  // Scale bytes per row and k-tile, as words: mxfp4 8 ue8m0 (one per 32 elements), nvfp4
+  // 16 e4m3 (one per 16).
+  static constexpr int kScaleWords = kNv ? 4 : 2;
   // Raw activations (mxfp8, nvfp4): boxes per row and k-tile, 16-byte chunks per row, and
   // the converter's threads (warps 1-3 of the producer warpgroup).
   static constexpr int kRawBoxes = Fp4RawBoxes(AF, TT);
@@ -219,57 +256,38 @@ struct MoeGemmFp4 {
       };
       const uint8_t* sc_a = scale_row(w.r_a);
       const uint8_t* sc_b = scale_row(w.r_b);
-      // The scale bytes of k-tile 0, then each k-tile loads the next one's: mxfp4 one ue8m0
-      // byte per 32-element block, nvfp4 two e4m3 bytes (16 per k-tile, as words).
-      uint32_t sa[8], sb[8];
-      uint4 sa4, sb4;
-      if constexpr (kNv) {
-        sa4 = LoadScales16(sc_a, 0, kb16);
-        sb4 = LoadScales16(sc_b, 0, kb16);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          sa[j] = j < kb ? __ldg(sc_a + j) : 0u;
-          sb[j] = j < kb ? __ldg(sc_b + j) : 0u;
-        }
-      }
-      MainLoop(c, w, sc_a, sc_b, kb, kb16, signals, sa, sb, sa4, sb4, ring, acc);
+      // The scale bytes of k-tile 0 (as words), then each k-tile loads the next one's.
+      const int row_bytes = kNv ? kb16 : kb;
+      uint32_t sa[kScaleWords], sb[kScaleWords];
+      LoadScaleWords(sc_a, 0, row_bytes, sa);
+      LoadScaleWords(sc_b, 0, row_bytes, sb);
+      MainLoop(c, w, sc_a, sc_b, kb, row_bytes, signals, sa, sb, ring, acc);
       Epilogue(p, t, ep, acc, lane, w);
     }
   }
 
-  // One tile's k-tiles into acc; sa, sb (mxfp4) or sa4, sb4 (nvfp4) hold k-tile 0's scale
-  // bytes of the rows sc_a, sc_b. Per k-tile: the next k-tile's scale bytes are loaded,
+  // One tile's k-tiles into acc; sa, sb hold k-tile 0's scale bytes of the rows sc_a, sc_b
+  // (row_bytes each). Per k-tile: the next k-tile's scale bytes are loaded,
   // then the stage's `full` (and `conv`) barriers are waited on; the stage is released on
   // `empty` once the next k-tile's first wgmma group has retired (KTile), the tile's last
   // stage at the end, when no wgmma is in flight.
   __device__ __forceinline__ static void MainLoop(const Cta& c, const Rows& w,
                                                   const uint8_t* sc_a, const uint8_t* sc_b,
-                                                  int kb, int kb16, bool signals,
-                                                  uint32_t (&sa)[8], uint32_t (&sb)[8],
-                                                  uint4& sa4, uint4& sb4, StageRing<ST>& ring,
-                                                  float (&acc)[kRegs]) {
+                                                  int kb, int row_bytes, bool signals,
+                                                  uint32_t (&sa)[kScaleWords],
+                                                  uint32_t (&sb)[kScaleWords],
+                                                  StageRing<ST>& ring, float (&acc)[kRegs]) {
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
     int prev = -1;
     for (int kt = 0; kt < c.num_kt; ++kt) {
-      uint32_t na[8], nb[8];
-      uint4 na4, nb4;
-      if constexpr (kNv) {
-        const bool more = kt + 1 < c.num_kt;
-        na4 = more ? LoadScales16(sc_a, (kt + 1) * 16, kb16) : make_uint4(0, 0, 0, 0);
-        nb4 = more ? LoadScales16(sc_b, (kt + 1) * 16, kb16) : make_uint4(0, 0, 0, 0);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int blk = (kt + 1) * 8 + j;
-          na[j] = blk < kb ? __ldg(sc_a + blk) : 0u;
-          nb[j] = blk < kb ? __ldg(sc_b + blk) : 0u;
-        }
-      }
+      // Past the last k-tile LoadScaleWords reads nothing (the row has ended).
+      uint32_t na[kScaleWords], nb[kScaleWords];
+      LoadScaleWords(sc_a, (kt + 1) * 4 * kScaleWords, row_bytes, na);
+      LoadScaleWords(sc_b, (kt + 1) * 4 * kScaleWords, row_bytes, nb);
       MbarWait(c.full_bar + 8 * ring.s, ring.phase);
       if constexpr (kRawBoxes > 0) MbarWait(c.conv_bar + 8 * ring.s, ring.phase);
-      KTile(c, w, kt, kb, sa, sb, sa4, sb4, ring.s, prev, signals, acc);
+      KTile(c, w, kb - kt * 8, sa, sb, ring.s, prev, signals, acc);
       // No wgmma in flight across the loop's back edge: with the last block's group left
       // running into the next k-tile, whose first decode writes A registers, ptxas
       // serialized every wgmma of the kernel (C7513, a wait after each; docs/kernels.md
@@ -277,15 +295,10 @@ struct MoeGemmFp4 {
       WgmmaWait<0>();
       prev = ring.s;
       ring.Advance();
-      if constexpr (kNv) {
-        sa4 = na4;
-        sb4 = nb4;
-      } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          sa[j] = na[j];
-          sb[j] = nb[j];
-        }
+      for (int i = 0; i < kScaleWords; ++i) {
+        sa[i] = na[i];
+        sb[i] = nb[i];
       }
     }
     WgmmaWait<0>();
@@ -293,30 +306,43 @@ struct MoeGemmFp4 {
     if (prev >= 0 && signals) MbarArrive(c.empty_bar + 8 * prev);
   }
 
-  // The wgmma of k-tile kt (in stage `stage`, whose barriers have been waited on): per
-  // 32-element block this thread's A registers decoded (DecodeBlock), then two wgmma
-  // m64nTTk16 as one commit group, one group left in flight. Once block 0's group has
-  // retired, every wgmma of the previous k-tile has read its stage `prev`: released on
-  // `empty`.
-  // sa, sb (mxfp4) or sa4, sb4 (nvfp4): the k-tile's scale bytes of the two rows.
-  __device__ __forceinline__ static void KTile(const Cta& c, const Rows& w, int kt, int kb,
-                                               const uint32_t (&sa)[8],
-                                               const uint32_t (&sb)[8], const uint4& sa4,
-                                               const uint4& sb4, int stage, int prev,
-                                               bool signals, float (&acc)[kRegs]) {
+  // The wgmma of a k-tile (in stage `stage`, whose barriers have been waited on; `blocks`:
+  // its 32-element blocks inside K, 8 but in the last): per block this thread's A
+  // registers decoded (DecodeBlock), then two wgmma m64nTTk16 as one commit group, one
+  // group left in flight. Once block 0's group has retired, every wgmma of the previous
+  // k-tile has read its stage `prev`: released on `empty`.
+  // sa, sb: the k-tile's scale bytes of the two rows.
+  __device__ __forceinline__ static void KTile(const Cta& c, const Rows& w, int blocks,
+                                               const uint32_t (&sa)[kScaleWords],
+                                               const uint32_t (&sb)[kScaleWords], int stage,
+                                               int prev, bool signals, float (&acc)[kRegs]) {
     const uint32_t w_base = c.smem_base + stage * L.stage_bytes;
-    const uint32_t a_base = w_base + L.w_stage_bytes;
+    // The activation panels' descriptors differ from the stage's first only in the start
+    // address: one add per wgmma (DescPlus).
+    const uint32_t desc_lo = static_cast<uint32_t>(Desc(w_base + L.w_stage_bytes));
+    // mxfp4: the 8 scales as bf16 exponents once per k-tile; nvfp4: the raw bytes.
+    uint32_t ea[4], eb[4];
+    if constexpr (kNv) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        ea[i] = sa[i];
+        eb[i] = sb[i];
+      }
+    } else {
+      Ue8m0Exps(sa, ea);
+      Ue8m0Exps(sb, eb);
+    }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {  // 32-element k blocks
       // Blocks past K are skipped whole (the producer copied no activations there).
-      if (kt * 8 + j >= kb) break;
+      if (j >= blocks) break;
       uint4 d_a, d_b;  // the A fragment's rows g and g + 8, decoded
-      DecodeBlock(w, w_base, j, sa, sb, sa4, sb4, d_a, d_b);
+      DecodeBlock(w, w_base, j, ea, eb, d_a, d_b);
       // k16 steps 2j and 2j+1 of the k-tile: elements 2c.., 8+2c.. of each half.
       uint32_t f0[4] = {d_a.x, d_b.x, d_a.y, d_b.y};
       uint32_t f1[4] = {d_a.z, d_b.z, d_a.w, d_b.w};
-      const uint32_t b_addr = a_base + (j / 2) * TT * kMoeGemmTmaBoxBytes + (j % 2) * 64;
-      uint64_t desc0 = Desc(b_addr), desc1 = Desc(b_addr + 32);
+      const uint32_t off = (j / 2) * TT * kMoeGemmTmaBoxBytes + (j % 2) * 64;
+      uint64_t desc0 = DescPlus(desc_lo, off), desc1 = DescPlus(desc_lo, off + 32);
       PinRegs(f0, f1, desc0, desc1);
       WgmmaFence();
       Mma::Mma(acc, f0, desc0, 1);
@@ -331,20 +357,22 @@ struct MoeGemmFp4 {
 
   // Block j of this thread's two weight rows (the A fragment's rows g and g + 8) of the
   // stage's packed weights at w_base, times their block scales, as bf16 pairs (exact).
+  // ea, eb: the k-tile's scales of the two rows (mxfp4: Ue8m0Exps's words; nvfp4: the
+  // raw e4m3 bytes).
   __device__ __forceinline__ static void DecodeBlock(const Rows& w, uint32_t w_base, int j,
-                                                     const uint32_t (&sa)[8],
-                                                     const uint32_t (&sb)[8], const uint4& sa4,
-                                                     const uint4& sb4, uint4& d_a, uint4& d_b) {
+                                                     const uint32_t (&ea)[4],
+                                                     const uint32_t (&eb)[4], uint4& d_a,
+                                                     uint4& d_b) {
     if constexpr (kPermuted) {
       __nv_bfloat162 s_a, s_b;
       if constexpr (kNv) {
         // Byte 2j + quad / 2 of the k-tile's 16.
         const int sh = w.nv_shift + 16 * (j % 2);
-        s_a = E4m3ToBf16x2(((&sa4.x)[j / 2] >> sh) & 0xFFu);
-        s_b = E4m3ToBf16x2(((&sb4.x)[j / 2] >> sh) & 0xFFu);
+        s_a = E4m3ToBf16x2((ea[j / 2] >> sh) & 0xFFu);
+        s_b = E4m3ToBf16x2((eb[j / 2] >> sh) & 0xFFu);
       } else {
-        s_a = Ue8m0ToBf16x2(sa[j]);
-        s_b = Ue8m0ToBf16x2(sb[j]);
+        s_a = Ue8m0Pair(ea, j);
+        s_b = Ue8m0Pair(eb, j);
       }
       const uint32_t wa = PackedWord(w_base, w.r_a, j, w.quad);
       const uint32_t wb = PackedWord(w_base, w.r_b, j, w.quad);
@@ -354,16 +382,16 @@ struct MoeGemmFp4 {
       __nv_bfloat162 s_a0, s_a1, s_b0, s_b1;
       if constexpr (kNv) {
         // Bytes 2j and 2j+1: the blocks of elements 0-15 and 16-31.
-        const uint32_t wa = (&sa4.x)[j / 2] >> (16 * (j % 2));
-        const uint32_t wb = (&sb4.x)[j / 2] >> (16 * (j % 2));
+        const uint32_t wa = ea[j / 2] >> (16 * (j % 2));
+        const uint32_t wb = eb[j / 2] >> (16 * (j % 2));
         const __nv_bfloat162 va = E4m3x2ToBf16x2(wa), vb = E4m3x2ToBf16x2(wb);
         s_a0 = __low2bfloat162(va);
         s_a1 = __high2bfloat162(va);
         s_b0 = __low2bfloat162(vb);
         s_b1 = __high2bfloat162(vb);
       } else {
-        s_a0 = s_a1 = Ue8m0ToBf16x2(sa[j]);
-        s_b0 = s_b1 = Ue8m0ToBf16x2(sb[j]);
+        s_a0 = s_a1 = Ue8m0Pair(ea, j);
+        s_b0 = s_b1 = Ue8m0Pair(eb, j);
       }
       const int r_a = w.r_a, r_b = w.r_b;
       const uint4 q_a = LdShared128(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4));
