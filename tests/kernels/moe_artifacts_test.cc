@@ -149,9 +149,9 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->name, "moe-gemm-sm90a");
-  // Without --version: the family's, raised when its set of kernels changed (5: the fp8
-  // pair's e4m3-output GEMMs).
-  EXPECT_EQ(m->version, 5);
+  // Without --version: the family's, raised when its set of kernels changed (6: fp8-block's
+  // 128x192 tile).
+  EXPECT_EQ(m->version, 6);
   // The --small preset: 6 GEMMs in a cubin each, and the layer's 14 kernels in one.
   ASSERT_EQ(m->kernels.size(), 20u);
   ASSERT_EQ(m->artifacts.size(), 7u);
@@ -421,7 +421,7 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   // Without --version: the family's version, raised when its set of kernels changed.
-  EXPECT_EQ(m->version, 5);
+  EXPECT_EQ(m->version, 6);
   ASSERT_EQ(m->kernels.size(), 6u);
   for (const KernelSpec& k : m->kernels) {
     EXPECT_EQ(k.extras.count("exact"), 0u) << k.name;
