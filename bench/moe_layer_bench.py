@@ -205,7 +205,8 @@ def timed(fn, iters, flush, graph=True):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--manifest", required=True)
-    ap.add_argument("--models", default="qwen3,gptoss,deepseek,mixtral")
+    ap.add_argument("--models", default="qwen3,gptoss,deepseek,mixtral",
+                    help=f"models: {','.join(MODELS)}")
     ap.add_argument("--pairs", default="bf16", help=f"format pairs: {','.join(PAIRS)}")
     ap.add_argument("--tokens", default="1,16,64,256,4096,16384")
     ap.add_argument("--iters", type=int, default=30)
@@ -220,6 +221,11 @@ def main():
     modes = [v for v in args.fuse_intermediate.split(",") if v]
     if not modes or any(v not in ("auto", "on", "off") for v in modes):
         ap.error(f"--fuse-intermediate: {args.fuse_intermediate!r} is not a list of auto, on, off")
+    # Unknown names are refused before the GPU work starts, not as a KeyError mid-run.
+    for flag, given, known in (("--models", args.models, MODELS), ("--pairs", args.pairs, PAIRS)):
+        bad = [v for v in given.split(",") if v not in known]
+        if bad:
+            ap.error(f"{flag}: unknown {', '.join(map(repr, bad))}; choose from {','.join(known)}")
     torch.manual_seed(0)
     rt = cubist.Runtime(args.manifest)
     flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")  # 512 MB > L2
