@@ -26,24 +26,6 @@ KERNELS = ["moe_gemm_tma_mxfp4_bf16_swiglu_m8n128k256",
            "moe_gemm_tma_nvfp4_nvfp4_swiglu_m8n128k256"]
 
 
-def operand(torch, fmt, rows, k, lead=None):
-    """Timing-only bytes in `fmt`: (data, block scales, global scale); plausible scales."""
-    shp = (lead, rows, k) if lead else (rows, k)
-    if fmt == "bf16":
-        return (torch.randn(shp, device="cuda") * 0.5).to(torch.bfloat16), None, None
-    if fmt == "mxfp8":
-        d = torch.randn(shp, device="cuda").to(torch.float8_e4m3fn)
-        return d, torch.full(shp[:-1] + (k // 32,), 120, dtype=torch.uint8, device="cuda"), None
-    packed = torch.randint(0, 256, shp[:-1] + (k // 2,), dtype=torch.uint8, device="cuda")
-    if fmt == "mxfp4":
-        return packed, torch.full(shp[:-1] + (k // 32,), 120, dtype=torch.uint8,
-                                  device="cuda"), None
-    if fmt == "nvfp4":
-        scales = torch.ones(shp[:-1] + (k // 16,), device="cuda").to(torch.float8_e4m3fn)
-        return packed, scales, torch.full((lead or 1,), 0.01, device="cuda")
-    raise ValueError(f"format {fmt!r}: not an FP4-pair operand")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("manifests", nargs="+", help="manifest.json of a built family (A/B if several)")
@@ -56,6 +38,8 @@ def main():
     import json
     import torch
     import cubist
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # under PYTHONSAFEPATH too
+    from _operands import timing_operand
     rts = [cubist.Runtime(m) for m in args.manifests]
     specs = {k["name"]: k for k in json.load(open(args.manifests[0]))["kernels"]}
     missing = [k for k in KERNELS if k not in specs]
@@ -81,8 +65,8 @@ def main():
         for name in KERNELS:
             spec = specs[name]
             wf, af = spec["weight_format"], spec["activation_format"]
-            a, a_s, a_g = operand(torch, af, e * tpe, k)
-            w, w_s, w_g = operand(torch, wf, n, k, e)
+            a, a_s, a_g = timing_operand(torch, af, e * tpe, k)
+            w, w_s, w_g = timing_operand(torch, wf, n, k, e)
             offs = torch.arange(0, e * tpe + 1, tpe, dtype=torch.int32, device="cuda")
             out = torch.empty(e * tpe, n // 2, dtype=torch.bfloat16, device="cuda")
             kw = dict(weights=wf, activations=af, activation="swiglu", a_scale=a_s,

@@ -32,12 +32,16 @@ torch are reported too. Every layer output is checked against torch's first.
 import argparse
 import json
 import math
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
 import cubist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # under PYTHONSAFEPATH too
+from _operands import timing_operand  # noqa: E402
 
 MODELS = {
     # name: (E, k, H, I, routing, extra)
@@ -58,23 +62,6 @@ def act_scale(af, amax):
     """fp8: the dequantization scale s; nvfp4: FlashInfer's global scale g."""
     s = amax / 448.0 if af == "fp8" else 448.0 * 6.0 / amax if af == "nvfp4" else 1.0
     return torch.tensor([s], dtype=torch.float32, device="cuda")
-
-
-def random_operand(fmt, rows, k):
-    """A GEMM input in `fmt` with plausible bytes (timing only): (data, scale, global)."""
-    dev = "cuda"
-    if fmt == "bf16":
-        return torch.randn(rows, k, device=dev).to(torch.bfloat16), None, None
-    if fmt in ("fp8", "fp8-block", "mxfp8"):
-        data = torch.randn(rows, k, device=dev).to(torch.float8_e4m3fn)
-        if fmt == "fp8":
-            return data, None, torch.ones(1, device=dev)
-        if fmt == "fp8-block":
-            return data, torch.ones(rows, (k + 127) // 128, device=dev), None
-        return data, torch.full((rows, k // 32), 127, dtype=torch.uint8, device=dev), None
-    data = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, device=dev)
-    return data, torch.ones(rows, k // 16, device=dev).to(torch.float8_e4m3fn), torch.ones(
-        1, device=dev)
 
 
 def torch_fp8_layer(x, logits, w, m, bias, s1, s2):
@@ -248,12 +235,36 @@ def nbytes(t):
     return 0 if t is None else t.numel() * t.element_size()
 
 
+def expert_weights(e, rows, cols, wf, chunk=16):
+    """Random weights [e, rows, cols] quantized to wf (as quantize_weights returns them) and
+    the bf16 weights they stand for, made `chunk` experts at a time: quantizing is per
+    expert, and DeepSeek-V3's fp32 temporaries over all 256 experts at once (about 30 GB a
+    tensor) do not fit beside the layer's operands."""
+    deq = torch.empty(e, rows, cols, dtype=torch.bfloat16, device="cuda")
+    parts = []
+    for lo in range(0, e, chunk):
+        n = min(chunk, e - lo)
+        w = (torch.randn(n, rows, cols, device="cuda") * cols ** -0.5).to(torch.bfloat16)
+        if wf == "bf16":
+            deq[lo:lo + n] = w
+            continue
+        q = cubist.quantize_weights(w, wf)
+        deq[lo:lo + n] = cubist.dequantize_weights(*q, wf).to(torch.bfloat16)
+        parts.append(q)
+        del w
+    if wf == "bf16":
+        return deq, (deq, None, None)
+    return deq, tuple(None if parts[0][i] is None else torch.cat([p[i] for p in parts])
+                      for i in range(3))
+
+
 def bench_model(rt, name, pair, args, flush):
     m = MODELS[name]
     wf, af = PAIRS[pair]
     e, k, h, inter = m["e"], m["k"], m["h"], m["i"]
-    w1 = (torch.randn(e, 2 * inter, h, device="cuda") * h ** -0.5).to(torch.bfloat16)
-    w2 = (torch.randn(e, h, inter, device="cuda") * inter ** -0.5).to(torch.bfloat16)
+    # Quantized weights (and the bf16 weights they stand for, for torch's composite).
+    w1, q1 = expert_weights(e, 2 * inter, h, wf)
+    w2, q2 = expert_weights(e, h, inter, wf)
     bias = (0.1 * torch.randn(e, device="cuda")) if m["routing"] == "deepseek_v3" else None
     act = {}
     for key in ("alpha", "beta", "limit"):
@@ -264,12 +275,6 @@ def bench_model(rt, name, pair, args, flush):
         b1 = 0.1 * torch.randn(e, 2 * inter, device="cuda")
         b2 = 0.1 * torch.randn(e, h, device="cuda")
         act.update(w1_bias=b1, w2_bias=b2)
-    # Quantized weights (and the bf16 weights they stand for, for torch's composite).
-    q1 = cubist.quantize_weights(w1, wf)
-    q2 = cubist.quantize_weights(w2, wf)
-    if wf != "bf16":
-        w1 = cubist.dequantize_weights(*q1, wf).to(torch.bfloat16)
-        w2 = cubist.dequantize_weights(*q2, wf).to(torch.bfloat16)
     in_amax, inter_amax = calibrate(m, w1, bias, b1)
     s1, s2 = act_scale(af, in_amax), act_scale(af, inter_amax)
     wkw = {}
@@ -329,8 +334,8 @@ def bench_model(rt, name, pair, args, flush):
         flat = ids.flatten()
         offs = torch.zeros(e + 1, dtype=torch.int32, device="cuda")
         offs[1:] = torch.cumsum(torch.bincount(flat, minlength=e), 0)  # eager: fine
-        a, a_s, a_g = random_operand(af, flat.numel(), h)
-        hq, h_s, h_g = random_operand(af, flat.numel(), inter)
+        a, a_s, a_g = timing_operand(torch, af, flat.numel(), h)
+        hq, h_s, h_g = timing_operand(torch, af, flat.numel(), inter)
         hbuf = torch.empty(flat.numel(), inter, dtype=torch.bfloat16, device="cuda")
         ybuf = torch.empty(flat.numel(), h, dtype=torch.bfloat16, device="cuda")
         gact = {key: v for key, v in act.items() if key in ("alpha", "beta", "limit")}
