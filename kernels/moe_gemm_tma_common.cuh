@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "kernels/moe_gemm_abi.h"
 #include "kernels/moe_gemm_device.cuh"
 #include "kernels/moe_gemm_layout.h"
@@ -252,39 +254,60 @@ __host__ __device__ constexpr int StagedChunkCols() {
                                                    : kMoeGemmTmaEpilogueCols / 2;
 }
 
-// StoreStaged for e4m3 output: each thread writes its two e4m3 of each 8-column group
-// (2 bytes) at byte (lane % 4) * 2 + 8g of its buffer row - rows 144 bytes apart put the
-// 8 rows of a warp on distinct banks - and the consumer then stores the chunk's rows as
-// 16-byte pieces of 16 columns (n_out a multiple of 16: kMoeGemmOutColsAlignFp8).
-template <MoeFormat F, MoeActivation ACT, int TN, int R>
-__device__ __forceinline__ void StoreStagedFp8(const MoeGemmParams& p, const MoeTile& t, int ci,
-                                               float (&acc)[R], uint8_t* buf) {
+// The epilogue of one-CTA-per-SM kernels (moe_gemm_layout.h): each chunk of this
+// consumer's 64 output rows (StagedChunkCols) goes through its shared-memory buffer (rows
+// padded to 144 bytes, so that neither the accumulator layout's writes nor the 16-byte
+// reads conflict on banks) and out to global memory as whole 16-byte row pieces. Named
+// barrier 1 + ci orders the consumer's 128 threads around the buffer.
+// OUT kBf16: each thread writes its bf16 pair of each 8-column group (4 bytes) at byte
+// (lane % 4) * 4 + 16g of its buffer row; a piece is 8 columns.
+// OUT kFp8 (version 4): the same chunks and buffer rows, holding e4m3: each thread writes
+// its two e4m3 of each group (2 bytes) at byte (lane % 4) * 2 + 8g, the first half of the
+// row; a piece is 16 columns (n_out a multiple of 16: kMoeGemmOutColsAlignFp8).
+template <MoeFormat F, MoeActivation ACT, int TN, MoeFormat OUT = kBf16, int R>
+__device__ __forceinline__ void StoreStaged(const MoeGemmParams& p, const MoeTile& t, int ci,
+                                            float (&acc)[R], uint8_t* buf) {
+  constexpr bool kE4m3 = OUT == kFp8;
+  constexpr int kOutBytes = kE4m3 ? 1 : 2;  // per output element
   constexpr int kTileCols = IsGated(ACT) ? TN / 2 : TN;
   constexpr int kChunkCols = StagedChunkCols<ACT, TN>();
   static_assert(kTileCols % kChunkCols == 0, "whole chunks per tile");
-  constexpr int kGroups = kChunkCols / 8;   // 8-column groups per row (2 bytes a thread)
-  constexpr int kPieces = kChunkCols / 16;  // 16-byte pieces per row
+  constexpr int kGroups = kChunkCols / 8;            // 8-column groups per row
+  constexpr int kPieceCols = 16 / kOutBytes;         // columns per 16-byte piece
+  constexpr int kPieces = kChunkCols / kPieceCols;   // pieces per row
   constexpr int kRowB = kMoeGemmTmaEpilogueRowBytes;
-  static_assert(kChunkCols % 16 == 0 && 64 * kPieces % 128 == 0, "whole pieces per thread");
+  static_assert(kChunkCols % kPieceCols == 0 && 64 * kPieces % 128 == 0,
+                "whole pieces per thread");
   const int tid = threadIdx.x % 128, lane = tid % 32, warp = tid / 32;
   TileEpilogue<F, ACT> ep(p, t.e);
   ep.template FoldBias<TN>(acc, t.n_tile * kTileCols + (lane % 4) * 2);
-  const float inv_s = OutInvScale(p);
+  float inv_s = 0.0f;
+  if constexpr (kE4m3) inv_s = OutInvScale(p);
   const int row0 = t.row_begin + ci * 64;
   const int n_out = MoeGemmOutCols(p.n, ACT);
-  uint8_t* out = static_cast<uint8_t*>(p.out);
+  using Out = std::conditional_t<kE4m3, uint8_t, __nv_bfloat16>;
+  Out* out = static_cast<Out*>(p.out);
   const uint32_t base = SmemAddr(buf);
 #pragma unroll
   for (int c = 0; c < kTileCols / kChunkCols; ++c) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const uint32_t row_addr = base + (warp * 16 + lane / 4 + 8 * h) * kRowB + (lane % 4) * 2;
+      const uint32_t row_addr =
+          base + (warp * 16 + lane / 4 + 8 * h) * kRowB + (lane % 4) * 2 * kOutBytes;
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
-        const uint32_t v = Bf16x2ToE4m3x2(ep.template Pair<TN>(acc, c * kGroups + g, h), inv_s);
-        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(row_addr + g * 8),
-                     "h"(static_cast<uint16_t>(v))
-                     : "memory");
+        if constexpr (kE4m3) {
+          const uint32_t v =
+              Bf16x2ToE4m3x2(ep.template Pair<TN>(acc, c * kGroups + g, h), inv_s);
+          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(row_addr + g * 8),
+                       "h"(static_cast<uint16_t>(v))
+                       : "memory");
+        } else {
+          const __nv_bfloat162 v = ep.template Pair<TN>(acc, c * kGroups + g, h);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_addr + g * 16),
+                       "r"(*reinterpret_cast<const uint32_t*>(&v))
+                       : "memory");
+        }
       }
     }
     NamedBarrier128(1 + ci);
@@ -292,69 +315,17 @@ __device__ __forceinline__ void StoreStagedFp8(const MoeGemmParams& p, const Moe
     for (int i = 0; i < 64 * kPieces / 128; ++i) {
       const int piece = i * 128 + tid;
       const int r = piece / kPieces, q = piece % kPieces;
-      const uint4 v = LdShared128(base + r * kRowB + q * 16);
-      const int row = row0 + r;
-      const int col = t.n_tile * kTileCols + c * kChunkCols + q * 16;
-      if (row < t.row_end && col < n_out) {
-        *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * n_out + col) = v;
-      }
-    }
-    NamedBarrier128(1 + ci);  // the buffer is free for the next chunk (or tile)
-  }
-}
-
-// The epilogue of one-CTA-per-SM kernels (moe_gemm_layout.h): each 64-column chunk of
-// this consumer's 64 output rows goes through its shared-memory buffer (rows padded to
-// 144 bytes, so that neither the 4-byte writes of the accumulator layout nor the 16-byte
-// reads conflict on banks) and out to global memory as whole 128-byte row pieces.
-// Named barrier 1 + ci orders the consumer's 128 threads around the buffer.
-// OUT kFp8 (version 4): the same chunks and buffer rows, holding e4m3 (2-byte writes, the
-// first half of each row), stored as 16-byte pieces of 16 columns (StoreStagedFp8).
-template <MoeFormat F, MoeActivation ACT, int TN, MoeFormat OUT = kBf16, int R>
-__device__ __forceinline__ void StoreStaged(const MoeGemmParams& p, const MoeTile& t, int ci,
-                                            float (&acc)[R], uint8_t* buf) {
-  if constexpr (OUT == kFp8) {
-    StoreStagedFp8<F, ACT, TN>(p, t, ci, acc, buf);
-    return;
-  }
-  constexpr int kTileCols = IsGated(ACT) ? TN / 2 : TN;
-  constexpr int kChunkCols = StagedChunkCols<ACT, TN>();
-  static_assert(kTileCols % kChunkCols == 0, "whole chunks per tile");
-  constexpr int kGroups = kChunkCols / 8;  // 8-column groups (16-byte pieces) per row
-  constexpr int kRowB = kMoeGemmTmaEpilogueRowBytes;
-  static_assert(64 * kGroups % 128 == 0, "whole pieces per thread");
-  const int tid = threadIdx.x % 128, lane = tid % 32, warp = tid / 32;
-  TileEpilogue<F, ACT> ep(p, t.e);
-  ep.template FoldBias<TN>(acc, t.n_tile * kTileCols + (lane % 4) * 2);
-  const int row0 = t.row_begin + ci * 64;
-  const int n_out = MoeGemmOutCols(p.n, ACT);
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-  const uint32_t base = SmemAddr(buf);
-#pragma unroll
-  for (int c = 0; c < kTileCols / kChunkCols; ++c) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t row_addr = base + (warp * 16 + lane / 4 + 8 * h) * kRowB + (lane % 4) * 4;
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        const __nv_bfloat162 v = ep.template Pair<TN>(acc, c * kGroups + g, h);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_addr + g * 16),
-                     "r"(*reinterpret_cast<const uint32_t*>(&v))
+      uint4 v;
+      if constexpr (kE4m3) {
+        v = LdShared128(base + r * kRowB + q * 16);
+      } else {
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(base + r * kRowB + q * 16)
                      : "memory");
       }
-    }
-    NamedBarrier128(1 + ci);
-#pragma unroll
-    for (int i = 0; i < 64 * kGroups / 128; ++i) {
-      const int piece = i * 128 + tid;
-      const int r = piece / kGroups, q = piece % kGroups;
-      uint4 v;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(base + r * kRowB + q * 16)
-                   : "memory");
       const int row = row0 + r;
-      const int col = t.n_tile * kTileCols + c * kChunkCols + q * 8;
+      const int col = t.n_tile * kTileCols + c * kChunkCols + q * kPieceCols;
       if (row < t.row_end && col < n_out) {
         *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * n_out + col) = v;
       }
