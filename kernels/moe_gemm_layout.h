@@ -52,8 +52,10 @@ CUBIST_HD constexpr bool SetMaxNRegFits(int threads, int consumers, int consumer
 // epilogue with the other's main loop instead and store directly.
 // fp8-block kernels of 192 columns keep their block scales in shared memory, between the
 // scheduler's arrays and the epilogue buffer: per consumer two slots (k-tiles kt and
-// kt + 1) of 64 A-row scales and one B scale per 8-column group. Their accumulator and
-// partial (96 registers each) leave no room for per-thread scale values and addresses.
+// kt + 1) of 64 A-row scales and up to one B scale per 8-column group (most tiles store
+// only the scales of each B half's first and last 128-row block, lo0 hi0 lo1 hi1;
+// kernels/moe_gemm_block_split.h). Their accumulator and partial (96 registers each)
+// leave no room for per-thread scale values and addresses.
 inline constexpr int kMoeGemmTmaScaleSlots = 2;
 CUBIST_HD constexpr int MoeGemmTmaScaleSlotBytes(int tile_n) { return (64 + tile_n / 8) * 4; }
 inline constexpr int kMoeGemmTmaEpilogueCols = 64;

@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "kernels/moe_gemm_abi.h"
+#include "kernels/moe_gemm_block_split.h"
 #include "kernels/moe_gemm_device.cuh"
 #include "kernels/moe_gemm_layout.h"
 #include "kernels/moe_gemm_tma_common.cuh"
@@ -198,8 +199,22 @@ struct MoeGemmTma {
         Bf16Loop(smem_base, a_off, full_bar, signals, release, pipe, num_kt, acc);
       } else if constexpr (F == kFp8Block && L.smem_scales) {
         float part[kRegs];
-        StagedScaleLoop(p, t, ci, smem_base, a_off, full_bar, signals, release, pipe, num_kt, acc,
-                        part);
+        // Each B half's groups take its lo block's scale before the half's split, its hi
+        // block's after (kernels/moe_gemm_block_split.h). Splits on whole units of groups
+        // (every identity tile; gated ones where N/2 is a multiple of 32) take the loop
+        // that multiplies by lo and hi once per k-tile, the others the one that multiplies
+        // per group. (Template loops per split pair, 10 of them, left 24 bytes of the
+        // tile loop's values spilled in the gated kernels.)
+        const int split0 = MoeGemmHalfSplit(p.n, ACT, TN, t.n_tile, 0);
+        const int split1 = kGated ? MoeGemmHalfSplit(p.n, ACT, TN, t.n_tile, 1) : 0;
+        // (Identity tiles start at n_tile * 192, a multiple of their 64-row unit.)
+        if (!kGated || MoeGemmSplitsOnUnits(p.n, ACT, TN, t.n_tile)) {
+          StagedScaleLoop<true>(p, t, ci, smem_base, a_off, full_bar, signals, release, pipe,
+                                num_kt, acc, part, split0, split1);
+        } else {
+          StagedScaleLoop<false>(p, t, ci, smem_base, a_off, full_bar, signals, release, pipe,
+                                 num_kt, acc, part, split0, split1);
+        }
       } else if constexpr (F == kFp8Block) {
         // Tiles whose B halves each lie in one 128-row scale block (N a multiple of the
         // tile's B rows: every tile of the benchmarked shapes) take the uniform loop.
@@ -429,30 +444,31 @@ struct MoeGemmTma {
   // The fp8-block main loop of 192-column tiles (L.smem_scales): their accumulator and
   // partial take 192 of the consumer's 232 registers, and BlockLoop's per-thread scales
   // and scale addresses spilled there. Here the scales go through shared memory instead:
-  // every thread of the consumer fetches one scale per k-tile (threads 0-63 the A scale
-  // of their row, 64.. the B scale of one 8-column group; ScaleSource), a k-tile ahead,
-  // and stores it into the other of two slots once its own promotion is done; a named
-  // barrier per k-tile orders those writes before the next promotion's reads and after
-  // this one's. A thread holds one address and one value, and the promotion reads each
-  // group's B scale from the slot, so tiles whose B rows cross a 128-row scale block
-  // (most 192-row tiles) need no per-group select. k-tile 0's scales are fetched before
-  // the loop and stored once its wgmma are issued, so the fetch does not delay them. The
-  // arithmetic is BlockLoop's: each k-tile's partial times (sa x sb) added into acc, in
-  // k order.
-  template <typename Release>
-  __device__ __forceinline__ static void StagedScaleLoop(const MoeGemmParams& p, const Tile& t,
-                                                         int ci, uint32_t smem_base,
-                                                         uint32_t a_off, uint32_t full_bar,
-                                                         bool signals, Release release,
-                                                         StageRing<ST>& pipe, int num_kt,
-                                                         float (&acc)[kRegs],
-                                                         float (&part)[kRegs]) {
+  // consumer threads fetch one scale each per k-tile (threads 0-63 the A scale of their
+  // row, 64.. B scales; ScaleSource), a k-tile ahead, and store it into the other of two
+  // slots once their own promotion is done; a named barrier per k-tile orders those writes
+  // before the next promotion's reads and after this one's. k-tile 0's scales are fetched
+  // before the loop and stored once its wgmma are issued, so the fetch does not delay them.
+  // Each 8-column group of a B half takes the scale of the half's first (lo) or last (hi)
+  // 128-row block: lo for the groups before the half's split (split0, split1;
+  // kernels/moe_gemm_block_split.h). kUnits: both splits fall on whole units of groups
+  // (kUnitGroups), so the slot holds lo and hi of each half and the promotion multiplies
+  // this thread's two A scales by them, 4 (identity) or 8 (gated) products per k-tile, and
+  // picks per unit of groups which to use (PromoteUnits). Otherwise the slot holds each
+  // group's B scale and the promotion multiplies per group (PromoteGroups). Either way the
+  // arithmetic is BlockLoop's: each k-tile's partial times (sa x sb), the product in fp32,
+  // added into acc in k order.
+  template <bool kUnits, typename Release>
+  __device__ __forceinline__ static void StagedScaleLoop(
+      const MoeGemmParams& p, const Tile& t, int ci, uint32_t smem_base, uint32_t a_off,
+      uint32_t full_bar, bool signals, Release release, StageRing<ST>& pipe, int num_kt,
+      float (&acc)[kRegs], float (&part)[kRegs], int split0, int split1) {
     constexpr uint32_t kSlot = MoeGemmTmaScaleSlotBytes(TN);
     static_assert(64 + TN / 8 <= 128, "one scale per consumer thread");
     const int tid = threadIdx.x % 128;
     const uint32_t slots = smem_base + L.scale_offset + ci * kMoeGemmTmaScaleSlots * kSlot;
-    const bool fetches = tid < 64 + TN / 8;
-    const float* src = ScaleSource(p, t, ci, tid);
+    const bool fetches = tid < 64 + (kUnits ? 2 * kHalves : TN / 8);
+    const float* src = ScaleSource<kUnits>(p, t, ci, tid);
     const uint32_t dst = slots + tid * 4;
     // The scale of this thread's first accumulator row; its second is 8 rows further.
     const uint32_t sa = slots + (tid / 32 * 16 + tid % 32 / 4) * 4;
@@ -472,7 +488,11 @@ struct MoeGemmTma {
       WgmmaWait<0>();
       FenceRegs(part);
       if (signals) release(pipe.s);
-      PromoteStaged(slots + cur, sa + cur, acc, part);
+      if constexpr (kUnits) {
+        PromoteUnits(slots + cur, sa + cur, split0, split1, acc, part);
+      } else {
+        PromoteGroups(slots + cur, sa + cur, acc, part);
+      }
       if (ahead) StSharedF32(dst + (kSlot - cur), next);
       NamedBarrier128(1 + ci);
       pipe.Advance();
@@ -480,11 +500,16 @@ struct MoeGemmTma {
     k_tile(std::true_type{}, 0);  // MoeGemmCheck refuses K < 1: there is a k-tile 0
     for (int kt = 1; kt < num_kt; ++kt) k_tile(std::false_type{}, kt);
   }
+  static constexpr int kHalves = kGated ? 2 : 1;
+  static constexpr int kHalfGroups = kBRows / 8;
+  static constexpr int kUnitGroups = MoeGemmSplitUnitGroups(TN, ACT);  // 8 or 4 at TN 192
   // The scale row whose k-tile element this consumer thread fetches into the slots:
   // threads 0-63 the A scales of their row (clamped into the tile's rows: rows past the
-  // expert's end are computed, never stored), threads 64.. the B block of 8-column group
-  // tid - 64 (HiBlockMask's rule: a tile's B rows start at a multiple of 8, so a group
-  // lies in one 128-row block). Threads past the groups fetch nothing.
+  // expert's end are computed, never stored); kUnits: thread 64 + 2h the B block of half
+  // h's first group (lo), 65 + 2h that of its last (hi); else thread 64 + g the B block of
+  // 8-column group g. B blocks as MoeGemmScaleBlockOfGroup gives them; threads past those
+  // fetch nothing.
+  template <bool kUnits>
   __device__ __forceinline__ static const float* ScaleSource(const MoeGemmParams& p,
                                                              const Tile& t, int ci, int tid) {
     const int kb = (p.k + 127) / 128;
@@ -493,16 +518,51 @@ struct MoeGemmTma {
       const int row = min(t.row_begin + ci * 64 + tid, t.row_end - 1);
       return static_cast<const float*>(p.a_scale) + static_cast<int64_t>(row) * kb;
     }
-    const int g = min(tid - 64, TN / 8 - 1);
-    const int h = kGated && g * 8 >= kBRows ? 1 : 0;
-    const int first = t.n_tile * kBRows + (h ? p.n / 2 : 0);
-    const int row = min(first + (g * 8) % kBRows, p.n - 1);
+    int g;
+    if constexpr (kUnits) {
+      const int b = min(tid - 64, 2 * kHalves - 1);
+      g = b / 2 * kHalfGroups + (b % 2 == 1 ? kHalfGroups - 1 : 0);
+    } else {
+      g = min(tid - 64, TN / 8 - 1);
+    }
+    const int block = MoeGemmScaleBlockOfGroup(p.n, ACT, TN, t.n_tile, g);
     return static_cast<const float*>(p.b_scale) +
-           (static_cast<int64_t>(t.e) * nb + row / 128) * kb;
+           (static_cast<int64_t>(t.e) * nb + block) * kb;
   }
   // Promote with the scales of one slot: sa of this thread's two rows (at sa_addr and 8
-  // rows further), sb of each 8-column group four at a time (one 16-byte broadcast read).
-  __device__ __forceinline__ static void PromoteStaged(uint32_t slot, uint32_t sa_addr,
+  // rows further) and lo, hi of each half (one 16-byte broadcast read). Group g of half h
+  // takes lo when g < the half's split, decided per unit of kUnitGroups groups
+  // (MoeGemmUnitTakesLo): one select per unit and A row at most.
+  __device__ __forceinline__ static void PromoteUnits(uint32_t slot, uint32_t sa_addr,
+                                                      int split0, int split1,
+                                                      float (&acc)[kRegs],
+                                                      float (&part)[kRegs]) {
+    const float sa0 = LdSharedF32(sa_addr), sa1 = LdSharedF32(sa_addr + 8 * 4);
+    const uint4 v = LdShared128(slot + 64 * 4);
+    const float lo[2] = {__uint_as_float(v.x), __uint_as_float(v.z)};
+    const float hi[2] = {__uint_as_float(v.y), __uint_as_float(v.w)};
+    float lo0[kHalves], lo1[kHalves], hi0[kHalves], hi1[kHalves];
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      lo0[h] = sa0 * lo[h];
+      lo1[h] = sa1 * lo[h];
+      hi0[h] = sa0 * hi[h];
+      hi1[h] = sa1 * hi[h];
+    }
+#pragma unroll
+    for (int g = 0; g < TN / 8; ++g) {
+      const int h = g / kHalfGroups;
+      const bool low = MoeGemmUnitTakesLo(g % kHalfGroups, kUnitGroups, h == 1 ? split1 : split0);
+      const float s0 = low ? lo0[h] : hi0[h], s1 = low ? lo1[h] : hi1[h];
+      acc[g * 4 + 0] += part[g * 4 + 0] * s0;
+      acc[g * 4 + 1] += part[g * 4 + 1] * s0;
+      acc[g * 4 + 2] += part[g * 4 + 2] * s1;
+      acc[g * 4 + 3] += part[g * 4 + 3] * s1;
+    }
+  }
+  // Promote with the scales of one slot: sa of this thread's two rows, sb of each 8-column
+  // group four at a time (one 16-byte broadcast read).
+  __device__ __forceinline__ static void PromoteGroups(uint32_t slot, uint32_t sa_addr,
                                                        float (&acc)[kRegs],
                                                        float (&part)[kRegs]) {
     static_assert(TN % 32 == 0, "whole 16-byte reads of group scales");

@@ -70,8 +70,8 @@ TEST(MoeGemmTmaLayoutTest, EpilogueRowsAvoidBankConflicts) {
 
 // fp8-block 192-column tiles (kernels/moe_gemm_tma.cu StagedScaleLoop) keep two slots of
 // block scales per consumer in shared memory, between the scheduler's arrays and the
-// epilogue buffer: 64 A-row scales and one B scale per 8-column group, the group scales
-// read 16 bytes at a time. No other kernel has them, so their layouts stay as they were.
+// epilogue buffer: 64 A-row scales and up to one B scale per 8-column group (the lo/hi
+// loop stores four), the B scales read 16 bytes at a time. No other kernel has them, so their layouts stay as they were.
 TEST(MoeGemmTmaLayoutTest, Fp8Block192StagesItsScalesInSharedMemory) {
   const MoeGemmTmaLayout l = MakeTmaLayout(kFp8Block, kFp8Block, 128, 192, 4);
   ASSERT_EQ(l.error, nullptr);
