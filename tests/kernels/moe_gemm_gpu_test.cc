@@ -450,6 +450,10 @@ std::vector<ProblemCase> Problems(MoeFormat w, MoeFormat a) {
     // scale blocks, so the kernels take their general scale loop (per-group block select)
     // instead of the per-tile one that every other problem here takes.
     out.push_back({"straddle", {w, a, 448, 384, {5, 130, 0, 64}, false, true, false}});
+    // N/2 = 200, an odd multiple of 8: the 128x192 tiles' gate halves split inside a unit
+    // of four groups, so gated 128x192 kernels take their per-group promotion
+    // (kernels/moe_gemm_block_split.h) instead of the lo/hi one.
+    out.push_back({"oddhalf", {w, a, 400, 384, {5, 130, 0, 64}, false, true, false}});
   }
   if (w == kMxfp4 && a == kMxfp8) {
     out.push_back({"widescale", {w, a, 256, 512, {70, 0, 130, 5}, false, true, false},
