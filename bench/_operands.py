@@ -1,6 +1,6 @@
-"""GEMM operands with plausible bytes in every format of the family, for benchmarks that
-time kernels and check nothing against a reference (bench/fp4_decode_floor.py,
-bench/moe_layer_bench.py's GEMMs-alone row).
+"""GEMM operands with plausible bytes in every format of the family, and the L2-flushed
+timing, for benchmarks that time kernels and check nothing against a reference
+(bench/fp4_decode_floor.py, bench/kernel_ab.py, bench/moe_layer_bench.py's GEMMs-alone row).
 
 Scales keep every value finite and in range: ue8m0 bytes 120 (2^-7), e4m3 block scales 1,
 global and per-tensor scales 0.01, fp8-block scales 0.01. Nothing depends on the values but
@@ -34,3 +34,15 @@ def timing_operand(torch, fmt, rows, k, lead=None):
         scales = torch.ones(shp[:-1] + (k // 16,), device=dev).to(torch.float8_e4m3fn)
         return packed, scales, torch.full((lead or 1,), 0.01, device=dev)
     raise ValueError(f"format {fmt!r}: not one of bf16, fp8, fp8-block, mxfp8, mxfp4, nvfp4")
+
+
+def flushed_us(torch, flush, fn):
+    """One run of fn timed with CUDA events, in microseconds, after writing `flush` (a
+    buffer larger than the L2, e.g. 256 MiB) so that fn starts with a cold L2."""
+    flush.zero_()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1000

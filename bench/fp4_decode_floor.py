@@ -39,7 +39,7 @@ def main():
     import torch
     import cubist
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # under PYTHONSAFEPATH too
-    from _operands import timing_operand
+    from _operands import flushed_us, timing_operand
     rts = [cubist.Runtime(m) for m in args.manifests]
     specs = {k["name"]: k for k in json.load(open(args.manifests[0]))["kernels"]}
     missing = [k for k in KERNELS if k not in specs]
@@ -49,13 +49,8 @@ def main():
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
     def median_us(fn):
-        ts = []
-        for _ in range(args.reps):
-            flush.zero_()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); fn(); b.record(); b.synchronize()
-            ts.append(a.elapsed_time(b) * 1000)
-        return sorted(ts)[len(ts) // 2]
+        ts = sorted(flushed_us(torch, flush, fn) for _ in range(args.reps))
+        return ts[len(ts) // 2]
 
     tags = [os.path.basename(os.path.dirname(os.path.abspath(m))) for m in args.manifests]
     print("shape kernel read_MB read_us read_TB/s " +

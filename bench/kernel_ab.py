@@ -63,18 +63,12 @@ def main():
     import torch
     import cubist
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # under PYTHONSAFEPATH too
-    from _operands import timing_operand
+    from _operands import flushed_us, timing_operand
 
     rt_b, rt_a = cubist.Runtime(args.before), cubist.Runtime(args.after)
     names_b = {k["name"] for k in json.load(open(args.before))["kernels"]}
     acts = args.activations.split(",")
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-
-    def timed(fn):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); b.synchronize()
-        return a.elapsed_time(b) * 1000
 
     worst, count = 0.0, 0
     for k in json.load(open(args.after))["kernels"]:
@@ -112,8 +106,8 @@ def main():
             run_b(); run_a()
         tb, ta = [], []
         for _ in range(args.reps):
-            tb.append(timed(run_b))
-            ta.append(timed(run_a))
+            tb.append(flushed_us(torch, flush, run_b))
+            ta.append(flushed_us(torch, flush, run_a))
         tb.sort(); ta.sort()
         mb, ma = tb[len(tb) // 2], ta[len(ta) // 2]
         worst, count = max(worst, ma / mb), count + 1
