@@ -584,8 +584,8 @@ struct MoeGemmTma {
     }
   }
   // fp8-block scale factors of one k-tile: sa per accumulator row half, and per B half
-  // (x0, x1 when gated) the first and the last 128-row block it touches (kBRows
-  // consecutive rows span at most two).
+  // (x0, x1 when gated) the scales of its first (lo) and last (hi) 128-row block
+  // (kernels/moe_gemm_block_split.h: a half spans at most two).
   struct Scales {
     float sa[2];
     float sb_lo[2], sb_hi[2];
@@ -606,9 +606,8 @@ struct MoeGemmTma {
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int first = t.n_tile * kBRows + (h ? p.n / 2 : 0);
-      const int lo = min(first, p.n - 1) / 128;
-      const int hi = min(first + kBRows - 1, p.n - 1) / 128;
+      const int lo = MoeGemmHalfLoBlock(p.n, ACT, TN, t.n_tile, h);
+      const int hi = MoeGemmHalfHiBlock(p.n, ACT, TN, t.n_tile, h);
       sc.sb_lo[h] = h == 1 && !kGated ? 1.0f : __ldg(bs + static_cast<int64_t>(lo) * kb);
       sc.sb_hi[h] = h == 1 && !kGated   ? 1.0f
                     : hi == lo          ? sc.sb_lo[h]
@@ -636,8 +635,7 @@ struct MoeGemmTma {
     for (int h = 0; h < 2; ++h) {
       const int row = min(t.row_begin + ci * 64 + warp * 16 + lane / 4 + 8 * h, t.row_end - 1);
       r.a[h] = as + static_cast<int64_t>(row) * kb;
-      const int first = min(t.n_tile * kBRows + (h ? p.n / 2 : 0), p.n - 1);
-      r.b[h] = bs + static_cast<int64_t>(first / 128) * kb;
+      r.b[h] = bs + static_cast<int64_t>(MoeGemmHalfLoBlock(p.n, ACT, TN, t.n_tile, h)) * kb;
     }
     return r;
   }
@@ -656,10 +654,11 @@ struct MoeGemmTma {
     uint32_t mask = 0;
 #pragma unroll
     for (int g = 0; g < TN / 8; ++g) {
-      const int h = kGated && g * 8 >= kBRows ? 1 : 0;
-      const int first = t.n_tile * kBRows + (h ? p.n / 2 : 0);
-      const int row = min(first + (g * 8) % kBRows, p.n - 1);
-      if (row / 128 != min(first, p.n - 1) / 128) mask |= 1u << g;
+      const int h = kGated && g >= kHalfGroups ? 1 : 0;
+      if (MoeGemmScaleBlockOfGroup(p.n, ACT, TN, t.n_tile, g) !=
+          MoeGemmHalfLoBlock(p.n, ACT, TN, t.n_tile, h)) {
+        mask |= 1u << g;
+      }
     }
     return mask;
   }
