@@ -454,6 +454,10 @@ std::vector<ProblemCase> Problems(MoeFormat w, MoeFormat a) {
     // of four groups, so gated 128x192 kernels take their per-group promotion
     // (kernels/moe_gemm_block_split.h) instead of the lo/hi one.
     out.push_back({"oddhalf", {w, a, 400, 384, {5, 130, 0, 64}, false, true, false}});
+    // 160 tiles of 128x192 (20 M tiles x 8 N tiles) on at most 132 SMs with 3 k-tiles
+    // each: CTAs run several tiles, so the 192-column kernels' stage ring and scale slots
+    // carry their slot and parity across tiles and an odd k-tile count.
+    out.push_back({"persistent", {w, a, 1536, 384, {1300, 1132}, false, true, false}});
   }
   if (w == kMxfp4 && a == kMxfp8) {
     out.push_back({"widescale", {w, a, 256, 512, {70, 0, 130, 5}, false, true, false},
