@@ -3,11 +3,12 @@
 
     python3 bench/kernel_ab.py BEFORE/manifest.json AFTER/manifest.json \\
         [--shape E,TOKENS_PER_EXPERT,N,K] [--activations identity,swiglu] \\
-        [--kernels SUBSTRING] [--reps 9] [--bits]
+        [--kernels SUBSTRING] [--reps 9] [--bits] [--list]
 
-For every GEMM kernel both manifests list (with one of --activations, and SUBSTRING in
-its name), the kernel of each build pinned on the same operands, the two run interleaved,
-the L2 flushed (a 256 MiB write) before every timing; medians of --reps. Prints each
+For every bf16-output GEMM kernel both manifests list (with one of --activations, and
+SUBSTRING in its name; the e4m3-output twins are the layer's and are left out), the
+kernel of each build pinned on the same operands, the two run interleaved, the L2 flushed
+(a 256 MiB write) before every timing; medians of --reps. Prints each
 kernel's time in both builds and after / before. --bits also runs both on random block
 scales and says whether their outputs are bit-identical, which a change that keeps the
 arithmetic must show. The shape is E experts of TOKENS_PER_EXPERT rows each, N weight rows,
@@ -16,6 +17,7 @@ than 64 rows and (32, 512, 4096, 2048) for the others. Needs torch with CUDA and
 package (scripts/build-wheel).
 """
 import argparse
+import json
 import os
 import sys
 
@@ -28,6 +30,20 @@ def parse_shape(text):
     if len(parts) != 4 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
         return None
     return tuple(int(p) for p in parts)
+
+
+def compared_kernels(before, after, acts, substring):
+    """The after manifest's kernels to time: bf16-output moe_gemm kernels that the before
+    manifest lists too, with an activation in acts and substring in the name. (The
+    e4m3-output twins are the layer's; MoeGemm writes bf16, and their bf16 twin is timed.)"""
+    with open(before) as f:
+        names_b = {k["name"] for k in json.load(f)["kernels"]}
+    with open(after) as f:
+        kernels = json.load(f)["kernels"]
+    return [k for k in kernels
+            if k.get("op") == "moe_gemm" and k["name"] in names_b
+            and k.get("activation") in acts and substring in k["name"]
+            and k.get("output_format", "bf16") == "bf16"]
 
 
 def random_scales(torch, s):
@@ -50,6 +66,8 @@ def main():
     ap.add_argument("--kernels", default="", help="only kernels whose name holds this")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--bits", action="store_true", help="compare outputs on random scales")
+    ap.add_argument("--list", action="store_true",
+                    help="print the kernels it would compare and exit (no GPU needed)")
     args = ap.parse_args()
     shape = None
     if args.shape is not None:
@@ -59,23 +77,26 @@ def main():
                      "E,TOKENS_PER_EXPERT,N,K (e.g. 8,2048,28672,4096)")
     if args.reps < 1:
         sys.exit(f"kernel_ab: --reps {args.reps} must be at least 1")
-    import json
+    kernels = compared_kernels(args.before, args.after, args.activations.split(","),
+                               args.kernels)
+    if not kernels:
+        sys.exit("kernel_ab: no GEMM kernel is in both manifests with those activations "
+                 f"({args.activations}) and names ({args.kernels!r})")
+    if args.list:
+        for k in kernels:
+            print(k["name"])
+        print(f"{len(kernels)} kernels")
+        return
     import torch
     import cubist
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # under PYTHONSAFEPATH too
     from _operands import flushed_us, timing_operand
 
     rt_b, rt_a = cubist.Runtime(args.before), cubist.Runtime(args.after)
-    names_b = {k["name"] for k in json.load(open(args.before))["kernels"]}
-    acts = args.activations.split(",")
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
     worst, count = 0.0, 0
-    for k in json.load(open(args.after))["kernels"]:
-        if k.get("op") != "moe_gemm" or k["name"] not in names_b:
-            continue
-        if k["activation"] not in acts or args.kernels not in k["name"]:
-            continue
+    for k in kernels:
         wf, af, act = k["weight_format"], k["activation_format"], k["activation"]
         e, tpe, n, kk = shape or ((128, 8, 5760, 2880) if k["tile_m"] < 64
                                   else (32, 512, 4096, 2048))
@@ -113,9 +134,6 @@ def main():
         worst, count = max(worst, ma / mb), count + 1
         print(f"{k['name']:56s} before {mb:9.1f} us  after {ma:9.1f} us  after/before "
               f"{ma / mb:.3f}  ({e}, {tpe}, {n}, {kk})", flush=True)
-    if count == 0:
-        sys.exit("kernel_ab: no GEMM kernel is in both manifests with those activations "
-                 f"({args.activations}) and names ({args.kernels!r})")
     print(f"{count} kernels; largest after/before {worst:.3f}")
 
 
