@@ -15,10 +15,12 @@ def timing_operand(torch, fmt, rows, k, lead=None):
     part. Raises ValueError for a format the family does not have."""
     shp = (lead, rows, k) if lead else (rows, k)
     dev = "cuda"
+    # Drawn in bf16, not fp32: DeepSeek-V3's bf16 weights are 15 GB, and an fp32 draw of
+    # them (30 GB) beside the previous kernel's operands did not fit an 80 GB card.
     if fmt == "bf16":
-        return (torch.randn(shp, device=dev) * 0.5).to(torch.bfloat16), None, None
+        return torch.randn(shp, device=dev, dtype=torch.bfloat16) * 0.5, None, None
     if fmt in ("fp8", "fp8-block", "mxfp8"):
-        data = torch.randn(shp, device=dev).to(torch.float8_e4m3fn)
+        data = torch.randn(shp, device=dev, dtype=torch.bfloat16).to(torch.float8_e4m3fn)
         if fmt == "fp8":
             return data, None, torch.full((lead or 1,), 0.01, device=dev)
         if fmt == "fp8-block":
