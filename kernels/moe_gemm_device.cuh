@@ -184,9 +184,9 @@ __device__ __forceinline__ uint2 DecodeE2m1ToE4m3x8(uint32_t w, E4m3Table t) {
 
 // The gated epilogues' sigmoid with the hardware's exp2 and reciprocal (ex2.approx,
 // rcp.approx: relative error about 2^-21 for |x| <= 20, far below bf16's 2^-9 rounding
-// of the output): expf and an IEEE division took about 30 instructions per output value,
-// which made a SwiGLU tile's epilogue cost as much as a third of its K = 4096 main loop
-// (fp8 per tensor 128x192 on Mixtral-8x7B FC1: 1.43x the identity kernel's time, ncu).
+// of the output): expf and an IEEE division took about 30 instructions per output value
+// (ncu: fp8 128x192 SwiGLU issued 1.38x the identity kernel's instructions on Mixtral's
+// FC1), and SwiGLU tiles ran 5-10% faster without them (docs/benchmarks.md).
 // Limits as the exact form's: 0 at -inf (1 / inf), 1 at +inf, NaN stays NaN.
 __device__ __forceinline__ float Sigmoid(float x) {
   return __fdividef(1.0f, 1.0f + __expf(-x));
