@@ -103,7 +103,8 @@ def main():
                                   else (32, 512, 4096, 2048))
         t = e * tpe
         if made != (wf, af, e, tpe, n, kk):
-            ops = None  # freed before the next are made
+            # The last operands freed before the next are made: every name holding them.
+            ops = a = a_s = a_g = w = w_s = w_g = None
             ops = (timing_operand(torch, af, t, kk), timing_operand(torch, wf, n, kk, e))
             made = (wf, af, e, tpe, n, kk)
         (a, a_s, a_g), (w, w_s, w_g) = ops
