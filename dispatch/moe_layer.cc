@@ -822,8 +822,9 @@ absl::Status MoeLayer::Finalize(const MoeLayerArgs& a, const Pass& pass, CUstrea
   f.topk_weights = reinterpret_cast<const float*>(pass.weights);
   f.expanded_to_permuted = pass.At<const int32_t>(pass.w.expanded_to_permuted);
   f.out = reinterpret_cast<void*>(a.out + 2 * pass.first * options_.hidden);
-  return Launch(finalize_, static_cast<unsigned>(pass.tokens), moe::kMoeFinalizeThreads, 0, &f,
-                stream);
+  const int64_t ctas = moe::MoeFinalizeCtas(pass.tokens, f.hidden,
+                                            runtime_->device_info().sm_count);
+  return Launch(finalize_, static_cast<unsigned>(ctas), moe::kMoeFinalizeThreads, 0, &f, stream);
 }
 
 // The steps both layouts share once rows are in expert order (offsets and the row map in

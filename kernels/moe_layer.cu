@@ -176,9 +176,13 @@ __device__ void KeepBestGroups(const MoeRouteParams& p, int64_t t, float* a, int
   const int E = p.num_experts, groups = p.n_group;
   const int size = E / groups;
   // Each lane scores its groups and parks the score in the group's first entry: the
-  // group is this lane's alone, so nobody else reads the entry meanwhile.
+  // group is this lane's alone, so nobody else reads the entry meanwhile. The entry's
+  // own score is kept in a register for the lane's first group (every group when there
+  // are at most 32), so restoring it below needs no second read of the logits.
+  float kept_first = 0.0f;
   for (int g = lane; g < groups; g += 32) {
     float* m = a + g * size;
+    if (g == lane) kept_first = m[0];
     uint32_t k1 = 0, k2 = 0;  // the two best keys
     float v1 = 0.0f, v2 = 0.0f;
     for (int i = 0; i < size; ++i) {
@@ -206,9 +210,8 @@ __device__ void KeepBestGroups(const MoeRouteParams& p, int64_t t, float* a, int
   __syncwarp();
   for (int g = lane; g < groups; g += 32) {
     float* first = a + g * size;
-    *first = __float_as_uint(*first) == kRemovedBits
-                 ? Canonical(Score(p, t, g * size, /*ds=*/true))
-                 : __uint_as_float(kRemovedBits);
+    const float own = g == lane ? kept_first : Canonical(Score(p, t, g * size, /*ds=*/true));
+    *first = __float_as_uint(*first) == kRemovedBits ? own : __uint_as_float(kRemovedBits);
   }
   __syncwarp();
 }
@@ -221,8 +224,25 @@ __device__ __forceinline__ void RouteToken(const MoeRouteParams& p, int64_t t, f
   const int k = min(p.top_k, kMoeRouteMaxTopK);
   const int method = p.method;
   const bool ds = method == kRouteDeepSeekV3;
-  // Stage the selection scores; NaN canonical, so that kRemovedBits stays free.
-  for (int i = lane; i < E; i += 32) a[i] = Canonical(Score(p, t, i, ds));
+  // Stage the selection scores; NaN canonical, so that kRemovedBits stays free. A batch's
+  // logit and bias loads are all issued before the first is used: at decode the logits
+  // come from DRAM, and one round trip per 32 experts (two with deepseek_v3's bias) was
+  // most of a token's routing time.
+  constexpr int kStageBatch = 8;
+  for (int base = 0; base < E; base += 32 * kStageBatch) {
+    float x[kStageBatch], b[kStageBatch];
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u) {
+      const int i = base + lane + 32 * u;
+      x[u] = i < E ? Logit(p, t, i) : 0.0f;
+      b[u] = ds && i < E && p.bias != nullptr ? p.bias[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u) {
+      const int i = base + lane + 32 * u;
+      if (i < E) a[i] = Canonical(ds ? Sigmoid(x[u]) + b[u] : x[u]);
+    }
+  }
   __syncwarp();
 
   // Softmax over all E (default, renormalize_naive): maximum and sum, NaN as -inf.
@@ -608,11 +628,14 @@ extern "C" __global__ void __launch_bounds__(kMoeGatherThreads)
 }
 
 // ---------------------------------------------------------------------------------
-// Finalize: one CTA per token (grid-stride beyond gridDim). Warp 0 ranks the token's k
-// slots in the summation order - weight descending, equal weights to the lower expert
-// id, equal both to the lower slot - with shuffles, and publishes each slot's row and
-// weight in that order; every thread then owns 16-byte columns of the hidden row and
-// sums them in fp32 in that order, with up to kBatch row loads in flight.
+// Finalize: one CTA per token (grid-stride beyond gridDim), or, with a grid of S x T CTAs
+// (S >= 2), S CTAs per token, each over one of S column ranges: at decode one CTA per
+// token leaves a handful of SMs to read T x k x H x 2 bytes, a round trip per 16-byte
+// column of each thread. Warp 0 ranks the token's k slots in the summation order -
+// weight descending, equal weights to the lower expert id, equal both to the lower slot -
+// with shuffles, and publishes each slot's row and weight in that order; every thread
+// then owns 16-byte columns of the hidden row and sums them in fp32 in that order, with
+// up to kBatch row loads in flight. The bits do not depend on the grid.
 
 extern "C" __global__ void __launch_bounds__(kMoeFinalizeThreads)
     cubist_moe_finalize(const __grid_constant__ MoeFinalizeParams p) {
@@ -626,13 +649,29 @@ extern "C" __global__ void __launch_bounds__(kMoeFinalizeThreads)
   const uint4* __restrict__ rows = static_cast<const uint4*>(p.rows);
   uint4* __restrict__ out = static_cast<uint4*>(p.out);
   constexpr int kBatch = 8;
-  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+  // Column split: S CTAs per token when the grid holds at least two per token.
+  const int64_t T = p.num_tokens;
+  const int64_t split = T > 0 && gridDim.x >= 2 * T ? gridDim.x / T : 1;
+  int64_t t0 = blockIdx.x, t_step = gridDim.x;
+  int v_begin = 0, v_end = vecs;
+  if (split > 1) {
+    if (blockIdx.x >= split * T) return;
+    t0 = blockIdx.x / split;
+    t_step = T;  // one token
+    const int part = static_cast<int>(blockIdx.x % split);
+    const int chunk = static_cast<int>((vecs + split - 1) / split);
+    v_begin = min(vecs, part * chunk);
+    v_end = min(vecs, v_begin + chunk);
+  }
+  for (int64_t t = t0; t < T; t += t_step) {
     if (threadIdx.x < 32) {
       const bool slot = lane < k;
       const int64_t at = t * p.top_k + lane;
       // unit_weights: every w is 1 (topk_weights is not read), so the ids alone order.
+      // The three loads are issued together: they do not depend on each other.
       const float w = slot && !p.unit_weights ? p.topk_weights[at] : 1.0f;
       const int32_t id = slot ? p.topk_ids[at] : 0;
+      const int32_t row = slot ? p.expanded_to_permuted[at] : -1;
       const uint32_t key = RankKey(w);
       int rank = 0;
       for (int i = 0; i < k; ++i) {
@@ -641,12 +680,12 @@ extern "C" __global__ void __launch_bounds__(kMoeFinalizeThreads)
         rank += ki > key || (ki == key && (idi < id || (idi == id && i < lane)));
       }
       if (slot) {
-        order_row[rank] = p.expanded_to_permuted[at];
+        order_row[rank] = row;
         order_w[rank] = w;
       }
     }
     __syncthreads();
-    for (int v = threadIdx.x; v < vecs; v += kMoeFinalizeThreads) {
+    for (int v = v_begin + static_cast<int>(threadIdx.x); v < v_end; v += kMoeFinalizeThreads) {
       float acc[8];
       if (p.accumulate) {
         UnpackBf16x8(out[t * vecs + v], acc);
@@ -761,59 +800,75 @@ __device__ __forceinline__ void QuantizeRows(const MoeQuantizeParams& p) {
     if (blockIdx.x == 0 && threadIdx.x == 0) p.global_out[0] = inv_g;
   }
   const float inv6 = __frcp_rn(6.0f);
+  // Passes of a row are independent (a scale block never spans two), so the loads of
+  // kQuantLoads passes are issued before the first is used: a row of DeepSeek-V3's 7168
+  // columns is 7 passes, and one DRAM round trip each was most of a decode step's
+  // quantization.
+  constexpr int kQuantLoads = 4;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float w;
     const uint4* src = QuantRow(p, r, &w);
-    for (int pass = 0; pass < passes; ++pass) {
-      const int c = pass * kQuantPass + threadIdx.x * 8;
-      const bool here = c < cols;
-      float x[8];
-      if (here) {
-        UnpackBf16x8(__ldg(src + c / 8), x);
-        if (p.weights != nullptr) {  // fp32 product, rounded to bf16 as the bf16 gather
+    for (int p0 = 0; p0 < passes; p0 += kQuantLoads) {
+      uint4 raw[kQuantLoads];
 #pragma unroll
-          for (int i = 0; i < 8; ++i) x[i] = __bfloat162float(__float2bfloat16_rn(x[i] * w));
+      for (int u = 0; u < kQuantLoads; ++u) {
+        const int c = (p0 + u) * kQuantPass + threadIdx.x * 8;
+        if (p0 + u < passes && c < cols) raw[u] = __ldg(src + c / 8);
+      }
+#pragma unroll
+      for (int u = 0; u < kQuantLoads; ++u) {
+        const int pass = p0 + u;
+        if (pass >= passes) break;  // uniform: every lane has the same passes
+        const int c = pass * kQuantPass + threadIdx.x * 8;
+        const bool here = c < cols;
+        float x[8];
+        if (here) {
+          UnpackBf16x8(raw[u], x);
+          if (p.weights != nullptr) {  // fp32 product, rounded to bf16 as the bf16 gather
+#pragma unroll
+            for (int i = 0; i < 8; ++i) x[i] = __bfloat162float(__float2bfloat16_rn(x[i] * w));
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) x[i] = 0.0f;
         }
-      } else {
+        float amax = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) x[i] = 0.0f;
-      }
-      float amax = 0.0f;
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
+        if constexpr (kLanes > 1) amax = GroupMax<kLanes>(amax);
+        const bool first = here && (threadIdx.x % kLanes) == 0;
+        float f = 1.0f;  // the factor each element is multiplied by
+        if constexpr (F == QuantFormat::kFp8) {
+          f = inv_s;
+        } else if constexpr (F == QuantFormat::kFp8Block) {
+          const float s = __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f);
+          f = __frcp_rn(s);
+          if (first) static_cast<float*>(p.out_scale)[r * ((cols + 127) / 128) + c / 128] = s;
+        } else if constexpr (F == QuantFormat::kMxfp8) {
+          const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF);
+          const int byte = biased > 8 ? biased - 8 : 0;
+          f = __uint_as_float(static_cast<uint32_t>(254 - byte) << 23);  // 2^(127 - byte)
+          if (first) static_cast<uint8_t*>(p.out_scale)[r * (cols / 32) + c / 32] = byte;
+        } else {
+          const uint32_t sf = E4m3x2(__fmul_rn(g, __fmul_rn(amax, inv6)), 0.0f) & 0xFF;
+          const float sfv = E4m3Value(sf);
+          f = sfv != 0.0f ? __frcp_rn(__fmul_rn(sfv, inv_g)) : 0.0f;
+          if (first) static_cast<uint8_t*>(p.out_scale)[r * (cols / 16) + c / 16] = sf;
+        }
+        if (!here) continue;
+        float q[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
-      if constexpr (kLanes > 1) amax = GroupMax<kLanes>(amax);
-      const bool first = here && (threadIdx.x % kLanes) == 0;
-      float f = 1.0f;  // the factor each element is multiplied by
-      if constexpr (F == QuantFormat::kFp8) {
-        f = inv_s;
-      } else if constexpr (F == QuantFormat::kFp8Block) {
-        const float s = __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f);
-        f = __frcp_rn(s);
-        if (first) static_cast<float*>(p.out_scale)[r * ((cols + 127) / 128) + c / 128] = s;
-      } else if constexpr (F == QuantFormat::kMxfp8) {
-        const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF);
-        const int byte = biased > 8 ? biased - 8 : 0;
-        f = __uint_as_float(static_cast<uint32_t>(254 - byte) << 23);  // 2^(127 - byte)
-        if (first) static_cast<uint8_t*>(p.out_scale)[r * (cols / 32) + c / 32] = byte;
-      } else {
-        const uint32_t sf = E4m3x2(__fmul_rn(g, __fmul_rn(amax, inv6)), 0.0f) & 0xFF;
-        const float sfv = E4m3Value(sf);
-        f = sfv != 0.0f ? __frcp_rn(__fmul_rn(sfv, inv_g)) : 0.0f;
-        if (first) static_cast<uint8_t*>(p.out_scale)[r * (cols / 16) + c / 16] = sf;
-      }
-      if (!here) continue;
-      float q[8];
+        for (int i = 0; i < 8; ++i) q[i] = __fmul_rn(x[i], f);
+        if constexpr (F == QuantFormat::kNvfp4) {
+          uint32_t packed = 0;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) q[i] = __fmul_rn(x[i], f);
-      if constexpr (F == QuantFormat::kNvfp4) {
-        uint32_t packed = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) packed |= E2m1(q[i]) << (4 * i);
-        static_cast<uint32_t*>(p.out)[(r * cols + c) / 8] = packed;
-      } else {
-        const uint2 v = make_uint2(E4m3x2(q[0], q[1]) | E4m3x2(q[2], q[3]) << 16,
-                                   E4m3x2(q[4], q[5]) | E4m3x2(q[6], q[7]) << 16);
-        static_cast<uint2*>(p.out)[(r * cols + c) / 8] = v;
+          for (int i = 0; i < 8; ++i) packed |= E2m1(q[i]) << (4 * i);
+          static_cast<uint32_t*>(p.out)[(r * cols + c) / 8] = packed;
+        } else {
+          const uint2 v = make_uint2(E4m3x2(q[0], q[1]) | E4m3x2(q[2], q[3]) << 16,
+                                     E4m3x2(q[4], q[5]) | E4m3x2(q[6], q[7]) << 16);
+          static_cast<uint2*>(p.out)[(r * cols + c) / 8] = v;
+        }
       }
     }
   }

@@ -222,8 +222,20 @@ static_assert(sizeof(MoeGatherParams) == 80, "MoeGatherParams layout is ABI");
 // number, -0 equals +0, a repeated id keeps slot order. A token with no kept slot gets
 // 0 (or keeps out when accumulating). The same bits on every run for the same GPU and
 // kernels.
-// Grid: T CTAs of kMoeFinalizeThreads threads.
+// Grid: T CTAs of kMoeFinalizeThreads threads (a token per CTA, grid-stride when fewer),
+// or S x T CTAs with S >= 2: CTA b sums part b % S of token b / S's columns (S ranges of
+// ceil(H/8 / S) 16-byte vectors). A kernel from before the split runs such a grid as
+// T CTAs plus idle ones, so either grid is correct with either kernel; the bits never
+// depend on it. MoeFinalizeCtas is the layer's choice.
 inline constexpr int32_t kMoeFinalizeThreads = 128;
+// S x T when the columns give each thread of S CTAs a vector and S x T fits twice the SMs
+// (decode: DeepSeek-V3's H = 7168 is 7 CTAs per token up to 37 tokens on 132 SMs), else T.
+CUBIST_HD constexpr int64_t MoeFinalizeCtas(int64_t tokens, int32_t hidden, int32_t sm_count) {
+  const int64_t want = (hidden / 8 + kMoeFinalizeThreads - 1) / kMoeFinalizeThreads;
+  const int64_t fit = tokens > 0 ? 2 * static_cast<int64_t>(sm_count) / tokens : 0;
+  const int64_t split = want < fit ? want : fit;
+  return split >= 2 ? split * tokens : tokens;
+}
 struct MoeFinalizeParams {
   int32_t abi;          // kMoeLayerAbi
   int32_t num_tokens;   // T

@@ -442,6 +442,19 @@ TEST_F(MoeLayerFakeDriverTest, ChunkedPreRoutedPassesStepThroughTheBatch) {
   }
 }
 
+// The finalize's grid: S CTAs per token while the columns give each of their threads a
+// vector and S x T fits twice the SMs, else one per token.
+TEST(MoeFinalizeCtasTest, SplitsWideRowsAtSmallBatches) {
+  EXPECT_EQ(moe::MoeFinalizeCtas(1, 7168, 132), 7) << "896 vectors: 7 CTAs of 128 threads";
+  EXPECT_EQ(moe::MoeFinalizeCtas(37, 7168, 132), 7 * 37);
+  EXPECT_EQ(moe::MoeFinalizeCtas(38, 7168, 132), 6 * 38) << "264 / 38 = 6 parts fit";
+  EXPECT_EQ(moe::MoeFinalizeCtas(132, 7168, 132), 2 * 132);
+  EXPECT_EQ(moe::MoeFinalizeCtas(133, 7168, 132), 133) << "one part: a CTA per token";
+  EXPECT_EQ(moe::MoeFinalizeCtas(1, 1032, 132), 2) << "129 vectors";
+  EXPECT_EQ(moe::MoeFinalizeCtas(5, 256, 132), 5) << "32 vectors: one CTA's threads";
+  EXPECT_EQ(moe::MoeFinalizeCtas(0, 7168, 132), 0);
+}
+
 // Past decode's limits (here more than 32 tokens) routing and the sort are two launches
 // wired as the fused one is.
 TEST_F(MoeLayerFakeDriverTest, LargerBatchesRouteAndSortInTwoLaunches) {

@@ -609,6 +609,24 @@ TEST(MoeLayerGpuTest, AccumulatesIntoOut) {
   RunAndCheck(c, 600);
 }
 
+// Rows wide enough that the finalize sums each token with several CTAs
+// (MoeFinalizeCtas): 129 vectors in two uneven parts at 1 and 9 tokens, one CTA per token
+// again at 300; adding into out too.
+TEST(MoeLayerGpuTest, FinalizeSplitsWideRowsAtDecode) {
+  CUBIST_REQUIRE_GPU();
+  for (int t : {1, 9, 300}) {
+    for (bool accumulate : {false, true}) {
+      Case c;
+      c.options = Small();
+      c.options.hidden = 1032;
+      c.tokens = t;
+      c.accumulate = accumulate;
+      SCOPED_TRACE(absl::StrCat("T=", t, accumulate ? " accumulating" : ""));
+      RunAndCheck(c, 1000 + 2 * t + accumulate);
+    }
+  }
+}
+
 TEST(MoeLayerGpuTest, ChunkedPrefillMatchesTheReference) {
   CUBIST_REQUIRE_GPU();
   Case c;
