@@ -5,7 +5,7 @@ same layer, on an H200, in one process (docs/benchmarks.md, "The MoE layer").
     python3 bench/moe_layer_bench.py --manifest DIR/manifest.json [--models qwen3,gptoss]
         [--pairs bf16,fp8,fp8-block,mxfp4,mxfp4-mxfp8,nvfp4]
         [--tokens 1,16,64,256,4096,16384] [--iters 30] [--json OUT] [--plot OUT.png]
-        [--fuse-intermediate on,off]
+        [--fuse-intermediate on,off] [--breakdown]
 
 For each model and batch size T (uniform random routing logits from a fixed seed; router
 logits are an input, the router GEMM is the engine's):
@@ -25,6 +25,11 @@ per mode of MoeLayer's fuse_intermediate_quantization - "on": GEMM1's epilogue w
 GEMM2's fp8 input, "off": a separate quantize kernel - each timed, its output required
 bit-identical to the first mode's; "ours" is the first mode's time and every mode's is
 printed and kept in the JSON ("fuse").
+With --breakdown each row also lists the device time of every kernel of one layer call
+and of the two GEMMs alone, each launched without programmatic dependent launch (so no
+kernel's time includes waiting for the previous one), the L2 flushed first; medians of 5
+calls, in launch order, and their sum against the graph time: where the layer's time
+beyond its GEMMs goes; and the layer's graph time without PDL.
 Each is timed under CUDA-graph replay (a captured step, as engines run decode) with the
 L2 cache flushed before every replay; medians of --iters replays. Eager times of ours and
 torch are reported too. Every layer output is checked against torch's first.
@@ -189,6 +194,38 @@ def timed(fn, iters, flush, graph=True):
     return times[len(times) // 2]
 
 
+def kernel_times(fn, flush, reps=5):
+    """[(kernel name, median device us)] of the kernels one fn() call launches, in launch
+    order, the L2 flushed before each of `reps` profiled calls (torch.profiler's CUDA
+    activity records every kernel of the context, ours launched through the driver too)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(reps):
+        flush.zero_()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        ev = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+        runs.append([(e.name, e.time_range.elapsed_us()) for e in ev])
+    if any(len(r) != len(runs[0]) for r in runs):  # a call that launched differently
+        return [(name, float("nan")) for name, _ in runs[0]]
+    out = []
+    for i, (name, _) in enumerate(runs[0]):
+        ts = sorted(r[i][1] for r in runs)
+        out.append((name, ts[len(ts) // 2]))
+    return out
+
+
+def short(name):
+    """A kernel's name without the family prefix and template noise, for one-line lists."""
+    name = name.split("(")[0]
+    return name[len("moe_gemm_tma_"):] if name.startswith("moe_gemm_tma_") else name
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--manifest", required=True)
@@ -202,6 +239,9 @@ def main():
     ap.add_argument("--fuse-intermediate", default="auto",
                     help="fp8 pair: the layer's fuse_intermediate_quantization modes to time "
                          "(auto, on, off; comma-separated, e.g. on,off)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also list each kernel's device time (no PDL) for the layer and the "
+                         "two GEMMs")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     args = ap.parse_args()
@@ -365,6 +405,26 @@ def bench_model(rt, name, pair, args, flush):
                    ours_eager_us=ours_eager, torch_eager_us=ref_eager, experts_touched=touched,
                    rel_err=err, target_us=target, vs_torch=ref / ours, fuse=fuse,
                    modes_identical=all(f["identical"] for f in fuse.values()))
+        if args.breakdown:
+            nopdl = cubist.MoeLayer(
+                rt, num_experts=e, top_k=k, hidden=h, intermediate=inter,
+                routing=m["routing"], activation="swiglu", weights=wf, activations=af,
+                n_group=m.get("n_group", 0), topk_group=m.get("topk_group", 0),
+                routed_scaling_factor=m.get("scale", 1.0), max_chunk_tokens=args.chunk,
+                fuse_intermediate_quantization=modes[0], pdl=False)
+            nopdl.prepare(max_t, q1[0], q2[0], **act, **wkw)
+            gemm_nopdl = cubist.MoeGemm(rt, pdl=False)
+            row["breakdown"] = dict(
+                ours=kernel_times(lambda: nopdl(x, q1[0], q2[0], **kw), flush),
+                gemms=kernel_times(lambda: (gemm_nopdl.run(a, q1[0], offs, hbuf, **g1),
+                                            gemm_nopdl.run(hq, q2[0], offs, ybuf, **g2)), flush))
+            for what, ks in row["breakdown"].items():
+                print(f"    {what} without PDL: " + ", ".join(f"{short(n)} {us:.1f}" for n, us in ks)
+                      + f"; sum {sum(us for _, us in ks):.1f} us", flush=True)
+            # The same layer under graph replay without PDL: what the overlap buys.
+            row["ours_no_pdl_us"] = timed(lambda: nopdl(x, q1[0], q2[0], **kw), args.iters, flush)
+            print(f"    ours under graphs without PDL: {row['ours_no_pdl_us']:.1f} us", flush=True)
+            del nopdl
         rows.append(row)
         print(f"{TITLES[name]:14s} {pair:11s} T={t:6d}: ours {ours:9.1f} us  {ref_name} "
               f"{ref:9.1f} x{ref / ours:5.2f}  gemms {two:9.1f}  floor {floor:8.1f} "
