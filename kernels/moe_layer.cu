@@ -217,9 +217,10 @@ __device__ void KeepBestGroups(const MoeRouteParams& p, int64_t t, float* a, int
 }
 
 // Routes token t with the calling warp: its selection scores staged in a[0..E), its ids
-// and weights written to topk_ids/topk_weights[t * k ...]. The whole warp calls it.
+// and weights written to topk_ids/topk_weights[t * k ...] (and the ids to
+// ids_shared[t * k ...] when given). The whole warp calls it.
 __device__ __forceinline__ void RouteToken(const MoeRouteParams& p, int64_t t, float* a,
-                                           int lane) {
+                                           int lane, int32_t* ids_shared = nullptr) {
   const int E = p.num_experts;
   const int k = min(p.top_k, kMoeRouteMaxTopK);
   const int method = p.method;
@@ -299,6 +300,7 @@ __device__ __forceinline__ void RouteToken(const MoeRouteParams& p, int64_t t, f
   if (lane < k) {
     const int64_t at = t * p.top_k + lane;
     p.topk_ids[at] = id;
+    if (ids_shared != nullptr) ids_shared[at] = id;
     p.topk_weights[at] = chosen ? w : 0.0f;
   }
 }
@@ -365,14 +367,15 @@ __device__ __forceinline__ uint32_t SlotBin(const MoeSortParams& p, int32_t id) 
 // counts[0..L] = the bins 0..L of slots [begin, begin + n) (kept experts, dropped).
 // Lanes with the same bin add once (__match_any_sync): routing skew piles slots on one
 // expert, and one shared atomic per lane would serialize on it.
-__device__ void ChunkHistogram(const MoeSortParams& p, int begin, int n, int32_t* counts) {
+__device__ void ChunkHistogram(const MoeSortParams& p, const int32_t* ids, int begin, int n,
+                               int32_t* counts) {
   const int L = p.num_local_experts;
   for (int e = threadIdx.x; e <= L; e += kMoeSortThreads) counts[e] = 0;
   __syncthreads();
   const int lane = threadIdx.x & 31;
   for (int base = 0; base < n; base += kMoeSortThreads) {  // whole warps iterate
     const int i = base + threadIdx.x;
-    const uint32_t bin = i < n ? SlotBin(p, p.topk_ids[begin + i]) : L + 1;
+    const uint32_t bin = i < n ? SlotBin(p, ids[begin + i]) : L + 1;
     const unsigned peers = __match_any_sync(kFullMask, bin);
     if (bin <= static_cast<uint32_t>(L) && lane == __ffs(peers) - 1) {
       atomicAdd(&counts[bin], __popc(peers));
@@ -444,10 +447,10 @@ __device__ void ChunkScatter(const MoeSortParams& p, int begin, int n, const int
 
 // The fused sort of n <= kSmallSort slots, with s.bins holding the offsets: a kept
 // slot's row is its expert's offset plus the number of earlier slots of that expert.
-__device__ void SmallScatter(const MoeSortParams& p, int n, SortShared& s) {
+__device__ void SmallScatter(const MoeSortParams& p, const int32_t* ids, int n, SortShared& s) {
   const uint32_t L = static_cast<uint32_t>(p.num_local_experts);
   const int i = threadIdx.x;
-  const uint32_t bin = i < n ? SlotBin(p, p.topk_ids[i]) : L + 1;
+  const uint32_t bin = i < n ? SlotBin(p, ids[i]) : L + 1;
   if (i < n) s.slot_bins[i] = bin;
   __syncthreads();
   if (i >= n) return;
@@ -483,12 +486,15 @@ namespace cubist::moe {
 namespace {
 
 // The whole sort of up to kMoeSortChunk slots by one CTA: histogram, offsets, ranks.
-__device__ __forceinline__ void SortOneChunk(const MoeSortParams& p, SortShared& s) {
+// `ids`: p.topk_ids, or the route-and-sort kernel's shared copy of them (no global round
+// trip between its routing and its sort at decode).
+__device__ __forceinline__ void SortOneChunk(const MoeSortParams& p, SortShared& s,
+                                             const int32_t* ids) {
   const int n = max(0, min(p.num_slots, kMoeSortChunk));
-  ChunkHistogram(p, 0, n, s.bins);
+  ChunkHistogram(p, ids, 0, n, s.bins);
   PublishOffsets(p, s);
   if (n <= kSmallSort) {
-    SmallScatter(p, n, s);
+    SmallScatter(p, ids, n, s);
     return;
   }
   __syncthreads();  // the scan's storage becomes the sort's
@@ -504,27 +510,28 @@ extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
   __shared__ SortShared s;
   GridDependencyWait();
   LaunchDependents();
-  SortOneChunk(p, s);
+  SortOneChunk(p, s, p.topk_ids);
 }
 
 // Decode's routing and sort in one launch (one kernel boundary less on the critical path
 // of a step): warp w of the one CTA routes token w (T <= kMoeRouteSortMaxTokens), then
-// the CTA sorts the T x k slots as cubist_moe_sort_fused does. The ids the warps write
-// are read back by other threads of the same CTA: the barrier makes them visible (global
-// writes before __syncthreads are visible to the block after it; plain loads, not .nc).
+// the CTA sorts the T x k slots as cubist_moe_sort_fused does. The warps write the ids
+// to topk_ids (the layer's output) and to shared memory, which the sort reads after the
+// barrier: no global round trip between the two halves.
 // Dynamic shared memory: MoeRouteSortSharedBytes(T, E), E fp32 scores per token.
 extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
     cubist_moe_route_sort(const __grid_constant__ MoeRouteSortParams p) {
   extern __shared__ float route_scores[];
   __shared__ SortShared s;
+  __shared__ int32_t route_ids[kMoeRouteSortMaxSlots];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   GridDependencyWait();
   LaunchDependents();
   if (warp < p.route.num_tokens) {
-    RouteToken(p.route, warp, route_scores + warp * p.route.num_experts, lane);
+    RouteToken(p.route, warp, route_scores + warp * p.route.num_experts, lane, route_ids);
   }
   __syncthreads();
-  SortOneChunk(p.sort, s);
+  SortOneChunk(p.sort, s, route_ids);
 }
 
 // Chunk c = blockIdx.x: chunk_counts[c * (L + 1) + e] = its slots of bin e, e = 0..L.
@@ -537,7 +544,7 @@ extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
   const int n = min(p.num_slots - begin, kMoeSortChunk);
   if (n <= 0) return;
   const int L = p.num_local_experts;
-  ChunkHistogram(p, begin, n, counts);
+  ChunkHistogram(p, p.topk_ids, begin, n, counts);
   int32_t* row = p.chunk_counts + static_cast<int64_t>(blockIdx.x) * (L + 1);
   for (int e = threadIdx.x; e <= L; e += kMoeSortThreads) row[e] = counts[e];
 }
