@@ -593,7 +593,8 @@ extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
 }
 
 // ---------------------------------------------------------------------------------
-// Gather: rows in a grid-stride loop, 16-byte vectors, four loads in flight per thread.
+// Gather: rows in a grid-stride loop, 16-byte vectors, eight loads in flight per thread
+// (a row of DeepSeek-V3's 7168 columns is 7 vectors per thread: one round trip).
 
 extern "C" __global__ void __launch_bounds__(kMoeGatherThreads)
     cubist_moe_gather_bf16(const __grid_constant__ MoeGatherParams p) {
@@ -603,7 +604,7 @@ extern "C" __global__ void __launch_bounds__(kMoeGatherThreads)
   const int vecs = p.hidden / 8;
   const uint4* __restrict__ in = static_cast<const uint4*>(p.input);
   uint4* __restrict__ out = static_cast<uint4*>(p.out);
-  constexpr int kUnroll = 4;
+  constexpr int kUnroll = 8;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int32_t slot = p.permuted_to_expanded[r];
     const uint4* src = in + static_cast<int64_t>(slot / p.top_k) * vecs;
@@ -811,7 +812,7 @@ __device__ __forceinline__ void QuantizeRows(const MoeQuantizeParams& p) {
   // kQuantLoads passes are issued before the first is used: a row of DeepSeek-V3's 7168
   // columns is 7 passes, and one DRAM round trip each was most of a decode step's
   // quantization.
-  constexpr int kQuantLoads = 4;
+  constexpr int kQuantLoads = 8;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float w;
     const uint4* src = QuantRow(p, r, &w);
