@@ -328,16 +328,21 @@ def bench_model(rt, name, pair, args, flush):
     # One layer per fusion mode (the fp8 pair's; the others quantize with block scales in
     # a kernel of their own, "auto" alone).
     modes = args.fuse_intermediate.split(",") if pair == "fp8" else ["auto"]
-    layers = {}
-    for mode in modes:
-        layers[mode] = cubist.MoeLayer(
+
+    def make_layer(mode, pdl=True):
+        lm = cubist.MoeLayer(
             rt, num_experts=e, top_k=k, hidden=h, intermediate=inter, routing=m["routing"],
             activation="swiglu", weights=wf, activations=af, n_group=m.get("n_group", 0),
             topk_group=m.get("topk_group", 0), routed_scaling_factor=m.get("scale", 1.0),
-            max_chunk_tokens=args.chunk, fuse_intermediate_quantization=mode)
-        layers[mode].prepare(max_t, q1[0], q2[0], **act, **wkw)
+            max_chunk_tokens=args.chunk, fuse_intermediate_quantization=mode, pdl=pdl)
+        lm.prepare(max_t, q1[0], q2[0], **act, **wkw)
+        return lm
+    layers = {mode: make_layer(mode) for mode in modes}
     layer = layers[modes[0]]
     gemm = cubist.MoeGemm(rt, pdl=True)  # the baseline overlaps its two launches too
+    # --breakdown: the first mode's layer and the GEMMs again, launched without PDL.
+    nopdl = make_layer(modes[0], pdl=False) if args.breakdown else None
+    gemm_nopdl = cubist.MoeGemm(rt, pdl=False) if args.breakdown else None
     # Bytes per expert of both GEMMs' weights with their scales: the floor's unit.
     per_expert = sum(nbytes(t) for t in (*q1, *q2)) / e
     rows = []
@@ -406,14 +411,6 @@ def bench_model(rt, name, pair, args, flush):
                    rel_err=err, target_us=target, vs_torch=ref / ours, fuse=fuse,
                    modes_identical=all(f["identical"] for f in fuse.values()))
         if args.breakdown:
-            nopdl = cubist.MoeLayer(
-                rt, num_experts=e, top_k=k, hidden=h, intermediate=inter,
-                routing=m["routing"], activation="swiglu", weights=wf, activations=af,
-                n_group=m.get("n_group", 0), topk_group=m.get("topk_group", 0),
-                routed_scaling_factor=m.get("scale", 1.0), max_chunk_tokens=args.chunk,
-                fuse_intermediate_quantization=modes[0], pdl=False)
-            nopdl.prepare(max_t, q1[0], q2[0], **act, **wkw)
-            gemm_nopdl = cubist.MoeGemm(rt, pdl=False)
             row["breakdown"] = dict(
                 ours=kernel_times(lambda: nopdl(x, q1[0], q2[0], **kw), flush),
                 gemms=kernel_times(lambda: (gemm_nopdl.run(a, q1[0], offs, hbuf, **g1),
@@ -424,7 +421,6 @@ def bench_model(rt, name, pair, args, flush):
             # The same layer under graph replay without PDL: what the overlap buys.
             row["ours_no_pdl_us"] = timed(lambda: nopdl(x, q1[0], q2[0], **kw), args.iters, flush)
             print(f"    ours under graphs without PDL: {row['ours_no_pdl_us']:.1f} us", flush=True)
-            del nopdl
         rows.append(row)
         print(f"{TITLES[name]:14s} {pair:11s} T={t:6d}: ours {ours:9.1f} us  {ref_name} "
               f"{ref:9.1f} x{ref / ours:5.2f}  gemms {two:9.1f}  floor {floor:8.1f} "
