@@ -182,9 +182,12 @@ CUBIST_HD constexpr int32_t MoeGemmOutTileCols(int32_t tile_n, MoeActivation act
 }
 
 // Upper bound on the number of M tiles over all experts, computed WITHOUT reading
-// offsets: sum_e ceil(c_e / tm) <= (T + E * (tm - 1)) / tm for any split of T rows.
+// offsets: T rows reach at most n = min(T, E) experts, and sum_e ceil(c_e / tm) <=
+// (T + n * (tm - 1)) / tm for any split of them. (Bounding by E alone sized a decode
+// step's grid for every expert: Mixtral's one token got 224 CTAs for its 64 tiles.)
 CUBIST_HD constexpr int64_t MoeGemmMaxMTiles(int64_t t, int64_t e, int64_t tile_m) {
-  return (t + e * (tile_m - 1)) / tile_m;
+  const int64_t n = t < e ? t : e;
+  return (t + n * (tile_m - 1)) / tile_m;
 }
 
 CUBIST_HD constexpr int64_t MoeGemmNTiles(int32_t n, MoeActivation act, int32_t tile_n) {

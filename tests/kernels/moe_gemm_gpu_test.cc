@@ -229,6 +229,37 @@ TEST(MoeGemmAbiTest, GridIsAnUpperBoundOnTiles) {
   EXPECT_EQ(MoeGemmPersistentGridFor(p, kSwiglu, 64, 128, 132, 1).x, 4u * 4u);
 }
 
+// Max over every split of T rows among E experts of sum ceil(rows / tm) (exhaustive).
+int64_t MostMTiles(int64_t t, int64_t e, int64_t tm) {
+  if (e == 1) return (t + tm - 1) / tm;
+  int64_t best = 0;
+  for (int64_t here = 0; here <= t; ++here) {
+    best = std::max(best, (here + tm - 1) / tm + MostMTiles(t - here, e - 1, tm));
+  }
+  return best;
+}
+
+TEST(MoeGemmAbiTest, MTileBoundIsTightForEverySplit) {
+  // T rows reach at most min(T, E) experts: the bound is the most any split needs, no
+  // more (a grid sized by E alone gave one decode token's GEMM every expert's tile).
+  for (int64_t tm : {1, 2, 3, 64}) {
+    for (int64_t e = 1; e <= 5; ++e) {
+      for (int64_t t = 0; t <= 12; ++t) {
+        EXPECT_EQ(MoeGemmMaxMTiles(t, e, tm), MostMTiles(t, e, tm))
+            << "T " << t << " E " << e << " tm " << tm;
+      }
+    }
+  }
+  EXPECT_EQ(MoeGemmMaxMTiles(2, 8, 64), 2);      // Mixtral, one token: 2 experts
+  EXPECT_EQ(MoeGemmMaxMTiles(8, 256, 64), 8);    // DeepSeek-V3, one token: 8 experts
+  EXPECT_EQ(MoeGemmMaxMTiles(128, 128, 64), 128);  // Qwen3, 16 tokens
+  MoeGemmParams p = ValidParams();
+  p.num_experts = 8;
+  p.num_tokens = 2;
+  p.n = 4096;
+  EXPECT_EQ(MoeGemmPersistentGridFor(p, kIdentity, 64, 128, 132, 2).x, 2u * 32u);
+}
+
 // ---- fp8 output (version 4): the comparison the GPU test below makes. ----
 
 // The e4m3 bytes an fp8-output kernel must write for its bf16 twin's output `bf16`
