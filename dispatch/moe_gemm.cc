@@ -200,6 +200,18 @@ absl::StatusOr<MoeGemmDecision> MoeGemm::DecisionFor(const KernelEntry& kernel,
   d.activation = kernel.activation;
   CUBIST_ASSIGN_OR_RETURN(d.info, MoeGemmKernelInfoOf(kernel.spec));
   d.from_tuning = from_tuning;
+  if (d.info.ctas_per_sm > 1) {
+    // One byte over half the SM's shared memory: two such CTAs never fit on one SM. A
+    // device that cannot grant it (the raise fails) launches as before.
+    const unsigned spread = std::max(
+        d.shared_mem_bytes,
+        static_cast<unsigned>(runtime_->device_info().shared_mem_per_sm / 2 + 1));
+    DriverApi& driver = runtime_->driver();
+    if (driver.FuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                static_cast<int>(spread)) == CUDA_SUCCESS) {
+      d.spread_shared_mem_bytes = spread;
+    }
+  }
   return d;
 }
 
@@ -285,6 +297,24 @@ absl::Status MoeGemm::CanImplement(const MoeGemmArgs& args) {
       });
 }
 
+absl::StatusOr<MoeGemm::Grid> MoeGemm::GridOf(const MoeGemmArgs& args, int64_t rows) {
+  CUBIST_ASSIGN_OR_RETURN(const MoeGemmDecision* d, KernelFor(args));
+  const moe::MoeGemmParams p = MoeGemmExpertGroup(
+      ParamsOf(args), d->info, 0,
+      static_cast<int32_t>(std::min<int64_t>(args.experts, MoeGemmExpertsPerLaunch(d->info))));
+  Grid g;
+  const int64_t routed = rows < 0 ? p.num_tokens : std::min<int64_t>(rows, p.num_tokens);
+  g.tiles = moe::MoeGemmMaxMTiles(routed, p.num_experts, d->tile_m) *
+            moe::MoeGemmNTiles(p.n, d->activation, d->tile_n);
+  const int32_t cluster = std::max(d->info.cluster, 1);
+  const int64_t x = moe::MoeGemmPersistentGridFor(p, d->activation, d->tile_m, d->tile_n,
+                                                   runtime_->device_info().sm_count,
+                                                   d->info.ctas_per_sm)
+                        .x;
+  g.ctas = (x + cluster - 1) / cluster * cluster;
+  return g;
+}
+
 absl::Status MoeGemm::Launch(const MoeGemmDecision& d, const MoeGemmArgs& args,
                              CUstream stream) {
   // More experts than one launch schedules: one launch per group of experts, in order
@@ -292,11 +322,16 @@ absl::Status MoeGemm::Launch(const MoeGemmDecision& d, const MoeGemmArgs& args,
   return ForEachExpertGroup(
       ParamsOf(args), d.info, [&](const moe::MoeGemmParams& p, int32_t) -> absl::Status {
         MoeGemmLaunch launch;  // the launch reads its parameters through a void*
-        CUBIST_RETURN_IF_ERROR(PrepareMoeGemmLaunch(runtime_->driver(), d.info, p,
-                                                    runtime_->device_info().sm_count, &launch));
+        const int sm_count = runtime_->device_info().sm_count;
+        CUBIST_RETURN_IF_ERROR(
+            PrepareMoeGemmLaunch(runtime_->driver(), d.info, p, sm_count, &launch));
+        // A grid of no more CTAs than SMs gets an SM per CTA (MoeGemmDecision's
+        // spread_shared_mem_bytes says why); a larger one keeps two per SM.
+        const bool spread = d.spread_shared_mem_bytes != 0 &&
+                            launch.grid.x <= static_cast<uint32_t>(sm_count);
         // Only a kernel that waits for the previous grid may start before it ends.
         const CUlaunchConfig config = launch.Config(
-            d.block, d.shared_mem_bytes, d.cluster,
+            d.block, spread ? d.spread_shared_mem_bytes : d.shared_mem_bytes, d.cluster,
             options_.programmatic_dependent_launch && d.info.pdl, stream);
         DriverApi& driver = runtime_->driver();
         const CUresult r =

@@ -103,6 +103,13 @@ struct MoeGemmDecision {
   CUfunction function = nullptr;
   unsigned block = 0;
   unsigned shared_mem_bytes = 0;
+  // For kernels that fit two CTAs per SM (info.ctas_per_sm > 1): the dynamic shared memory
+  // a launch of at most one CTA per SM requests instead - more than half of what an SM
+  // holds, so no two CTAs of the grid share an SM (0: not raised; shared_mem_bytes then).
+  // The hardware otherwise pairs a small grid's CTAs on half as many SMs, and under
+  // programmatic dependent launch it fills each SM the previous grid frees with two:
+  // Mixtral's one-token GEMM2 (64 CTAs) ran 137 us instead of 94 in the layer.
+  unsigned spread_shared_mem_bytes = 0;
   unsigned cluster[3] = {1, 1, 1};
   int32_t tile_m = 0;
   int32_t tile_n = 0;
@@ -132,6 +139,16 @@ class MoeGemm {
 
   // The decision for these arguments' problem (selecting it if new).
   [[nodiscard]] absl::StatusOr<const MoeGemmDecision*> KernelFor(const MoeGemmArgs& args);
+
+  // The grid Run launches for these arguments (its first launch, when E exceeds what one
+  // schedules): `ctas` CTAs, and at most `tiles` tiles of work for them (the ABI's bound,
+  // read from no device memory) when at most `rows` of the args.tokens rows are routed
+  // (-1: all of them). MoeLayer reads it to decide how GEMM2 follows GEMM1.
+  struct Grid {
+    int64_t ctas = 0;
+    int64_t tiles = 0;
+  };
+  [[nodiscard]] absl::StatusOr<Grid> GridOf(const MoeGemmArgs& args, int64_t rows = -1);
 
   // Times the cost model's top candidates for `problem` on this device (on inputs it
   // allocates and fills with random values, rotated), records the winner for the

@@ -237,6 +237,48 @@ TEST_F(RuntimeFakeDriverTest, DecodeProblemGetsTheDecodeTileAndNoClusterAttribut
   EXPECT_EQ(launches[0].attrs[0].value.programmaticStreamSerializationAllowed, 1);
 }
 
+// A kernel that fits two CTAs per SM: a grid of no more CTAs than SMs asks for more than
+// half an SM's shared memory, so that no two of its CTAs share an SM (the hardware pairs
+// a small grid's CTAs, and under programmatic launch fills each SM the previous grid
+// frees with two); a larger grid keeps the kernel's own request and two per SM.
+TEST_F(RuntimeFakeDriverTest, SmallGridsOfTwoPerSmKernelsGetAnSmPerCta) {
+  TestKernel k;
+  k.name = "bf16_swiglu_m64n128_x2";
+  k.function = "moe_stub_m64n128";
+  k.artifact = kStubPath;
+  k.tile_m = 64;
+  k.tile_n = 128;
+  k.threads = 128;
+  k.shared_mem_bytes = 100000;
+  k.extras = "\"ctas_per_sm\": 2, \"pdl\": true";
+  WriteManifest({k});
+  auto rt = Open();
+  ASSERT_NE(rt, nullptr);
+  MoeGemmOptions o;
+  o.programmatic_dependent_launch = true;
+  auto gemm = MoeGemm::Create(*rt, o);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  // One token's two rows among 8 experts: at most 2 M tiles x 1024/64 = 16 N tiles.
+  CUBIST_ASSERT_OK((*gemm)->Run(Args(8, 2, 2048, 512), nullptr));
+  // 1,024 rows: (1024 + 8*63) / 64 = 23 M tiles x 16: past 132 x 2, the grid is 264.
+  CUBIST_ASSERT_OK((*gemm)->Run(Args(8, 1024, 2048, 512), nullptr));
+  const auto launches = driver_.launches();
+  ASSERT_EQ(launches.size(), 2u);
+  constexpr unsigned kSpread = 228 * 1024 / 2 + 1;  // the fake H200's 228 KiB per SM
+  EXPECT_EQ(launches[0].config.gridDimX, 32u);
+  EXPECT_EQ(launches[0].config.sharedMemBytes, kSpread);
+  EXPECT_EQ(launches[1].config.gridDimX, 264u);
+  EXPECT_EQ(launches[1].config.sharedMemBytes, 100000u);
+  // The function may take the larger request, raised once when the kernel was decided.
+  EXPECT_EQ(driver_.dynamic_shared_limit(launches[0].function), static_cast<int>(kSpread));
+  // A device that refuses the raise launches small grids as before.
+  driver_.FailSetAttribute(CUDA_ERROR_INVALID_VALUE);
+  auto plain = MoeGemm::Create(*rt, o);
+  ASSERT_TRUE(plain.ok());
+  CUBIST_ASSERT_OK((*plain)->Run(Args(8, 2, 2048, 512), nullptr));
+  EXPECT_EQ(driver_.launches().back().config.sharedMemBytes, 100000u);
+}
+
 // Programmatic serialization only for a kernel whose entry says it waits ("pdl"): one that
 // does not could read its inputs before the previous kernel (which may let it launch
 // early) has written them. Without the option, no kernel gets it.
