@@ -677,6 +677,36 @@ TEST_F(MoeLayerFakeDriverTest, EveryKernelThatWaitsIsLaunchedProgrammatically) {
   }
 }
 
+// GEMM2 waits for GEMM1 in stream order where, launched early, its CTAs would crowd onto
+// the SMs GEMM1 frees first: GEMM1 has more tiles than CTAs (they end at different times)
+// and GEMM2 leaves SMs idle. Mixtral's shape, 8 experts of top 2, on the fake's 132 SMs.
+TEST_F(MoeLayerFakeDriverTest, Gemm2FollowsARaggedGemm1InStreamOrderWhenItLeavesSmsIdle) {
+  MoeLayerOptions o = Options(kPairs[3]);  // mxfp4 x bf16: no quantize kernel between
+  o.num_experts = 8;
+  o.top_k = 2;
+  o.hidden = 4096;
+  o.intermediate = 14336;
+  o.programmatic_dependent_launch = true;
+  auto gemm2_attrs = [&](int64_t tokens) -> size_t {
+    driver_.Clear();
+    MoeLayerWorkspace w;
+    RunBatch(o, tokens, &w);
+    const auto launches = driver_.launches();
+    EXPECT_THAT(Names(launches),
+                ElementsAre("cubist_moe_route_sort", "cubist_moe_gather_bf16",
+                            "layer_mxfp4_bf16_swiglu", "layer_mxfp4_bf16_identity",
+                            "cubist_moe_finalize"));
+    if (launches.size() != 5u) return 99;
+    EXPECT_EQ(launches[2].attrs.size(), 1u) << "GEMM1 stays programmatic";
+    EXPECT_EQ(launches[4].attrs.size(), 1u) << "the finalize stays programmatic";
+    return launches[3].attrs.size();
+  };
+  // One token, 2 rows: GEMM1 2 x 224 = 448 tiles on 132 CTAs; GEMM2 2 x 32 = 64 tiles.
+  EXPECT_EQ(gemm2_attrs(1), 0u);
+  // 32 tokens, 64 rows: GEMM2 up to 8 x 32 tiles, a CTA on every SM: programmatic.
+  EXPECT_EQ(gemm2_attrs(32), 1u);
+}
+
 TEST_F(MoeLayerFakeDriverTest, AScaleForAPairThatTakesNoneIsRefusedBeforeAnyLaunch) {
   const MoeLayerOptions o = Options(kPairs[0]);  // bf16 x bf16
   auto layer = MoeLayer::Create(*runtime_, o);
