@@ -69,6 +69,16 @@ inline moe::MoeGemmParams ParamsOf(const MoeGemmArgs& args) {
   return p;
 }
 
+// ParamsOf for a launch: the rows bounded by routed_rows where the caller gave a tighter
+// bound than tokens (the grid and the kernel's clamp of offsets follow it).
+moe::MoeGemmParams LaunchParamsOf(const MoeGemmArgs& args) {
+  moe::MoeGemmParams p = ParamsOf(args);
+  if (args.routed_rows > 0 && args.routed_rows < args.tokens) {
+    p.num_tokens = static_cast<int32_t>(args.routed_rows);
+  }
+  return p;
+}
+
 }  // namespace
 
 absl::Status ValidateMoeGemmArgs(const MoeGemmArgs& a) {
@@ -297,14 +307,13 @@ absl::Status MoeGemm::CanImplement(const MoeGemmArgs& args) {
       });
 }
 
-absl::StatusOr<MoeGemm::Grid> MoeGemm::GridOf(const MoeGemmArgs& args, int64_t rows) {
+absl::StatusOr<MoeGemm::Grid> MoeGemm::GridOf(const MoeGemmArgs& args) {
   CUBIST_ASSIGN_OR_RETURN(const MoeGemmDecision* d, KernelFor(args));
   const moe::MoeGemmParams p = MoeGemmExpertGroup(
-      ParamsOf(args), d->info, 0,
+      LaunchParamsOf(args), d->info, 0,
       static_cast<int32_t>(std::min<int64_t>(args.experts, MoeGemmExpertsPerLaunch(d->info))));
   Grid g;
-  const int64_t routed = rows < 0 ? p.num_tokens : std::min<int64_t>(rows, p.num_tokens);
-  g.tiles = moe::MoeGemmMaxMTiles(routed, p.num_experts, d->tile_m) *
+  g.tiles = moe::MoeGemmMaxMTiles(p.num_tokens, p.num_experts, d->tile_m) *
             moe::MoeGemmNTiles(p.n, d->activation, d->tile_n);
   const int32_t cluster = std::max(d->info.cluster, 1);
   const int64_t x = moe::MoeGemmPersistentGridFor(p, d->activation, d->tile_m, d->tile_n,
@@ -320,7 +329,7 @@ absl::Status MoeGemm::Launch(const MoeGemmDecision& d, const MoeGemmArgs& args,
   // More experts than one launch schedules: one launch per group of experts, in order
   // (they write disjoint rows of out).
   return ForEachExpertGroup(
-      ParamsOf(args), d.info, [&](const moe::MoeGemmParams& p, int32_t) -> absl::Status {
+      LaunchParamsOf(args), d.info, [&](const moe::MoeGemmParams& p, int32_t) -> absl::Status {
         MoeGemmLaunch launch;  // the launch reads its parameters through a void*
         const int sm_count = runtime_->device_info().sm_count;
         CUBIST_RETURN_IF_ERROR(

@@ -59,6 +59,11 @@ struct MoeGemmArgs {
   Activation activation = Activation::kIdentity;
   int64_t experts = 0;  // E
   int64_t tokens = 0;   // T = offsets[E], rows of a and out
+  // Where tokens is a bucket larger than the batch (MoeLayer: its row bucket), the rows
+  // actually routed, offsets[E] <= routed_rows <= tokens: the launch sizes its grid by
+  // them and bounds the kernel's rows with them, while the kernel is chosen (and cached)
+  // for tokens. -1 (or anything outside 1..tokens): tokens.
+  int64_t routed_rows = -1;
   int64_t n = 0;        // B rows per expert (both halves when gated)
   int64_t k = 0;
   // Device pointers (0 = absent), as kernels/moe_gemm_abi.h's MoeGemmParams.
@@ -141,14 +146,14 @@ class MoeGemm {
   [[nodiscard]] absl::StatusOr<const MoeGemmDecision*> KernelFor(const MoeGemmArgs& args);
 
   // The grid Run launches for these arguments (its first launch, when E exceeds what one
-  // schedules): `ctas` CTAs, and at most `tiles` tiles of work for them (the ABI's bound,
-  // read from no device memory) when at most `rows` of the args.tokens rows are routed
-  // (-1: all of them). MoeLayer reads it to decide how GEMM2 follows GEMM1.
+  // schedules): `ctas` CTAs walking at most `tiles` tiles (the ABI's bound over the
+  // routed rows, read from no device memory). MoeLayer reads it to decide how GEMM2
+  // follows GEMM1.
   struct Grid {
     int64_t ctas = 0;
     int64_t tiles = 0;
   };
-  [[nodiscard]] absl::StatusOr<Grid> GridOf(const MoeGemmArgs& args, int64_t rows = -1);
+  [[nodiscard]] absl::StatusOr<Grid> GridOf(const MoeGemmArgs& args);
 
   // Times the cost model's top candidates for `problem` on this device (on inputs it
   // allocates and fills with random values, rotated), records the winner for the

@@ -338,7 +338,9 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
 
     const auto g1 = launches[2].gemm();
     EXPECT_EQ(g1.num_experts, 16);
-    EXPECT_EQ(g1.num_tokens, 64) << "the row bucket, not T x k";
+    // The row bucket (64) picks the kernel; the launch bounds rows by the T x k slots.
+    EXPECT_EQ(g1.num_tokens, 20) << "T x k, not the row bucket";
+    EXPECT_EQ(launches[launches.size() - 2].gemm().num_tokens, 20) << "GEMM2 too";
     EXPECT_EQ(g1.n, 256) << "2I rows: gated";
     EXPECT_EQ(g1.k, 256);
     EXPECT_EQ(Addr(g1.a), gathered_out);
@@ -432,7 +434,7 @@ TEST_F(MoeLayerFakeDriverTest, ChunkedPreRoutedPassesStepThroughTheBatch) {
     const auto g = l[5 * pass + 1].As<moe::MoeGatherParams>();
     EXPECT_EQ(Addr(g.input), kHidden + 2 * first * 256);
     const auto g1 = l[5 * pass + 2].gemm();
-    EXPECT_EQ(g1.num_tokens, 64);
+    EXPECT_EQ(g1.num_tokens, tokens * 4) << "this pass's slots";
     const auto f = l[5 * pass + 4].As<moe::MoeFinalizeParams>();
     EXPECT_EQ(f.num_tokens, tokens);
     EXPECT_EQ(f.accumulate, 1);
