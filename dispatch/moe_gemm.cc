@@ -315,12 +315,7 @@ absl::StatusOr<MoeGemm::Grid> MoeGemm::GridOf(const MoeGemmArgs& args) {
   Grid g;
   g.tiles = moe::MoeGemmMaxMTiles(p.num_tokens, p.num_experts, d->tile_m) *
             moe::MoeGemmNTiles(p.n, d->activation, d->tile_n);
-  const int32_t cluster = std::max(d->info.cluster, 1);
-  const int64_t x = moe::MoeGemmPersistentGridFor(p, d->activation, d->tile_m, d->tile_n,
-                                                   runtime_->device_info().sm_count,
-                                                   d->info.ctas_per_sm)
-                        .x;
-  g.ctas = (x + cluster - 1) / cluster * cluster;
+  g.ctas = MoeGemmLaunchGrid(d->info, p, runtime_->device_info().sm_count).x;
   return g;
 }
 
@@ -341,7 +336,8 @@ absl::Status MoeGemm::Launch(const MoeGemmDecision& d, const MoeGemmArgs& args,
         // Only a kernel that waits for the previous grid may start before it ends.
         const CUlaunchConfig config = launch.Config(
             d.block, spread ? d.spread_shared_mem_bytes : d.shared_mem_bytes, d.cluster,
-            options_.programmatic_dependent_launch && d.info.pdl, stream);
+            options_.programmatic_dependent_launch && d.info.pdl && !args.stream_order,
+            stream);
         DriverApi& driver = runtime_->driver();
         const CUresult r =
             driver.LaunchKernelEx(&config, d.function, launch.kernel_params(), nullptr);

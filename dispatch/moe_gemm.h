@@ -64,6 +64,10 @@ struct MoeGemmArgs {
   // them and bounds the kernel's rows with them, while the kernel is chosen (and cached)
   // for tokens. -1 (or anything outside 1..tokens): tokens.
   int64_t routed_rows = -1;
+  // Launch in plain stream order even where programmatic_dependent_launch is on: for a
+  // caller that knows an early launch would crowd this grid's CTAs onto the SMs the
+  // previous kernel frees first (MoeLayer's GEMM2 after a ragged GEMM1).
+  bool stream_order = false;
   int64_t n = 0;        // B rows per expert (both halves when gated)
   int64_t k = 0;
   // Device pointers (0 = absent), as kernels/moe_gemm_abi.h's MoeGemmParams.

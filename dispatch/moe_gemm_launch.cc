@@ -217,11 +217,16 @@ absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
                                            k.cluster)};
   CUBIST_RETURN_IF_ERROR(EncodeMap(driver, a_key, "a", &out->params.a_map));
   CUBIST_RETURN_IF_ERROR(EncodeMap(driver, b_key, "b", &out->params.b_map));
-  // A whole number of clusters along x (CTAs past the last tile, or tile pair, exit).
-  out->grid = moe::MoeGemmPersistentGridFor(p, k.activation, k.tile_m, k.tile_n, sm_count,
-                                            k.ctas_per_sm);
-  out->grid.x = (out->grid.x + k.cluster - 1) / k.cluster * k.cluster;
+  out->grid = MoeGemmLaunchGrid(k, p, sm_count);
   return absl::OkStatus();
+}
+
+moe::MoeGemmGrid MoeGemmLaunchGrid(const MoeGemmKernelInfo& k, const moe::MoeGemmParams& p,
+                                   int sm_count) {
+  moe::MoeGemmGrid g = moe::MoeGemmPersistentGridFor(p, k.activation, k.tile_m, k.tile_n,
+                                                     sm_count, k.ctas_per_sm);
+  g.x = (g.x + k.cluster - 1) / k.cluster * k.cluster;
+  return g;
 }
 
 CUlaunchConfig MoeGemmLaunch::Config(unsigned block, unsigned shared_mem_bytes,

@@ -108,6 +108,12 @@ absl::Status ForEachExpertGroup(const moe::MoeGemmParams& p, const MoeGemmKernel
   return absl::OkStatus();
 }
 
+// The grid of launching kernel `k` on `p` (one expert group): the persistent grid
+// (MoeGemmPersistentGridFor) rounded up to a whole number of clusters along x (CTAs past
+// the last tile, or tile pair, exit). PrepareMoeGemmLaunch and MoeGemm::GridOf use it.
+moe::MoeGemmGrid MoeGemmLaunchGrid(const MoeGemmKernelInfo& k, const moe::MoeGemmParams& p,
+                                   int sm_count);
+
 // Fills `out` for launching kernel `k` on `p` (a struct from MoeGemmParamsInit; call
 // MoeGemmCheck first). sm_count is the device's multiprocessor count (the persistent
 // grid). Errors: FailedPrecondition when the driver cannot encode tensor maps (driver

@@ -340,11 +340,6 @@ absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(Runtime& runtime,
   gemm_options.programmatic_dependent_launch = options.programmatic_dependent_launch;
   CUBIST_ASSIGN_OR_RETURN(layer->gemm1_, MoeGemm::Create(runtime, gemm_options));
   CUBIST_ASSIGN_OR_RETURN(layer->gemm2_, MoeGemm::Create(runtime, gemm_options));
-  if (gemm_options.programmatic_dependent_launch) {
-    MoeGemmOptions in_order = gemm_options;
-    in_order.programmatic_dependent_launch = false;
-    CUBIST_ASSIGN_OR_RETURN(layer->gemm2_in_order_, MoeGemm::Create(runtime, in_order));
-  }
   layer->fuse_ = layer->ResolveFusion();
   return layer;
 }
@@ -653,10 +648,6 @@ absl::Status MoeLayer::CanImplement(const MoeLayerArgs& args, int64_t max_tokens
       }
       if (g.out_scale == 0 && g.output_format == DataFormat::kFp8) g.out_scale = placeholder;
       CUBIST_RETURN_IF_ERROR((gemm == 1 ? gemm1_ : gemm2_)->CanImplement(g));
-      // Its stream-order twin decides (and caches) the same kernel now, not in a capture.
-      if (gemm == 2 && gemm2_in_order_ != nullptr) {
-        CUBIST_RETURN_IF_ERROR(gemm2_in_order_->CanImplement(g));
-      }
     }
   }
   return absl::OkStatus();
@@ -850,8 +841,7 @@ absl::Status MoeLayer::RunExperts(const MoeLayerArgs& a, const Pass& pass, CUstr
   if (quantize) CUBIST_RETURN_IF_ERROR(QuantizeIntermediate(a, pass, stream));
   MoeGemmArgs g2 = GemmArgs(a, 2, pass.ws, pass.w);
   g2.routed_rows = pass.slots;
-  MoeGemm* gemm2 = gemm2_.get();
-  if (gemm2_in_order_ != nullptr && !quantize) {
+  if (options_.programmatic_dependent_launch && !quantize) {
     // Launched early, GEMM2's CTAs take the SMs GEMM1 frees first - and when GEMM1 has
     // more tiles than CTAs, some CTAs finish a tile sooner and free their SMs long before
     // the rest. A GEMM2 of fewer CTAs than SMs then runs crowded onto those (Mixtral's
@@ -860,12 +850,10 @@ absl::Status MoeLayer::RunExperts(const MoeLayerArgs& a, const Pass& pass, CUstr
     // releases GEMM2 only once GEMM1 has ended: no such crowding.)
     CUBIST_ASSIGN_OR_RETURN(const MoeGemm::Grid grid1, gemm1_->GridOf(g1));
     CUBIST_ASSIGN_OR_RETURN(const MoeGemm::Grid grid2, gemm2_->GridOf(g2));
-    if (grid1.tiles > grid1.ctas &&
-        std::min(grid2.ctas, grid2.tiles) < runtime_->device_info().sm_count) {
-      gemm2 = gemm2_in_order_.get();
-    }
+    g2.stream_order = grid1.tiles > grid1.ctas &&
+                      std::min(grid2.ctas, grid2.tiles) < runtime_->device_info().sm_count;
   }
-  return gemm2->Run(g2, stream);
+  return gemm2_->Run(g2, stream);
 }
 
 absl::Status MoeLayer::RunChunk(const MoeLayerArgs& a, int64_t first, int64_t tokens,

@@ -271,9 +271,6 @@ class MoeLayer {
   Kernel sort_masked_, finalize_masked_;  // expert_major_masked only
   Kernel quantize_;  // for the activation format (quantized formats only)
   std::unique_ptr<MoeGemm> gemm1_, gemm2_;
-  // GEMM2 launched in plain stream order (programmatic_dependent_launch only): where
-  // GEMM1's CTAs end at different times and GEMM2 has fewer CTAs than SMs (RunExperts).
-  std::unique_ptr<MoeGemm> gemm2_in_order_;
 };
 
 // "renormalize" -> kRouteRenormalize; InvalidArgument listing the names otherwise.
