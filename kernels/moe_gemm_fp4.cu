@@ -22,9 +22,11 @@
 //     rows that its A fragment holds, times the block scale (ue8m0 per 32, or e4m3 per
 //     16), into four bf16 pairs (exact), and issues two wgmma m64nTTk16 with those
 //     registers as A and the activation panel in shared memory as B. With permuted
-//     activations the 8 elements are one word of the row (DecodeE2m1Pairs: 21
-//     instructions for the 8); with TMA-copied bf16 they are byte lane % 4 of each of
-//     the block's four words (a 16-byte load, three prmt, DecodeE2m1x8: about 3);
+//     activations the 8 elements are one word of the row (DecodeE2m1PairsOneMul: 17
+//     instructions for the 8, one multiply by the scale times 2^126 per pair; mxfp4
+//     stages whose scales exceed 2^0 take DecodeE2m1Pairs' two multiplies, 21, flagged
+//     per stage by the converters); with TMA-copied bf16 they are byte lane % 4 of each
+//     of the block's four words (a 16-byte load, three prmt, DecodeE2m1x8: about 3);
 //   - the scale bytes of its two rows come from global memory as words, one k-tile ahead;
 //   - the epilogue goes through shared memory to put x0 next to x1 (gated) and to store
 //     16 bytes of a token's row at a time; nvfp4's global scales are applied there.
@@ -56,6 +58,9 @@ __device__ __forceinline__ void PinRegs(uint32_t (&a)[4], uint32_t (&b)[4], uint
   asm volatile("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3]), "+r"(b[0]), "+r"(b[1]),
                     "+r"(b[2]), "+r"(b[3]), "+l"(d0), "+l"(d1)::"memory");
 }
+__device__ __forceinline__ void StShared8(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
 __device__ __forceinline__ uint32_t LdShared32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
@@ -65,19 +70,36 @@ __device__ __forceinline__ uint32_t LdShared32(uint32_t addr) {
 // words (scale rows need no alignment). Words that start at or past the row's end (kb
 // bytes) are not read (their bytes are 0): a read never goes more than 3 bytes past the
 // row. Bytes past the row inside a word that is read are whatever follows it.
+// In two halves, so that a caller can issue the loads a k-tile before it aligns them
+// (the alignment's shifts wait for the loads): ScaleWordsLoad then ScaleWordsAlign.
 template <int kWords>
-__device__ __forceinline__ void LoadScaleWords(const uint8_t* row, int first, int kb,
-                                               uint32_t (&out)[kWords]) {
+struct ScaleWords {
+  uint32_t w[kWords + 1];
+  uint32_t sh;  // bit offset of the first byte in w[0]
+};
+template <int kWords>
+__device__ __forceinline__ ScaleWords<kWords> ScaleWordsLoad(const uint8_t* row, int first,
+                                                             int kb) {
   const uintptr_t addr = reinterpret_cast<uintptr_t>(row + first);
   const uint32_t* wp = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t{3});
   const int lead = static_cast<int>(addr & 3);
   const int avail = kb - first + lead;  // bytes of the row from wp on
-  uint32_t w[kWords + 1];
+  ScaleWords<kWords> r;
 #pragma unroll
-  for (int i = 0; i <= kWords; ++i) w[i] = 4 * i < avail ? __ldg(wp + i) : 0u;
-  const uint32_t sh = 8u * lead;
+  for (int i = 0; i <= kWords; ++i) r.w[i] = 4 * i < avail ? __ldg(wp + i) : 0u;
+  r.sh = 8u * lead;
+  return r;
+}
+template <int kWords>
+__device__ __forceinline__ void ScaleWordsAlign(const ScaleWords<kWords>& r,
+                                                uint32_t (&out)[kWords]) {
 #pragma unroll
-  for (int i = 0; i < kWords; ++i) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
+  for (int i = 0; i < kWords; ++i) out[i] = __funnelshift_r(r.w[i], r.w[i + 1], r.sh);
+}
+template <int kWords>
+__device__ __forceinline__ void LoadScaleWords(const uint8_t* row, int first, int kb,
+                                               uint32_t (&out)[kWords]) {
+  ScaleWordsAlign(ScaleWordsLoad<kWords>(row, first, kb), out);
 }
 // ue8m0 scale bytes as bf16 exponents, Ue8m0ToBf16x2's values two at a time: e[0] holds
 // bytes 0 and 2 of raw[0] in its low and high half, e[1] bytes 1 and 3, e[2] and e[3] the
@@ -99,9 +121,24 @@ __device__ __forceinline__ void Ue8m0Exps(const uint32_t (&raw)[2], uint32_t (&e
     e[2 * i + 1] = ((r >> 1) & kExp) | ((~ok >> 9) & kBit6);
   }
 }
+// Ue8m0Exps's words for DecodeE2m1PairsOneMul: the bf16 of 2^(s - 1) = 2^(s - 127) x 2^126
+// per byte s. Valid when every byte is below 128 (scales up to 2^0, no special value):
+// s + 126 then fits the byte and the exponent field, so one add serves four scales.
+__device__ __forceinline__ void Ue8m0ExpsTimes2p126(const uint32_t (&raw)[2], uint32_t (&e)[4]) {
+  constexpr uint32_t kExp = 0x7F807F80u;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t r = raw[i] + 0x7E7E7E7Eu;
+    e[2 * i] = (r << 7) & kExp;
+    e[2 * i + 1] = (r >> 1) & kExp;
+  }
+}
 // Block j's (0..7) scale of Ue8m0Exps's words, in both halves.
+// (A half broadcast, which ptxas folds into the multiply that uses it as an operand
+// selector instead of spending a prmt.)
 __device__ __forceinline__ __nv_bfloat162 Ue8m0Pair(const uint32_t (&e)[4], int j) {
-  return Bits2(Prmt(e[2 * (j / 4) + j % 2], 0u, (j / 2) % 2 ? 0x3232u : 0x1010u));
+  const __nv_bfloat162 v = Bits2(e[2 * (j / 4) + j % 2]);
+  return (j / 2) % 2 ? __high2bfloat162(v) : __low2bfloat162(v);
 }
 // The B descriptor at byte offset `off` (a multiple of 16) from the one whose low word is
 // base_lo (Desc(addr)'s): the start address field is the low bits, and no shared address
@@ -143,6 +180,16 @@ struct MoeGemmFp4 {
   // each row's block instead of gathering a byte from each of four words. bf16
   // activations of larger tiles arrive by TMA in natural order and keep the gather.
   static constexpr bool kPermuted = kRawBoxes > 0;
+  // Permuted weights decode with one multiply per bf16 pair (DecodeE2m1PairsOneMul): the
+  // multiplier is the block scale times 2^126. nvfp4's e4m3 scales times 2^118 always fit
+  // bf16 (the epilogue multiplies by 2^8 again); mxfp4's ue8m0 scales times 2^126 fit up
+  // to 2^0, so the converters flag every stage whose weight scales hold a larger byte
+  // (kScaleFlags), and the consumers decode those stages with two multiplies as before.
+  static constexpr bool kScaleFlags = kPermuted && !kNv;
+  // Registers moved from the producer warpgroup to the consumers (MakeFp4Layout).
+  static constexpr bool kShiftRegs = L.consumer_regs > 0;
+  // The fp32 accumulators of nvfp4's one-multiply decode hold 2^-8 of the product.
+  static constexpr float kNvUnscale = 256.0f;
 
   // What every role of a CTA shares: shared memory, the pipeline's barriers (at + 8 *
   // stage; conv_bar only with raw activations), the scheduler's offsets and the tile
@@ -178,7 +225,11 @@ struct MoeGemmFp4 {
     if constexpr (kRawBoxes > 0) {
       // Initialised before the prologue's fence and barrier, by the same thread.
       if (threadIdx.x == 0) {
-        for (int s = 0; s < ST; ++s) MbarInit(conv_bar + 8 * s, kConverters);
+        for (int s = 0; s < ST; ++s) {
+          MbarInit(conv_bar + 8 * s, kConverters);
+          // Bytes of converter warps that check no rows stay 0.
+          reinterpret_cast<uint32_t*>(smem + L.flag_offset)[s] = 0;
+        }
       }
     }
     const int64_t m_tiles =
@@ -188,6 +239,7 @@ struct MoeGemmFp4 {
                 m_tiles * n_tiles, (p.k + kMoeGemmFp4KTile - 1) / kMoeGemmFp4KTile};
     const int wg = threadIdx.x / 128;
     if (wg == 0 || wg > kConsumers) {
+      if constexpr (kShiftRegs) SetMaxRegsDec<L.producer_regs>();
       if (threadIdx.x >= 32) {
         // Converters: warps 1-3 of warpgroup 0, then the extra warpgroup if any.
         const int ct = wg == 0 ? threadIdx.x - 32 : threadIdx.x - 128 * kConsumers - 32;
@@ -197,6 +249,7 @@ struct MoeGemmFp4 {
       if (threadIdx.x == 0) Produce(c);
       return;
     }
+    if constexpr (kShiftRegs) SetMaxRegsInc<L.consumer_regs>();
     Consume(c, wg - 1);
   }
 
@@ -224,7 +277,14 @@ struct MoeGemmFp4 {
     int r_a, r_b;
     uint32_t sel;  // GatherByte's selector: byte lane % 4 of each word
     int quad;      // lane % 4
-    int nv_shift;  // nvfp4, permuted: this thread's word lies in 16-element block quad / 2
+    // nvfp4: prmt selectors of row r_a's and r_b's scale bytes of blocks 2i and 2i + 1 (i
+    // = 0..3) of the k-tile, from the words ea[i] and eb[i]: byte quad / 2 (even blocks)
+    // or 2 + quad / 2 (odd) of each.
+    uint32_t nv_sel[2];
+    // Permuted: row r_a's word `quad` of block 0 in a stage's 128-byte-swizzled weights,
+    // relative to the stage (r_a x 128 + (r_a % 8) x 16 + 4 quad). Stages are 1024-byte
+    // aligned, so block j's is one xor away (PackedWords), and row r_b's 1024 bytes on.
+    uint32_t word_off;
   };
 
   // Consumer warpgroup ci (weight rows ci*64 .. ci*64+63 of each tile): per tile, the main
@@ -239,7 +299,9 @@ struct MoeGemmFp4 {
     w.r_b = w.r_a + 8;
     w.sel = (lane % 4) | ((4 + lane % 4) << 4);
     w.quad = lane % 4;
-    w.nv_shift = 8 * (w.quad / 2);
+    w.nv_sel[0] = (w.quad / 2) | ((4 + w.quad / 2) << 4);
+    w.nv_sel[1] = (2 + w.quad / 2) | ((6 + w.quad / 2) << 4);
+    w.word_off = w.r_a * 128 + (w.r_a % 8) * 16 + 4 * w.quad;
     const int kb = p.k / 32;  // 32-element k blocks (mxfp4: scale bytes) per weight row
     const int kb16 = p.k / 16;  // nvfp4: scale bytes per weight row
     float* ep = reinterpret_cast<float*>(c.smem + L.epilogue_offset);
@@ -281,13 +343,26 @@ struct MoeGemmFp4 {
     for (int i = 0; i < kRegs; ++i) acc[i] = 0.0f;
     int prev = -1;
     for (int kt = 0; kt < c.num_kt; ++kt) {
-      // Past the last k-tile LoadScaleWords reads nothing (the row has ended).
-      uint32_t na[kScaleWords], nb[kScaleWords];
-      LoadScaleWords(sc_a, (kt + 1) * 4 * kScaleWords, row_bytes, na);
-      LoadScaleWords(sc_b, (kt + 1) * 4 * kScaleWords, row_bytes, nb);
+      // Past the last k-tile nothing is read (the row has ended). Aligned after this
+      // k-tile's wgmma, by when the loads have landed.
+      const ScaleWords<kScaleWords> na =
+          ScaleWordsLoad<kScaleWords>(sc_a, (kt + 1) * 4 * kScaleWords, row_bytes);
+      const ScaleWords<kScaleWords> nb =
+          ScaleWordsLoad<kScaleWords>(sc_b, (kt + 1) * 4 * kScaleWords, row_bytes);
       MbarWait(c.full_bar + 8 * ring.s, ring.phase);
       if constexpr (kRawBoxes > 0) MbarWait(c.conv_bar + 8 * ring.s, ring.phase);
-      KTile(c, w, kb - kt * 8, sa, sb, ring.s, prev, signals, acc);
+      // The stage's flag is the same word for every consumer thread, so both KTile bodies
+      // (each with its own wgmma) are taken by whole warpgroups.
+      const int blocks = kb - kt * 8;
+      if constexpr (kScaleFlags) {
+        if (LdShared32(c.smem_base + L.flag_offset + 4 * ring.s) == 0) {
+          KTile<true>(c, w, blocks, sa, sb, ring.s, prev, signals, acc);
+        } else {
+          KTile<false>(c, w, blocks, sa, sb, ring.s, prev, signals, acc);
+        }
+      } else {
+        KTile<kPermuted>(c, w, blocks, sa, sb, ring.s, prev, signals, acc);
+      }
       // No wgmma in flight across the loop's back edge: with the last block's group left
       // running into the next k-tile, whose first decode writes A registers, ptxas
       // serialized every wgmma of the kernel (C7513, a wait after each; docs/kernels.md
@@ -295,11 +370,8 @@ struct MoeGemmFp4 {
       WgmmaWait<0>();
       prev = ring.s;
       ring.Advance();
-#pragma unroll
-      for (int i = 0; i < kScaleWords; ++i) {
-        sa[i] = na[i];
-        sb[i] = nb[i];
-      }
+      ScaleWordsAlign(na, sa);
+      ScaleWordsAlign(nb, sb);
     }
     WgmmaWait<0>();
     FenceRegs(acc);
@@ -311,15 +383,19 @@ struct MoeGemmFp4 {
   // registers decoded (DecodeBlock), then two wgmma m64nTTk16 as one commit group, one
   // group left in flight. Once block 0's group has retired, every wgmma of the previous
   // k-tile has read its stage `prev`: released on `empty`.
-  // sa, sb: the k-tile's scale bytes of the two rows.
+  // sa, sb: the k-tile's scale bytes of the two rows. kOneMul: decode with one multiply
+  // (permuted kernels whose stage is not flagged).
+  template <bool kOneMul>
   __device__ __forceinline__ static void KTile(const Cta& c, const Rows& w, int blocks,
                                                const uint32_t (&sa)[kScaleWords],
                                                const uint32_t (&sb)[kScaleWords], int stage,
                                                int prev, bool signals, float (&acc)[kRegs]) {
     const uint32_t w_base = c.smem_base + stage * L.stage_bytes;
     // The activation panels' descriptors differ from the stage's first only in the start
-    // address: one add per wgmma (DescPlus).
-    const uint32_t desc_lo = static_cast<uint32_t>(Desc(w_base + L.w_stage_bytes));
+    // address: one add per wgmma (DescPlus). Broadcast from lane 0, ptxas keeps it in a
+    // uniform register and adds there (one instruction less per block).
+    const uint32_t desc_lo =
+        __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(Desc(w_base + L.w_stage_bytes)), 0);
     // mxfp4: the 8 scales as bf16 exponents once per k-tile; nvfp4: the raw bytes.
     uint32_t ea[4], eb[4];
     if constexpr (kNv) {
@@ -328,6 +404,9 @@ struct MoeGemmFp4 {
         ea[i] = sa[i];
         eb[i] = sb[i];
       }
+    } else if constexpr (kOneMul) {
+      Ue8m0ExpsTimes2p126(sa, ea);
+      Ue8m0ExpsTimes2p126(sb, eb);
     } else {
       Ue8m0Exps(sa, ea);
       Ue8m0Exps(sb, eb);
@@ -337,7 +416,7 @@ struct MoeGemmFp4 {
       // Blocks past K are skipped whole (the producer copied no activations there).
       if (j >= blocks) break;
       uint4 d_a, d_b;  // the A fragment's rows g and g + 8, decoded
-      DecodeBlock(w, w_base, j, ea, eb, d_a, d_b);
+      DecodeBlock<kOneMul>(w, w_base, j, ea, eb, d_a, d_b);
       // k16 steps 2j and 2j+1 of the k-tile: elements 2c.., 8+2c.. of each half.
       uint32_t f0[4] = {d_a.x, d_b.x, d_a.y, d_b.y};
       uint32_t f1[4] = {d_a.z, d_b.z, d_a.w, d_b.w};
@@ -358,48 +437,47 @@ struct MoeGemmFp4 {
   // Block j of this thread's two weight rows (the A fragment's rows g and g + 8) of the
   // stage's packed weights at w_base, times their block scales, as bf16 pairs (exact).
   // ea, eb: the k-tile's scales of the two rows (mxfp4: Ue8m0Exps's words; nvfp4: the
-  // raw e4m3 bytes).
+  // raw e4m3 bytes). kOneMul: DecodeE2m1PairsOneMul, ea and eb then Ue8m0ExpsTimes2p126's
+  // words (mxfp4).
+  template <bool kOneMul>
   __device__ __forceinline__ static void DecodeBlock(const Rows& w, uint32_t w_base, int j,
                                                      const uint32_t (&ea)[4],
                                                      const uint32_t (&eb)[4], uint4& d_a,
                                                      uint4& d_b) {
-    if constexpr (kPermuted) {
-      __nv_bfloat162 s_a, s_b;
+    if constexpr (kOneMul) {
+      __nv_bfloat162 m_a, m_b;
       if constexpr (kNv) {
-        // Byte 2j + quad / 2 of the k-tile's 16.
-        const int sh = w.nv_shift + 16 * (j % 2);
-        s_a = E4m3ToBf16x2((ea[j / 2] >> sh) & 0xFFu);
-        s_b = E4m3ToBf16x2((eb[j / 2] >> sh) & 0xFFu);
+        // Both rows' bytes of block j in one word, converted together, times 2^118.
+        const uint32_t two = Prmt(ea[j / 2], eb[j / 2], w.nv_sel[j % 2]);
+        const __nv_bfloat162 m = __hmul2(E4m3x2ToBf16x2(two), Bits2(0x7A80'7A80u));
+        m_a = __low2bfloat162(m);  // broadcasts folded into the multiplies' operands
+        m_b = __high2bfloat162(m);
       } else {
-        s_a = Ue8m0Pair(ea, j);
-        s_b = Ue8m0Pair(eb, j);
+        m_a = Ue8m0Pair(ea, j);
+        m_b = Ue8m0Pair(eb, j);
       }
-      const uint32_t wa = PackedWord(w_base, w.r_a, j, w.quad);
-      const uint32_t wb = PackedWord(w_base, w.r_b, j, w.quad);
-      d_a = DecodeE2m1Pairs(wa, s_a);
-      d_b = DecodeE2m1Pairs(wb, s_b);
+      uint32_t wa, wb;
+      PackedWords(w_base + w.word_off, j, wa, wb);
+      d_a = DecodeE2m1PairsOneMul(wa, m_a);
+      d_b = DecodeE2m1PairsOneMul(wb, m_b);
     } else {
-      __nv_bfloat162 s_a0, s_a1, s_b0, s_b1;
-      if constexpr (kNv) {
-        // Bytes 2j and 2j+1: the blocks of elements 0-15 and 16-31.
-        const uint32_t wa = ea[j / 2] >> (16 * (j % 2));
-        const uint32_t wb = eb[j / 2] >> (16 * (j % 2));
-        const __nv_bfloat162 va = E4m3x2ToBf16x2(wa), vb = E4m3x2ToBf16x2(wb);
-        s_a0 = __low2bfloat162(va);
-        s_a1 = __high2bfloat162(va);
-        s_b0 = __low2bfloat162(vb);
-        s_b1 = __high2bfloat162(vb);
+      // mxfp4 only (nvfp4's activations are always raw, so its kernels are permuted and
+      // decode with one multiply).
+      static_assert(!kNv);
+      const __nv_bfloat162 s_a = Ue8m0Pair(ea, j), s_b = Ue8m0Pair(eb, j);
+      if constexpr (kPermuted) {
+        uint32_t wa, wb;
+        PackedWords(w_base + w.word_off, j, wa, wb);
+        d_a = DecodeE2m1Pairs(wa, s_a);
+        d_b = DecodeE2m1Pairs(wb, s_b);
       } else {
-        s_a0 = s_a1 = Ue8m0Pair(ea, j);
-        s_b0 = s_b1 = Ue8m0Pair(eb, j);
+        const int r_a = w.r_a, r_b = w.r_b;
+        const uint4 q_a = LdShared128(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4));
+        const uint4 q_b = LdShared128(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4));
+        // The gathered word holds elements 2c, 2c+1 of words 0-3 of the block.
+        d_a = DecodeE2m1x8(GatherByte(q_a, w.sel), s_a);
+        d_b = DecodeE2m1x8(GatherByte(q_b, w.sel), s_b);
       }
-      const int r_a = w.r_a, r_b = w.r_b;
-      const uint4 q_a = LdShared128(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4));
-      const uint4 q_b = LdShared128(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4));
-      // The gathered word holds elements 2c, 2c+1 of words 0-3: words 0-1 are the
-      // block's elements 0-15, words 2-3 its elements 16-31.
-      d_a = DecodeE2m1x8(GatherByte(q_a, w.sel), s_a0, s_a1);
-      d_b = DecodeE2m1x8(GatherByte(q_b, w.sel), s_b0, s_b1);
     }
   }
 
@@ -444,11 +522,14 @@ struct MoeGemmFp4 {
     g = g < weight_rows ? g : weight_rows - 1;
     return scales + g * row_bytes;
   }
-  // Word `quad` of 32-element block j of packed weight row r (128-byte swizzled): the 8
-  // elements 8 quad .. 8 quad + 7 of the block.
-  __device__ __forceinline__ static uint32_t PackedWord(uint32_t w_base, int r, int j,
-                                                        int quad) {
-    return LdShared32(w_base + r * 128 + ((j ^ (r & 7)) << 4) + 4 * quad);
+  // Word `quad` of 32-element block j of this thread's packed weight rows r_a and r_b
+  // (128-byte swizzled): the 8 elements 8 quad .. 8 quad + 7 of the block. word0: the
+  // stage's address plus Rows::word_off.
+  __device__ __forceinline__ static void PackedWords(uint32_t word0, int j, uint32_t& wa,
+                                                     uint32_t& wb) {
+    const uint32_t addr = word0 ^ (static_cast<uint32_t>(j) << 4);
+    wa = LdShared32(addr);
+    wb = LdShared32(addr + 1024);
   }
 
   // The producer's copies of one stage: expect its bytes on `full`, then the weights (128
@@ -513,11 +594,29 @@ struct MoeGemmFp4 {
     constexpr int kScaleBlock = AF == kMxfp8 ? 32 : 16;
     const int sk = p.k / kScaleBlock;  // scale bytes per token row
     const uint8_t* a_scale = static_cast<const uint8_t*>(p.a_scale);
+    const uint8_t* b_scale = static_cast<const uint8_t*>(p.b_scale);
+    const int64_t weight_rows = static_cast<int64_t>(p.num_experts) * p.n;
     StageRing<ST> ring;
     for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
       const MoeTile t = TileAt(tile, c.m_tiles, c.n_tiles, p.num_experts, TT, c.off, c.pre);
       for (int kt = 0; kt < c.num_kt; ++kt) {
         const int k_rem = p.k - kt * kMoeGemmFp4KTile;
+        // mxfp4: the words holding the k-tile's weight scale bytes of tile rows ct, ct +
+        // kConverters, ..., as the consumers load them (the same words: every byte a
+        // consumer's aligned words hold is among them), OR-ed after the wait below: a
+        // byte of 128 or more (a scale above 2^0, or NaN) flags the stage.
+        constexpr int kFlagRows = kScaleFlags ? (W + kConverters - 1) / kConverters : 0;
+        ScaleWords<2> sw[kFlagRows > 0 ? kFlagRows : 1];
+        if constexpr (kScaleFlags) {
+#pragma unroll
+          for (int i = 0; i < kFlagRows; ++i) {
+            const int r = i * kConverters + ct;
+            sw[i] = r < W ? ScaleWordsLoad<2>(
+                                WeightScaleRow(p, t, r, b_scale, p.k / 32, weight_rows),
+                                kt * 8, p.k / 32)
+                          : ScaleWords<2>{};
+          }
+        }
         uint32_t sc[kConvItems];
 #pragma unroll
         for (int q = 0; q < kConvItems; ++q) {
@@ -532,6 +631,18 @@ struct MoeGemmFp4 {
           }
         }
         MbarWait(c.full_bar + 8 * ring.s, ring.phase);
+        if constexpr (kScaleFlags) {
+          // One byte per checking warp. The consumers read the stage's previous flag before
+          // releasing it, which was before the producer refilled it: writing after `full`
+          // is safe, and `conv` publishes it.
+          uint32_t wide = 0;
+#pragma unroll
+          for (int i = 0; i < kFlagRows; ++i) wide |= sw[i].w[0] | sw[i].w[1] | sw[i].w[2];
+          const bool flagged = __any_sync(0xFFFFFFFFu, (wide & 0x80808080u) != 0);
+          if (ct < W && ct % 32 == 0) {
+            StShared8(c.smem_base + L.flag_offset + 4 * ring.s + ct / 32, flagged ? 1u : 0u);
+          }
+        }
         const uint32_t a_base = c.smem_base + ring.s * L.stage_bytes + L.w_stage_bytes;
         const uint32_t raw_base = a_base + L.a_stage_bytes;
 #pragma unroll
@@ -632,6 +743,8 @@ struct MoeGemmFp4 {
     if constexpr (kNv) {
       if (p.a_global_scale != nullptr) gs *= __ldg(p.a_global_scale);
       if (p.b_global_scale != nullptr) gs *= __ldg(p.b_global_scale + t.e);
+      // x 2^8 is exact: the same product as scaling the accumulator first.
+      gs *= kNvUnscale;
     }
     // The expert's bias row (version 3), or null: B row n adds bias[n] before the activation.
     const float* bias = p.bias != nullptr ? p.bias + static_cast<int64_t>(t.e) * p.n : nullptr;

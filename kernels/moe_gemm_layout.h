@@ -24,16 +24,16 @@ CUBIST_HD constexpr bool UsesFp8Mma(MoeFormat w, MoeFormat a) {
   return (w == kFp8 && a == kFp8) || (w == kFp8Block && a == kFp8Block);
 }
 CUBIST_HD constexpr int RoundUp(int x, int m) { return (x + m - 1) / m * m; }
-// Whether setmaxnreg targets fit a one-CTA-per-SM kernel's register pool: what the launch
-// bounds give each thread (65536 / threads, a multiple of 8) times its warpgroups. The
+// Whether setmaxnreg targets fit a kernel's register pool: what the launch bounds give each
+// thread (65536 / (threads x CTAs per SM), a multiple of 8) times its warpgroups. The
 // `consumers` warpgroups raise to consumer_regs, the others lower to producer_regs;
 // setmaxnreg.inc waits for registers the others freed, so past the pool it waits forever
 // (a build that asked 2 x 216 + 80 of 3 x 168 hung on the H200).
 CUBIST_HD constexpr bool SetMaxNRegFits(int threads, int consumers, int consumer_regs,
-                                        int producer_regs) {
+                                        int producer_regs, int ctas_per_sm = 1) {
   const int groups = threads / 128;
   return consumers * consumer_regs + (groups - consumers) * producer_regs <=
-         groups * (65536 / threads / 8 * 8);
+         groups * (65536 / (threads * ctas_per_sm) / 8 * 8);
 }
 
 // ---------------------------------------------------------------------------------
@@ -148,8 +148,11 @@ CUBIST_HD constexpr MoeGemmTmaLayout MakeTmaLayout(MoeFormat w, MoeFormat a, int
 // one 128-byte boxes per row) and the producer warpgroup's three idle warps convert them
 // into the bf16 panels, signalling a third barrier per stage.
 //   [stages x (weights W x 128 B, bf16 activations 4 x TT x 128 B, raw activations)]
-//   [mbarriers: full, empty, converted (raw activations only)] [offsets, tile prefix] [epilogue min(TT, 64) x W fp32]
-// (The weights' block scales are read from global memory, one k-tile ahead.)
+//   [mbarriers: full, empty, converted (raw activations only)] [scale flags: a word per
+//   stage (raw activations only)] [offsets, tile prefix] [epilogue min(TT, 64) x W fp32]
+// (The weights' block scales are read from global memory, one k-tile ahead. The
+// converters also read the mxfp4 ones and flag the stages whose scales exceed 2^0, which
+// the consumers decode with two multiplies instead of one.)
 inline constexpr int kMoeGemmFp4KTile = 256;
 
 // bf16 activations of tiles with at most this many tokens also go through the converter,
@@ -170,8 +173,13 @@ struct MoeGemmFp4Layout {
   int tile_m = 0, tile_n = 0, stages = 0;
   int consumers = 0, threads = 0, ctas_per_sm = 1;
   int converters = 0;  // threads that decode raw activations (0: none)
+  // setmaxnreg targets (0: none): two CTAs per SM of two consumer warpgroups launch with
+  // 80 registers a thread, and the consumers' decode loop spilled at 80 (its tile loop's
+  // reloads missed L1, 7% of the consumers' stall samples on gpt-oss decode); the
+  // producer warpgroup (the producer thread and three converter warps) needs fewer.
+  int consumer_regs = 0, producer_regs = 0;
   int w_stage_bytes = 0, a_stage_bytes = 0, raw_stage_bytes = 0, stage_bytes = 0;
-  int barrier_offset = 0, sched_offset = 0, epilogue_offset = 0;
+  int barrier_offset = 0, flag_offset = 0, sched_offset = 0, epilogue_offset = 0;
   int epilogue_tokens = 0;  // tokens the epilogue stages at a time (at most 64, or 32)
   int smem_bytes = 0;
   const char* error = nullptr;
@@ -190,8 +198,10 @@ CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int
   l.raw_stage_bytes = Fp4RawBoxes(a, tile_m) * tile_m * kMoeGemmTmaBoxBytes;
   l.stage_bytes = l.w_stage_bytes + l.a_stage_bytes + l.raw_stage_bytes;
   l.barrier_offset = stages * l.stage_bytes;
-  // bf16 activations need no converted barrier.
-  l.sched_offset = l.barrier_offset + RoundUp((l.raw_stage_bytes > 0 ? 3 : 2) * stages * 8, 128);
+  // bf16 activations need no converted barrier and no flags.
+  const bool raw = l.raw_stage_bytes > 0;
+  l.flag_offset = l.barrier_offset + (raw ? 3 : 2) * stages * 8;
+  l.sched_offset = l.barrier_offset + RoundUp((raw ? 3 * 8 + 4 : 2 * 8) * stages, 128);
   l.epilogue_offset = l.sched_offset + kMoeGemmTmaSchedBytes;
   // At most 64 tokens at a time; 32 where raw activations take stage space (a third
   // pipeline stage for 64 tokens of mxfp8).
@@ -207,6 +217,10 @@ CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int
     l.converters = extra ? 96 + 128 : 96;
     l.threads += extra ? 128 : 0;
   }
+  if (l.ctas_per_sm == 2 && l.consumers == 2) {
+    l.consumer_regs = 88;
+    l.producer_regs = 64;
+  }
   if (!((w == kMxfp4 && (a == kBf16 || a == kMxfp8)) || (w == kNvfp4 && a == kNvfp4))) {
     l.error = "fp4 TMA kernels take mxfp4 x bf16, mxfp4 x mxfp8 or nvfp4 x nvfp4";
   } else if (tile_m != 8 && tile_m != 16 && tile_m != 32 && tile_m != 64 && tile_m != 128) {
@@ -221,6 +235,9 @@ CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int
     l.error = "stages must be at least 2";
   } else if (l.smem_bytes > kMaxDynamicSmem) {
     l.error = "shared memory exceeds 227 KB; use fewer stages";
+  } else if (l.consumer_regs > 0 && !SetMaxNRegFits(l.threads, l.consumers, l.consumer_regs,
+                                                    l.producer_regs, l.ctas_per_sm)) {
+    l.error = "setmaxnreg targets exceed the CTA's register pool";
   }
   return l;
 }

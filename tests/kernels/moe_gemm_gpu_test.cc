@@ -452,10 +452,12 @@ void AddBias(MoeProblemData* p) {
 }
 
 // mxfp4 weights whose block scales span more than 11 binades in one row of each expert
-// (row 3: block 1 raised by 2^13) and one NaN scale (expert 2, row 10, block 0): tiles
-// holding those rows take the general loop of kernels/moe_gemm_fp4_fp8.cu, which applies
-// both block scales per block; every other row of those tiles checks that loop with
-// ordinary data.
+// (row 3: block 1 raised by 2^13, above 2^0) and one NaN scale (expert 2, row 10, block
+// 0): tiles holding those rows take the general loop of kernels/moe_gemm_fp4_fp8.cu,
+// which applies both block scales per block, and the k-tiles holding them in
+// kernels/moe_gemm_fp4.cu's permuted kernels are flagged for the two-multiply decode;
+// every other row of those tiles checks that path with ordinary data, and the other
+// k-tiles check the one-multiply decode beside it.
 void WidenScales(MoeProblemData* p) {
   const int kb = p->k / 32;
   for (int e = 0; e < p->num_experts; ++e) {
@@ -490,7 +492,7 @@ std::vector<ProblemCase> Problems(MoeFormat w, MoeFormat a) {
     // carry their slot and parity across tiles and an odd k-tile count.
     out.push_back({"persistent", {w, a, 1536, 384, {1300, 1132}, false, true, false}});
   }
-  if (w == kMxfp4 && a == kMxfp8) {
+  if (w == kMxfp4) {
     out.push_back({"widescale", {w, a, 256, 512, {70, 0, 130, 5}, false, true, false},
                    WidenScales});
   }

@@ -135,5 +135,61 @@ TEST(MoeGemmFp4LayoutTest, Mxfp8TakesUpTo64TokensAndNamesTheFp8Kernel) {
   EXPECT_EQ(MakeFp4Layout(kNvfp4, kNvfp4, 128, 128, 2).error, nullptr);
 }
 
+// The kernels with raw activations keep a scale-flag word per stage (the converters
+// write it, the consumers read it after the stage's `converted` barrier) between the
+// mbarriers and the scheduler's arrays; the 8-byte barriers stay 8-byte aligned and the
+// scheduler 128-byte aligned. bf16 activations copied by TMA need neither.
+TEST(MoeGemmFp4LayoutTest, ScaleFlagsLieBetweenTheBarriersAndTheScheduler) {
+  struct Case {
+    MoeFormat w, a;
+    int tm, stages;
+  };
+  for (const Case& c : {Case{kMxfp4, kBf16, 8, 6}, Case{kMxfp4, kMxfp8, 32, 3},
+                        Case{kNvfp4, kNvfp4, 128, 2}, Case{kMxfp4, kMxfp8, 8, 8},
+                        Case{kMxfp4, kBf16, 64, 3}}) {
+    SCOPED_TRACE(testing::Message() << c.tm << " tokens, " << c.stages << " stages");
+    const MoeGemmFp4Layout l = MakeFp4Layout(c.w, c.a, c.tm, 128, c.stages);
+    ASSERT_EQ(l.error, nullptr);
+    EXPECT_EQ(l.barrier_offset % 8, 0);
+    EXPECT_EQ(l.sched_offset % 128, 0);
+    if (l.raw_stage_bytes > 0) {
+      EXPECT_EQ(l.flag_offset, l.barrier_offset + 3 * 8 * c.stages);
+      EXPECT_LE(l.flag_offset + 4 * c.stages, l.sched_offset);
+    } else {
+      EXPECT_LE(l.barrier_offset + 2 * 8 * c.stages, l.sched_offset);
+    }
+    EXPECT_LT(l.sched_offset - l.barrier_offset, 28 * c.stages + 128);
+  }
+}
+
+// Two CTAs per SM launch with 80 registers a thread (65536 / (2 x 384), rounded down to 8);
+// the consumer warpgroups take 88 of them from the producer warpgroup's 64, exactly the
+// CTA's pool (setmaxnreg.inc past it would wait forever). One CTA per SM keeps its launch
+// registers.
+TEST(MoeGemmFp4LayoutTest, TwoCtasPerSmMoveRegistersToTheConsumers) {
+  struct Case {
+    MoeFormat w, a;
+    int tm, stages, ctas_per_sm;
+  };
+  for (const Case& c : {Case{kMxfp4, kBf16, 8, 4, 2}, Case{kMxfp4, kMxfp8, 16, 3, 2},
+                        Case{kNvfp4, kNvfp4, 8, 4, 2}, Case{kMxfp4, kBf16, 16, 3, 2},
+                        Case{kMxfp4, kBf16, 64, 3, 1}, Case{kNvfp4, kNvfp4, 128, 2, 1}}) {
+    SCOPED_TRACE(testing::Message() << c.tm << " tokens, " << c.stages << " stages");
+    const MoeGemmFp4Layout l = MakeFp4Layout(c.w, c.a, c.tm, 128, c.stages);
+    ASSERT_EQ(l.error, nullptr);
+    ASSERT_EQ(l.ctas_per_sm, c.ctas_per_sm);
+    if (c.ctas_per_sm == 2) {
+      EXPECT_EQ(l.threads, 384);
+      EXPECT_EQ(l.consumer_regs, 88);
+      EXPECT_EQ(l.producer_regs, 64);
+      EXPECT_EQ(2 * l.consumer_regs + l.producer_regs, 3 * 80);
+      EXPECT_TRUE(SetMaxNRegFits(l.threads, 2, 88, 64, 2));
+      EXPECT_FALSE(SetMaxNRegFits(l.threads, 2, 96, 64, 2));
+    } else {
+      EXPECT_EQ(l.consumer_regs, 0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cubist::moe
