@@ -125,7 +125,7 @@ __device__ __forceinline__ uint4 DecodeE2m1Pairs(uint32_t w, __nv_bfloat162 s) {
 }
 // DecodeE2m1Pairs with one multiply instead of two: m is the scale times 2^126 (both
 // halves), which the caller has checked is representable (ue8m0 scales up to 2^0:
-// Ue8m0ExpsTimes2p126; e4m3 scales times 2^-8: nvfp4's epilogue multiplies by 2^8 again).
+// Ue8m0ExpsTimes2p126; e4m3 scales times 2^118, the value then 2^-8 of its own: nvfp4).
 // 17 instructions per 8 elements; the products are the same exact values (scaled by a
 // power of two that the caller undoes), so the result is the same bits.
 __device__ __forceinline__ uint4 DecodeE2m1PairsOneMul(uint32_t w, __nv_bfloat162 m) {

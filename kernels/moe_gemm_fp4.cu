@@ -181,15 +181,16 @@ struct MoeGemmFp4 {
   // activations of larger tiles arrive by TMA in natural order and keep the gather.
   static constexpr bool kPermuted = kRawBoxes > 0;
   // Permuted weights decode with one multiply per bf16 pair (DecodeE2m1PairsOneMul): the
-  // multiplier is the block scale times 2^126. nvfp4's e4m3 scales times 2^118 always fit
-  // bf16 (the epilogue multiplies by 2^8 again); mxfp4's ue8m0 scales times 2^126 fit up
-  // to 2^0, so the converters flag every stage whose weight scales hold a larger byte
+  // multiplier is the block scale times 2^126. nvfp4's e4m3 scales times 2^118 always
+  // fit bf16 (kNvUnscale undoes the 2^-8); mxfp4's ue8m0 scales times 2^126 fit up to
+  // 2^0, so the converters flag every stage whose weight scales hold a larger byte
   // (kScaleFlags), and the consumers decode those stages with two multiplies as before.
   static constexpr bool kScaleFlags = kPermuted && !kNv;
   // Registers moved from the producer warpgroup to the consumers (MakeFp4Layout).
   static constexpr bool kShiftRegs = L.consumer_regs > 0;
-  // The fp32 accumulators of nvfp4's one-multiply decode hold 2^-8 of the product.
-  static constexpr float kNvUnscale = 256.0f;
+  // nvfp4's one-multiply decodes give the weights and the activations 2^-8 of their value
+  // each: the fp32 accumulators hold 2^-16 of the product.
+  static constexpr float kNvUnscale = 65536.0f;
 
   // What every role of a CTA shares: shared memory, the pipeline's barriers (at + 8 *
   // stage; conv_bar only with raw activations), the scheduler's offsets and the tile
@@ -416,19 +417,23 @@ struct MoeGemmFp4 {
       Ue8m0Exps(sa, ea);
       Ue8m0Exps(sb, eb);
     }
-    // Permuted: the packed words of block j + 1 are loaded before block j's wgmma, so
-    // that the shared-memory latency is not in the next decode's chain (a block past K
-    // reads stale words, never used).
+    // Permuted tiles of up to 64 tokens load the packed words of block j + 1 before block
+    // j's wgmma, so that the shared-memory latency is not in the next decode's chain (a
+    // block past K reads stale words, never used): 0.94-0.96x the time at 8 tokens
+    // (mxfp4 x bf16), but 1.11x at 128 (nvfp4, DeepSeek-V3 prefill), whose accumulators
+    // leave the registers tight; those load each block's words in the block.
+    constexpr bool kAhead = kPermuted && TT < 128;
     const uint32_t word0 = w_base + w.word_off;
     uint32_t wa = 0, wb = 0;
-    if constexpr (kPermuted) PackedWords(word0, 0, wa, wb);
+    if constexpr (kAhead) PackedWords(word0, 0, wa, wb);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {  // 32-element k blocks
       // Blocks past K are skipped whole (the producer copied no activations there).
       if (j >= blocks) break;
       uint4 d_a, d_b;  // the A fragment's rows g and g + 8, decoded
+      if constexpr (kPermuted && !kAhead) PackedWords(word0, j, wa, wb);
       DecodeBlock<kOneMul>(w, w_base, j, ea, eb, wa, wb, d_a, d_b);
-      if constexpr (kPermuted) {
+      if constexpr (kAhead) {
         if (j + 1 < 8) PackedWords(word0, j + 1, wa, wb);
       }
       // k16 steps 2j and 2j+1 of the k-tile: elements 2c.., 8+2c.. of each half.
@@ -724,12 +729,14 @@ struct MoeGemmFp4 {
       }
     } else {
       // 32 e2m1 = one 16-byte chunk; words 0-1 take the first 16-element block's
-      // scale, words 2-3 the second's.
+      // scale, words 2-3 the second's. One multiply per pair, as the weights': the
+      // scales times 2^118, so the panel holds 2^-8 of each value (the epilogue's
+      // kNvUnscale undoes it with the weights' 2^-8).
       const uint4 raw = LdShared128(raw_base + r * 128 + ((jb ^ (r & 7)) << 4));
-      const __nv_bfloat162 v = E4m3x2ToBf16x2(sc);
-      const __nv_bfloat162 s0 = __low2bfloat162(v), s1 = __high2bfloat162(v);
-      const uint4 d[4] = {DecodeE2m1Pairs(raw.x, s0), DecodeE2m1Pairs(raw.y, s0),
-                          DecodeE2m1Pairs(raw.z, s1), DecodeE2m1Pairs(raw.w, s1)};
+      const __nv_bfloat162 m = __hmul2(E4m3x2ToBf16x2(sc), Bits2(0x7A80'7A80u));
+      const __nv_bfloat162 s0 = __low2bfloat162(m), s1 = __high2bfloat162(m);
+      const uint4 d[4] = {DecodeE2m1PairsOneMul(raw.x, s0), DecodeE2m1PairsOneMul(raw.y, s0),
+                          DecodeE2m1PairsOneMul(raw.z, s1), DecodeE2m1PairsOneMul(raw.w, s1)};
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         out[0][c] = d[c].x;
@@ -754,7 +761,7 @@ struct MoeGemmFp4 {
     if constexpr (kNv) {
       if (p.a_global_scale != nullptr) gs *= __ldg(p.a_global_scale);
       if (p.b_global_scale != nullptr) gs *= __ldg(p.b_global_scale + t.e);
-      // x 2^8 is exact: the same product as scaling the accumulator first.
+      // x 2^16 is exact: the same product as scaling the accumulator first.
       gs *= kNvUnscale;
     }
     // The expert's bias row (version 3), or null: B row n adds bias[n] before the activation.

@@ -176,7 +176,10 @@ struct MoeGemmFp4Layout {
   // setmaxnreg targets (0: none): two CTAs per SM of two consumer warpgroups launch with
   // 80 registers a thread, and the consumers' decode loop spilled at 80 (its tile loop's
   // reloads missed L1, 7% of the consumers' stall samples on gpt-oss decode); the
-  // producer warpgroup (the producer thread and three converter warps) needs fewer.
+  // producer warpgroup (the producer thread and three converter warps) needs fewer. A CTA
+  // alone on its SM with a warpgroup of converters (512 threads) launches with 128, where
+  // 128 tokens' accumulators spilled the consumers too: 160 for them, 96 for the producer
+  // and converter warpgroups (at 88 the converters' items spilled).
   int consumer_regs = 0, producer_regs = 0;
   int w_stage_bytes = 0, a_stage_bytes = 0, raw_stage_bytes = 0, stage_bytes = 0;
   int barrier_offset = 0, flag_offset = 0, sched_offset = 0, epilogue_offset = 0;
@@ -220,6 +223,9 @@ CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int
   if (l.ctas_per_sm == 2 && l.consumers == 2) {
     l.consumer_regs = 88;
     l.producer_regs = 64;
+  } else if (l.threads == 512 && l.consumers == 2) {
+    l.consumer_regs = 160;
+    l.producer_regs = 96;
   }
   if (!((w == kMxfp4 && (a == kBf16 || a == kMxfp8)) || (w == kNvfp4 && a == kNvfp4))) {
     l.error = "fp4 TMA kernels take mxfp4 x bf16, mxfp4 x mxfp8 or nvfp4 x nvfp4";

@@ -164,8 +164,9 @@ TEST(MoeGemmFp4LayoutTest, ScaleFlagsLieBetweenTheBarriersAndTheScheduler) {
 
 // Two CTAs per SM launch with 80 registers a thread (65536 / (2 x 384), rounded down to 8);
 // the consumer warpgroups take 88 of them from the producer warpgroup's 64, exactly the
-// CTA's pool (setmaxnreg.inc past it would wait forever). One CTA per SM keeps its launch
-// registers.
+// CTA's pool (setmaxnreg.inc past it would wait forever). A CTA alone on its SM with a
+// warpgroup of converters (512 threads, 128 a thread) gives its consumers 160 and both
+// other warpgroups 96; one CTA of 384 threads keeps its launch registers (168).
 TEST(MoeGemmFp4LayoutTest, TwoCtasPerSmMoveRegistersToTheConsumers) {
   struct Case {
     MoeFormat w, a;
@@ -173,7 +174,8 @@ TEST(MoeGemmFp4LayoutTest, TwoCtasPerSmMoveRegistersToTheConsumers) {
   };
   for (const Case& c : {Case{kMxfp4, kBf16, 8, 4, 2}, Case{kMxfp4, kMxfp8, 16, 3, 2},
                         Case{kNvfp4, kNvfp4, 8, 4, 2}, Case{kMxfp4, kBf16, 16, 3, 2},
-                        Case{kMxfp4, kBf16, 64, 3, 1}, Case{kNvfp4, kNvfp4, 128, 2, 1}}) {
+                        Case{kMxfp4, kBf16, 64, 3, 1}, Case{kNvfp4, kNvfp4, 128, 2, 1},
+                        Case{kMxfp4, kMxfp8, 64, 3, 1}}) {
     SCOPED_TRACE(testing::Message() << c.tm << " tokens, " << c.stages << " stages");
     const MoeGemmFp4Layout l = MakeFp4Layout(c.w, c.a, c.tm, 128, c.stages);
     ASSERT_EQ(l.error, nullptr);
@@ -185,7 +187,15 @@ TEST(MoeGemmFp4LayoutTest, TwoCtasPerSmMoveRegistersToTheConsumers) {
       EXPECT_EQ(2 * l.consumer_regs + l.producer_regs, 3 * 80);
       EXPECT_TRUE(SetMaxNRegFits(l.threads, 2, 88, 64, 2));
       EXPECT_FALSE(SetMaxNRegFits(l.threads, 2, 96, 64, 2));
+    } else if (l.threads == 512) {
+      EXPECT_GT(l.converters, 96);
+      EXPECT_EQ(l.consumer_regs, 160);
+      EXPECT_EQ(l.producer_regs, 96);
+      EXPECT_EQ(2 * l.consumer_regs + 2 * l.producer_regs, 4 * 128);
+      EXPECT_TRUE(SetMaxNRegFits(l.threads, 2, 160, 96));
+      EXPECT_FALSE(SetMaxNRegFits(l.threads, 2, 168, 96));
     } else {
+      EXPECT_EQ(l.threads, 384);
       EXPECT_EQ(l.consumer_regs, 0);
     }
   }
