@@ -620,7 +620,9 @@ struct MoeGemmFp4 {
         // mxfp4: the words holding the k-tile's weight scale bytes of tile rows ct, ct +
         // kConverters, ..., as the consumers load them (the same words: every byte a
         // consumer's aligned words hold is among them), OR-ed after the wait below: a
-        // byte of 128 or more (a scale above 2^0, or NaN) flags the stage.
+        // byte of 128 or more (a scale above 2^0, or NaN) flags the stage. The rows'
+        // addresses are recomputed each k-tile: kept across the k-tile loop, the two
+        // pointers spilled the converters (64 registers at 8 and 16 tokens).
         constexpr int kFlagRows = kScaleFlags ? (W + kConverters - 1) / kConverters : 0;
         ScaleWords<2> sw[kFlagRows > 0 ? kFlagRows : 1];
         if constexpr (kScaleFlags) {
