@@ -683,6 +683,11 @@ unsigned MoeLayer::RowCtas(int64_t rows) const {
       std::min<int64_t>(rows, int64_t{8} * runtime_->device_info().sm_count));
 }
 
+unsigned MoeLayer::QuantizeCtas(int64_t slots, moe::MoeQuantizeParams* q) const {
+  q->col_parts = moe::MoeQuantizeParts(slots, q->cols, runtime_->device_info().sm_count);
+  return RowCtas(slots * q->col_parts);
+}
+
 moe::MoeRouteParams MoeLayer::RouteParams(const MoeLayerArgs& a, const Pass& pass) const {
   moe::MoeRouteParams p{};
   p.abi = moe::kMoeLayerAbi;
@@ -773,7 +778,8 @@ absl::Status MoeLayer::GatherInput(const MoeLayerArgs& a, const Pass& pass, CUst
     q.global_out = options_.activation_format == DataFormat::kNvfp4
                        ? pass.At<float>(w.global_scales)
                        : nullptr;
-    return Launch(quantize_, RowCtas(pass.slots), moe::kMoeQuantizeThreads, 0, &q, stream);
+    const unsigned ctas = QuantizeCtas(pass.slots, &q);
+    return Launch(quantize_, ctas, moe::kMoeQuantizeThreads, 0, &q, stream);
   }
   moe::MoeGatherParams g{};
   g.abi = moe::kMoeLayerAbi;
@@ -806,7 +812,8 @@ absl::Status MoeLayer::QuantizeIntermediate(const MoeLayerArgs& a, const Pass& p
   q.global_out = options_.activation_format == DataFormat::kNvfp4
                      ? pass.At<float>(w.global_scales + 4)
                      : nullptr;
-  return Launch(quantize_, RowCtas(pass.slots), moe::kMoeQuantizeThreads, 0, &q, stream);
+  const unsigned ctas = QuantizeCtas(pass.slots, &q);
+  return Launch(quantize_, ctas, moe::kMoeQuantizeThreads, 0, &q, stream);
 }
 
 absl::Status MoeLayer::Finalize(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {

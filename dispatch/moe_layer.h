@@ -255,6 +255,9 @@ class MoeLayer {
                        const MoeLayerWorkspace& w) const;
   // A quantize or gather kernel's grid: one CTA per row, at most 8 per SM (they loop).
   unsigned RowCtas(int64_t rows) const;
+  // A quantize kernel's grid for `slots` rows of q->cols columns, with q->col_parts set
+  // (moe::MoeQuantizeParts: at decode a row's passes are spread over several CTAs).
+  unsigned QuantizeCtas(int64_t slots, moe::MoeQuantizeParams* q) const;
 
   Runtime* runtime_;
   MoeLayerOptions options_;

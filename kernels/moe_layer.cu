@@ -25,6 +25,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "kernels/moe_e2m1.h"
 #include "kernels/moe_layer_abi.h"
 
 namespace cubist::moe {
@@ -728,16 +729,17 @@ extern "C" __global__ void __launch_bounds__(kMoeFinalizeThreads)
 
 // ---------------------------------------------------------------------------------
 // Quantization of activations (kernels/moe_layer_abi.h, MoeQuantizeParams, states the
-// rounding rules). One CTA per row at a time (grid-stride over rows); each thread owns 8
-// consecutive elements (one 16-byte load) per pass over the row, so a scale block of B
-// elements is B/8 neighbouring lanes, reduced with xor shuffles among them. Every lane
-// of a warp runs the same number of passes (the bound is rounded up to a whole pass),
-// so the shuffles always see the full warp; lanes past K hold zeros and store nothing.
+// rounding rules). One CTA per item at a time (grid-stride over rows x col_parts items:
+// a row, or a range of its passes); each thread owns 8 consecutive elements (one 16-byte
+// load) per pass over the row, so a scale block of B elements is B/8 neighbouring lanes,
+// reduced with xor shuffles among them. Every lane of a warp runs the same number of
+// passes (the bound is rounded up to a whole pass), so the shuffles always see the full
+// warp; lanes past K hold zeros and store nothing.
 
 namespace cubist::moe {
 namespace {
 
-constexpr int kQuantPass = kMoeQuantizeThreads * 8;  // elements of a row per pass
+constexpr int kQuantPass = kMoeQuantizePassCols;  // elements of a row per pass
 
 enum class QuantFormat { kFp8, kFp8Block, kMxfp8, kNvfp4 };
 
@@ -768,16 +770,6 @@ __device__ __forceinline__ float E4m3Value(uint32_t code) {
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(static_cast<uint16_t>(code)));
   return __half2float(__ushort_as_half(static_cast<uint16_t>(h & 0xFFFF)));
 }
-// e2m1 with round to nearest even (ties: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2,
-// 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at 6, NaN -> 0; bit 3 is the sign.
-__device__ __forceinline__ uint32_t E2m1(float v) {
-  if (v != v) return 0;
-  const float a = fabsf(v);
-  const uint32_t code = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3
-                      : a <= 2.5f  ? 4 : a < 3.5f  ? 5 : a <= 5.0f  ? 6 : 7;
-  return code | (__float_as_uint(v) >> 31 << 3);
-}
-
 // The bf16 row r of the quantizer's input, as a pointer to 16-byte vectors, and the
 // weight to apply on it (1 when none).
 __device__ __forceinline__ const uint4* QuantRow(const MoeQuantizeParams& p, int64_t r,
@@ -813,20 +805,28 @@ __device__ __forceinline__ void QuantizeRows(const MoeQuantizeParams& p) {
   // columns is 7 passes, and one DRAM round trip each was most of a decode step's
   // quantization.
   constexpr int kQuantLoads = 8;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  // Items: a row's passes in col_parts ranges of `per_part` (the last ones may be empty).
+  const int parts = max(1, p.col_parts);
+  const int per_part = (passes + parts - 1) / parts;
+  const int64_t items = static_cast<int64_t>(rows) * parts;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t r = item / parts;
+    const int pass_begin = static_cast<int>(item - r * parts) * per_part;
+    const int pass_end = min(passes, pass_begin + per_part);
+    if (pass_begin >= pass_end) continue;
     float w;
     const uint4* src = QuantRow(p, r, &w);
-    for (int p0 = 0; p0 < passes; p0 += kQuantLoads) {
+    for (int p0 = pass_begin; p0 < pass_end; p0 += kQuantLoads) {
       uint4 raw[kQuantLoads];
 #pragma unroll
       for (int u = 0; u < kQuantLoads; ++u) {
         const int c = (p0 + u) * kQuantPass + threadIdx.x * 8;
-        if (p0 + u < passes && c < cols) raw[u] = __ldg(src + c / 8);
+        if (p0 + u < pass_end && c < cols) raw[u] = __ldg(src + c / 8);
       }
 #pragma unroll
       for (int u = 0; u < kQuantLoads; ++u) {
         const int pass = p0 + u;
-        if (pass >= passes) break;  // uniform: every lane has the same passes
+        if (pass >= pass_end) break;  // uniform: every lane has the same passes
         const int c = pass * kQuantPass + threadIdx.x * 8;
         const bool here = c < cols;
         float x[8];
@@ -870,7 +870,7 @@ __device__ __forceinline__ void QuantizeRows(const MoeQuantizeParams& p) {
         if constexpr (F == QuantFormat::kNvfp4) {
           uint32_t packed = 0;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) packed |= E2m1(q[i]) << (4 * i);
+          for (int i = 0; i < 8; ++i) packed |= E2m1Code(q[i]) << (4 * i);
           static_cast<uint32_t*>(p.out)[(r * cols + c) / 8] = packed;
         } else {
           const uint2 v = make_uint2(E4m3x2(q[0], q[1]) | E4m3x2(q[2], q[3]) << 16,

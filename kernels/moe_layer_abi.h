@@ -31,6 +31,7 @@
 #ifndef CUBIST_KERNELS_MOE_LAYER_ABI_H_
 #define CUBIST_KERNELS_MOE_LAYER_ABI_H_
 
+#include <stddef.h>  // offsetof
 #include <stdint.h>
 
 #include "kernels/moe_gemm_abi.h"  // CUBIST_HD
@@ -282,8 +283,26 @@ static_assert(sizeof(MoeFinalizeParams) == 80, "MoeFinalizeParams layout is ABI"
 //              q = e2m1(x * f), two per byte, low nibble first. FlashInfer's fp4_quantize
 //              computes the same with rcp.approx in place of rcp. `global_out`[0] =
 //              rcp(g): the dequantization scale the GEMM reads as its a_global_scale.
-// Grid: any number of CTAs of kMoeQuantizeThreads threads (rows in a grid-stride loop).
+// Grid: any number of CTAs of kMoeQuantizeThreads threads. A CTA quantizes a pass of
+// kMoeQuantizePassCols columns at a time (a scale block never spans two passes). With
+// `col_parts` = S >= 2 each row is S items, item i covering passes
+// [i * ceil(P / S), (i + 1) * ceil(P / S)) of the row's P (some may be empty), and the
+// CTAs take the rows x S items in a grid-stride loop; with 0 or 1, whole rows. A kernel
+// from before the split reads col_parts as reserved and quantizes whole rows of the same
+// grid: either kernel is correct with either grid, and the bytes never depend on it.
+// MoeQuantizeParts is the layer's choice.
 inline constexpr int32_t kMoeQuantizeThreads = 128;
+inline constexpr int32_t kMoeQuantizePassCols = kMoeQuantizeThreads * 8;
+// S when a row holds at least two passes and S x rows fits twice the SMs (decode:
+// Mixtral's 14,336-column intermediate is 14 passes, one after another in one CTA per
+// row without the split), else 1.
+CUBIST_HD constexpr int32_t MoeQuantizeParts(int64_t rows, int32_t cols, int32_t sm_count) {
+  const int64_t passes = (static_cast<int64_t>(cols) + kMoeQuantizePassCols - 1) /
+                         kMoeQuantizePassCols;
+  const int64_t fit = rows > 0 ? 2 * static_cast<int64_t>(sm_count) / rows : 0;
+  const int64_t parts = passes < fit ? passes : fit;
+  return parts >= 2 ? static_cast<int32_t>(parts) : 1;
+}
 struct MoeQuantizeParams {
   int32_t abi;          // kMoeLayerAbi
   int32_t cols;         // K, a multiple of 8 (fp8_block), 32 (mxfp8), 16 (nvfp4)
@@ -297,9 +316,12 @@ struct MoeQuantizeParams {
   void* out;             // [rows, K] elements (nvfp4: [rows, K/2])
   void* out_scale;       // block scales, or null (fp8)
   float* global_out;     // nvfp4: [1] out, rcp(g); else null
-  int64_t reserved[2];
+  int32_t col_parts;     // S: items per row (0 or 1: whole rows)
+  int32_t reserved32;
+  int64_t reserved;
 };
 static_assert(sizeof(MoeQuantizeParams) == 96, "MoeQuantizeParams layout is ABI");
+static_assert(offsetof(MoeQuantizeParams, col_parts) == 80, "col_parts was reserved[0]");
 
 // The expert-major masked layout that low-latency all-to-all libraries deliver (DeepEP's
 // low-latency dispatch, DeepGEMM's m_grouped_*_masked): hidden states [L, max_m, H] and

@@ -318,6 +318,8 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
       const auto q = launches[1].As<moe::MoeQuantizeParams>();
       EXPECT_EQ(q.cols, 256);
       EXPECT_EQ(q.top_k, 4);
+      EXPECT_EQ(q.col_parts, 1) << "one pass a row: nothing to split";
+      EXPECT_EQ(launches[1].config.gridDimX, 20u) << "a CTA per slot";
       EXPECT_EQ(Addr(q.input), kHidden);
       EXPECT_EQ(Addr(q.offsets), ws + pass->offsets);
       EXPECT_EQ(Addr(q.permuted_to_expanded), ws + pass->permuted_to_expanded);
@@ -455,6 +457,20 @@ TEST(MoeFinalizeCtasTest, SplitsWideRowsAtSmallBatches) {
   EXPECT_EQ(moe::MoeFinalizeCtas(1, 1032, 132), 2) << "129 vectors";
   EXPECT_EQ(moe::MoeFinalizeCtas(5, 256, 132), 5) << "32 vectors: one CTA's threads";
   EXPECT_EQ(moe::MoeFinalizeCtas(0, 7168, 132), 0);
+}
+
+// The quantize kernels' grid: a row's passes (1,024 columns each) over S CTAs while S x
+// rows fits twice the SMs, else whole rows.
+TEST(MoeQuantizePartsTest, SplitsLongRowsAtSmallBatches) {
+  EXPECT_EQ(moe::MoeQuantizeParts(2, 14336, 132), 14) << "Mixtral's intermediate, one token";
+  EXPECT_EQ(moe::MoeQuantizeParts(4, 2880, 132), 3) << "gpt-oss, one token: 3 passes";
+  EXPECT_EQ(moe::MoeQuantizeParts(8, 7168, 132), 7) << "DeepSeek-V3's hidden, one token";
+  EXPECT_EQ(moe::MoeQuantizeParts(64, 7168, 132), 4) << "264 / 64 = 4 parts fit";
+  EXPECT_EQ(moe::MoeQuantizeParts(132, 7168, 132), 2);
+  EXPECT_EQ(moe::MoeQuantizeParts(133, 7168, 132), 1) << "a CTA per row";
+  EXPECT_EQ(moe::MoeQuantizeParts(1, 1024, 132), 1) << "one pass";
+  EXPECT_EQ(moe::MoeQuantizeParts(1, 1040, 132), 2) << "a second, partial pass";
+  EXPECT_EQ(moe::MoeQuantizeParts(0, 7168, 132), 1);
 }
 
 // Past decode's limits (here more than 32 tokens) routing and the sort are two launches

@@ -536,6 +536,34 @@ TEST(MoeLayerGpuTest, Fp8BlockWithAPartialLastBlock) {
   RunAndCheck(c, 950);
 }
 
+// Rows of several 1,024-column passes, which the quantize kernels split over CTAs at decode
+// (MoeQuantizeParts): GEMM1's input is 3 passes (3,040 columns: the last one partial, and
+// fp8-block's last 128-block too), GEMM2's 2 (1,280). At 1 and 7 tokens every pass has a
+// CTA of its own; at 300 a CTA quantizes whole rows. The quantized bytes are checked bit
+// for bit (CheckQuantized), every pair.
+TEST(MoeLayerGpuTest, QuantizeSplitsLongRowsAtDecode) {
+  CUBIST_REQUIRE_GPU();
+  const std::pair<DataFormat, DataFormat> pairs[] = {
+      {DataFormat::kFp8, DataFormat::kFp8},     {DataFormat::kFp8Block, DataFormat::kFp8Block},
+      {DataFormat::kMxfp4, DataFormat::kMxfp8}, {DataFormat::kNvfp4, DataFormat::kNvfp4},
+  };
+  for (const auto& [wf, af] : pairs) {
+    for (int t : {1, 7, 300}) {
+      Case c;
+      c.options = Small();
+      c.options.num_experts = 8;
+      c.options.top_k = 2;
+      c.options.hidden = 3040;
+      c.options.intermediate = 1280;
+      c.options.weight_format = wf;
+      c.options.activation_format = af;
+      c.tokens = t;
+      SCOPED_TRACE(absl::StrCat(moe::FormatName(wf), " x ", moe::FormatName(af), " T=", t));
+      RunAndCheck(c, 1100 + t);
+    }
+  }
+}
+
 TEST(MoeLayerGpuTest, EveryRoutingMethod) {
   CUBIST_REQUIRE_GPU();
   for (int m = 0; m < moe::kMoeRoutingMethods; ++m) {
