@@ -139,6 +139,7 @@ struct Case {
   bool bf16_logits = false;
   bool with_bias = false;
   bool nan_logits = false;
+  bool tied_logits = false;  // whole numbers (-0 among them): many equal logits
   bool accumulate = false;
   bool biases = false;       // per-expert biases after both GEMMs, gpt-oss's SwiGLU
   std::vector<int32_t> ids;  // pre-routed (else random)
@@ -301,6 +302,7 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
   std::normal_distribution<float> nd(0.0f, 2.0f);
   for (size_t i = 0; i < logits.size(); ++i) {
     logits[i] = nd(rng);
+    if (c.tied_logits) logits[i] = std::round(logits[i]);
     if (c.nan_logits && i % 7 == 3) logits[i] = std::nanf("");
     if (c.bf16_logits) {
       logits_bf16[i] = ref::FloatToBf16(logits[i]);
@@ -564,29 +566,72 @@ TEST(MoeLayerGpuTest, QuantizeSplitsLongRowsAtDecode) {
   }
 }
 
+// Every method at 1, 3 and 20 tokens (decode's route_sort kernel) and 77 (the route
+// kernel, then the sort), with tied logits (default, deepseek_v3) and NaN logits.
 TEST(MoeLayerGpuTest, EveryRoutingMethod) {
   CUBIST_REQUIRE_GPU();
   for (int m = 0; m < moe::kMoeRoutingMethods; ++m) {
-    Case c;
-    c.options = Small();
-    c.options.num_experts = 64;
-    c.options.routing_method = moe::MoeRoutingMethodName(static_cast<moe::MoeRoutingMethod>(m));
-    c.tokens = 77;
-    if (m == moe::kRouteDeepSeekV3) {
-      c.options.n_group = 8;
-      c.options.topk_group = 4;
-      c.options.routed_scaling_factor = 2.5f;
-      c.with_bias = true;
+    for (int t : {1, 3, 20, 77}) {
+      Case c;
+      c.options = Small();
+      c.options.num_experts = 64;
+      c.options.routing_method = moe::MoeRoutingMethodName(static_cast<moe::MoeRoutingMethod>(m));
+      c.tokens = t;
+      if (m == moe::kRouteDeepSeekV3) {
+        c.options.n_group = 8;
+        c.options.topk_group = 4;
+        c.options.routed_scaling_factor = 2.5f;
+        c.with_bias = true;
+      }
+      if (m == moe::kRouteLlama4) {
+        c.options.top_k = 1;
+        c.options.apply_weight_on_input = true;
+      }
+      c.bf16_logits = m % 2 == 1;
+      if (c.bf16_logits) c.options.logits_format = "bf16";
+      c.nan_logits = m == moe::kRouteRenormalize || m == moe::kRouteTopK;
+      c.tied_logits = m == moe::kRouteDefault || m == moe::kRouteDeepSeekV3;
+      SCOPED_TRACE(absl::StrCat(c.options.routing_method, " T=", t));
+      RunAndCheck(c, 200 + 10 * m + t);
     }
-    if (m == moe::kRouteLlama4) {
-      c.options.top_k = 1;
-      c.options.apply_weight_on_input = true;
+  }
+}
+
+// Decode's routing (route_sort) at the models' widths: DeepSeek-V3's 256 experts in 8
+// groups, Qwen3's 128 and 1,024, with whole-number logits (many ties, -0 among them) and
+// with NaN logits, at 1 to 9 tokens.
+TEST(MoeLayerGpuTest, DecodeRoutingAtModelWidthsMatchesTheReference) {
+  CUBIST_REQUIRE_GPU();
+  struct Width {
+    int experts, top_k;
+    const char* method;
+    std::vector<int> tokens;
+  };
+  const Width widths[] = {{256, 8, "deepseek_v3", {1, 2, 4, 5}},
+                          {128, 8, "renormalize", {1, 8, 9}},
+                          {1024, 16, "default", {1, 2}}};
+  for (const Width& w : widths) {
+    for (int t : w.tokens) {
+      for (int variant = 0; variant < 2; ++variant) {
+        Case c;
+        c.options = Small();
+        c.options.num_experts = w.experts;
+        c.options.top_k = w.top_k;
+        c.options.routing_method = w.method;
+        if (std::string_view(w.method) == "deepseek_v3") {
+          c.options.n_group = 8;
+          c.options.topk_group = 4;
+          c.options.routed_scaling_factor = 2.5f;
+          c.with_bias = true;
+        }
+        c.tokens = t;
+        c.tied_logits = variant == 0;
+        c.nan_logits = variant == 1;
+        SCOPED_TRACE(absl::StrCat(w.method, " E=", w.experts, " T=", t,
+                                  variant == 0 ? " tied" : " NaN"));
+        RunAndCheck(c, 3000 + w.experts + 10 * t + variant);
+      }
     }
-    c.bf16_logits = m % 2 == 1;
-    if (c.bf16_logits) c.options.logits_format = "bf16";
-    c.nan_logits = m == moe::kRouteRenormalize || m == moe::kRouteTopK;
-    SCOPED_TRACE(c.options.routing_method);
-    RunAndCheck(c, 200 + m);
   }
 }
 
