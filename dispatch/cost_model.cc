@@ -46,15 +46,19 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
   const int64_t tk = std::max(1, s.tile_k);
   CostEstimate c;
 
-  // Uniform routing: every expert gets the average; the tail expert's rounding is
-  // ignored since it is the same for every candidate.
-  const double m = p.experts > 0 ? static_cast<double>(p.tokens) / p.experts : 0;
+  // Uniform routing: every expert with rows gets the average; the tail expert's rounding
+  // is ignored since it is the same for every candidate. Fewer rows than experts (a
+  // decode step: one token of Mixtral-8x7B is 2 rows over 8 experts) touch at most one
+  // expert per row: counting every expert's tiles there had the grid look full when a
+  // quarter of it ran (and kept the narrower tiles that fill it from winning).
+  const int64_t active = std::max<int64_t>(1, std::min(p.experts, p.tokens));
+  const double m = p.experts > 0 ? static_cast<double>(p.tokens) / active : 0;
   const int64_t m_tiles_per_expert = static_cast<int64_t>(std::ceil(m / tm));
   const int64_t n_tiles = CeilDiv(p.n, tn);
   const int64_t k_iters = CeilDiv(p.k, tk);
   int64_t cluster = int64_t{s.cluster[0]} * s.cluster[1] * s.cluster[2];
   cluster = std::max<int64_t>(cluster, 1);
-  c.ctas = CeilDiv(p.experts * m_tiles_per_expert * n_tiles, cluster) * cluster;
+  c.ctas = CeilDiv(active * m_tiles_per_expert * n_tiles, cluster) * cluster;
 
   c.efficiency_m = m_tiles_per_expert > 0 ? m / (m_tiles_per_expert * tm) : 1.0;
   c.efficiency_n = static_cast<double>(p.n) / (n_tiles * tn);
@@ -75,11 +79,17 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
   const double x = static_cast<double>(tm * tn) / static_cast<double>(tm + tn);
   const double tile_factor = x / (x + 16.0);
   const double cta_flops = 2.0 * tm * tn * k_iters * tk;
-  c.compute_us = c.waves * c.ctas_per_sm * cta_flops /
+  // The CTAs the busiest SM runs, one after another at the SM's rate: whole waves hold
+  // ctas_per_sm per SM each; a grid of at most one wave spreads over the SMs first, so its
+  // busiest SM holds ceil(ctas / SMs). (Counting a full wave there made 64 CTAs on 132
+  // SMs cost as much as 264, and a tile that halves them look no faster.)
+  const int64_t per_sm = c.ctas > slots ? static_cast<int64_t>(c.waves) * c.ctas_per_sm
+                                        : CeilDiv(c.ctas, device.sm_count);
+  c.compute_us = static_cast<double>(per_sm) * cta_flops /
                  (peak_per_sm * tile_factor * kernel.mma_efficiency) * 1e6;
 
   const double bytes =
-      p.experts * static_cast<double>(p.n) * p.k * BitsPerElement(p.weight_format) / 8 +
+      active * static_cast<double>(p.n) * p.k * BitsPerElement(p.weight_format) / 8 +
       static_cast<double>(p.tokens) * p.k * BitsPerElement(p.activation_format) / 8 +
       static_cast<double>(p.tokens) * p.output_n() * 2.0;
   const double busy = std::min(1.0, static_cast<double>(c.ctas) / device.sm_count);

@@ -30,11 +30,13 @@ int64_t ChunkTokens(const MoeLayerOptions& o, int64_t tokens) {
   return o.max_chunk_tokens > 0 ? std::min(tokens, o.max_chunk_tokens) : tokens;
 }
 
-// Rows the GEMMs are sized for: a power of two >= T x k (at least 64), so that the
-// kernels chosen for a bucket serve every batch in it and CanImplement(max_tokens) has
-// log2(max_tokens) GEMM problems to prepare, not max_tokens.
+// Rows the GEMMs are sized for: a power of two >= T x k, so that the kernels chosen for a
+// bucket serve every batch in it and CanImplement(max_tokens) has log2(max_tokens x k)
+// GEMM problems to prepare, not max_tokens. The buckets start at one row: a decode step
+// of Mixtral-8x7B is 2 rows over 8 experts, and sized as 64 rows its GEMMs were chosen
+// for a grid of every expert's tiles (GEMM2's 64 CTAs left half the SMs idle).
 int64_t RowBucketFor(int64_t tokens, int64_t top_k) {
-  int64_t rows = 64;
+  int64_t rows = 1;
   while (rows < tokens * top_k) rows *= 2;
   return rows;
 }
@@ -632,7 +634,7 @@ absl::Status MoeLayer::CanImplement(const MoeLayerArgs& args, int64_t max_tokens
   } else {
     const int64_t chunk = ChunkTokens(options_, std::max<int64_t>(max_tokens, 1));
     const int64_t top = RowBucketFor(chunk, options_.top_k);
-    for (int64_t rows = 64; rows <= top; rows *= 2) {
+    for (int64_t rows = 1; rows <= top; rows *= 2) {
       layouts.push_back(LayoutForRows(options_, chunk, rows));
     }
   }

@@ -289,7 +289,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
     EXPECT_TRUE(driver_.launches().empty()) << "CanImplement launches nothing";
     CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
 
-    // Run sizes its workspace for this batch: rows = 64 (the smallest bucket >= 5 x 4).
+    // Run sizes its workspace for this batch: rows = 32 (the smallest bucket >= 5 x 4).
     auto pass = MoeLayer::WorkspaceLayout(o, tokens);
     ASSERT_TRUE(pass.ok());
     const CUdeviceptr ws = kWorkspace;
@@ -340,7 +340,8 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
 
     const auto g1 = launches[2].gemm();
     EXPECT_EQ(g1.num_experts, 16);
-    // The row bucket (64) picks the kernel; the launch bounds rows by the T x k slots.
+    // The row bucket (32) picks the kernel; the launch bounds rows by the T x k slots.
+    EXPECT_EQ(pass->row_capacity, 32);
     EXPECT_EQ(g1.num_tokens, 20) << "T x k, not the row bucket";
     EXPECT_EQ(launches[launches.size() - 2].gemm().num_tokens, 20) << "GEMM2 too";
     EXPECT_EQ(g1.n, 256) << "2I rows: gated";

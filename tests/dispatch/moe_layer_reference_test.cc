@@ -293,8 +293,8 @@ TEST(MoeLayerOptionsTest, QuantizedWorkspaceHoldsEachFormatsBytes) {
   MoeLayerOptions o = Qwen3();
   o.weight_format = o.activation_format = moe::kNvfp4;
   const MoeLayerWorkspace w = *MoeLayer::WorkspaceLayout(o, 1);
-  const size_t rows = 64;  // the smallest row bucket
-  EXPECT_EQ(w.row_capacity, 64);
+  const size_t rows = 8;  // one token's bucket: T x k = 8 rows
+  EXPECT_EQ(w.row_capacity, 8);
   EXPECT_GE(w.gathered_scale - w.gathered, rows * 2048 / 2);    // e2m1, two per byte
   EXPECT_GE(w.activated - w.gathered_scale, rows * 2048 / 16);  // e4m3 per 16
   EXPECT_GE(w.quantized - w.activated, rows * 768 * 2);         // bf16

@@ -53,6 +53,19 @@ class SelectTest : public ::testing::Test {
     return names;
   }
 
+  // The cost estimate of the named candidate.
+  CostEstimate CostOf(std::string_view name, const MoeProblem& p) {
+    auto ranked = RankCandidates(*registry_, p);
+    EXPECT_TRUE(ranked.ok()) << ranked.status();
+    if (ranked.ok()) {
+      for (const Candidate& c : *ranked) {
+        if (c.kernel->name() == name) return c.cost;
+      }
+    }
+    ADD_FAILURE() << "no candidate " << name;
+    return CostEstimate{};
+  }
+
   std::optional<Registry> registry_;
 };
 
@@ -81,6 +94,35 @@ TEST_F(SelectTest, DecodePicksTheDecodeTile) {
   ASSERT_TRUE(best.ok());
   EXPECT_DOUBLE_EQ(best->cost.efficiency_m, 8.0 / 64);
   EXPECT_GE(best->cost.memory_us, best->cost.compute_us);
+}
+
+// A decode step with fewer rows than experts touches at most one expert per row: one
+// token of Mixtral-8x7B is 2 rows over 8 experts, so the grid is 2 experts' tiles.
+TEST_F(SelectTest, FewerRowsThanExpertsCountOnlyTheTouchedExperts) {
+  MoeProblem p = Bf16Swiglu(8, 1, 28672, 4096);
+  p.tokens = 2;
+  const CostEstimate two = CostOf("bf16_swiglu_m64n128k64", p);
+  EXPECT_EQ(two.ctas, 2 * 224) << "2 experts x 224 tiles of 128 columns, not 8";
+  EXPECT_DOUBLE_EQ(two.efficiency_m, 1.0 / 64);
+  p.tokens = 8;  // as many rows as experts: every expert's tiles
+  EXPECT_EQ(CostOf("bf16_swiglu_m64n128k64", p).ctas, 8 * 224);
+}
+
+// A grid of at most one wave costs by its busiest SM: 64 or 128 CTAs on 132 SMs are one
+// CTA per SM, the same time; 192 are two on some SMs. (Counting a whole wave for each
+// made a tile that halves a small grid's CTAs look no faster.)
+TEST_F(SelectTest, APartialWaveCostsItsBusiestSm) {
+  MoeProblem p = Bf16Swiglu(8, 1, 4096, 14336);  // 32 tiles of 128 columns per expert
+  p.tokens = 2;
+  const CostEstimate one = CostOf("bf16_swiglu_m64n128k64", p);
+  p.tokens = 4;
+  const CostEstimate two = CostOf("bf16_swiglu_m64n128k64", p);
+  p.tokens = 6;
+  const CostEstimate three = CostOf("bf16_swiglu_m64n128k64", p);
+  EXPECT_EQ(one.ctas, 64);
+  EXPECT_EQ(three.ctas, 192);
+  EXPECT_DOUBLE_EQ(one.compute_us, two.compute_us);
+  EXPECT_DOUBLE_EQ(three.compute_us, 2 * one.compute_us);
 }
 
 TEST_F(SelectTest, SmCountChangesWaves) {

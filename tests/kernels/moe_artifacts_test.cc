@@ -149,9 +149,9 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->name, "moe-gemm-sm90a");
-  // Without --version: the family's, raised when its set of kernels changed (6: fp8-block's
-  // 128x192 tile).
-  EXPECT_EQ(m->version, 6);
+  // Without --version: the family's, raised when its set of kernels changed (7: the FP4
+  // pairs' 8x64 tiles).
+  EXPECT_EQ(m->version, 7);
   // The --small preset: 6 GEMMs in a cubin each, and the layer's 14 kernels in one.
   ASSERT_EQ(m->kernels.size(), 20u);
   ASSERT_EQ(m->artifacts.size(), 7u);
@@ -421,7 +421,7 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   // Without --version: the family's version, raised when its set of kernels changed.
-  EXPECT_EQ(m->version, 6);
+  EXPECT_EQ(m->version, 7);
   ASSERT_EQ(m->kernels.size(), 6u);
   for (const KernelSpec& k : m->kernels) {
     EXPECT_EQ(k.extras.count("exact"), 0u) << k.name;
@@ -436,6 +436,35 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
     } else {
       EXPECT_EQ(k.extras.count("output_format"), 0u) << k.name;
     }
+  }
+}
+
+// The FP4 8x64 tiles: one consumer warpgroup (256 threads), two CTAs per SM with their
+// launch's registers (no setmaxnreg: nothing to move), no spill, and the calibration that
+// lets them win only where 8x128 tiles leave SMs idle (0.7 of 8x128's rate per SM).
+TEST(MoeKernelPtxasTest, Fp4NarrowTilesNeitherSpillNorSerialize) {
+  if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
+  TempDir dir;
+  std::string out;
+  ASSERT_EQ(BuildGemmKernels(
+                dir, "--formats mxfp4,nvfp4 --activations identity --tiles 8x64x256", &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("build-artifacts: 3 kernels in"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("serialized")));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("spilled")));
+  const std::string path = dir.Join("art/manifest.json");
+  auto m = ParseManifest(ReadFileOrDie(path), path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->kernels.size(), 3u);
+  for (const KernelSpec& k : m->kernels) {
+    SCOPED_TRACE(k.name);
+    EXPECT_EQ(k.tile_m, 8);
+    EXPECT_EQ(k.tile_n, 64);
+    EXPECT_EQ(k.threads, 256);
+    EXPECT_EQ(k.extras.at("ctas_per_sm"), "2");
+    EXPECT_EQ(k.extras.at("spill_bytes"), "0");
+    EXPECT_EQ(k.extras.at("mma_efficiency"), "0.106");
   }
 }
 
