@@ -21,32 +21,23 @@
 
 #include <stdint.h>
 
-#ifndef __CUDA_ARCH__
-#include <cstring>
-#endif
+#include <string.h>  // memcpy (host and device)
 
 #include "kernels/moe_gemm_abi.h"  // CUBIST_HD
 
 namespace cubist::moe {
 
-CUBIST_HD inline uint32_t E2m1FloatBits(float v) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(v);
-#else
-  uint32_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-#endif
+// The bits of one 4-byte type as another's (memcpy compiles to a register move on both
+// sides, where a union or reinterpret_cast would be undefined behaviour in C++).
+template <typename To, typename From>
+CUBIST_HD inline To E2m1BitCast(From v) {
+  static_assert(sizeof(To) == sizeof(From), "same size");
+  To t;
+  memcpy(&t, &v, sizeof t);
+  return t;
 }
-CUBIST_HD inline float E2m1BitsFloat(uint32_t b) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(b);
-#else
-  float v;
-  std::memcpy(&v, &b, sizeof v);
-  return v;
-#endif
-}
+CUBIST_HD inline uint32_t E2m1FloatBits(float v) { return E2m1BitCast<uint32_t>(v); }
+CUBIST_HD inline float E2m1BitsFloat(uint32_t b) { return E2m1BitCast<float>(b); }
 
 // Bits 0-2 the magnitude's code, bit 3 the sign.
 CUBIST_HD inline uint32_t E2m1Code(float v) {

@@ -17,7 +17,9 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -439,25 +441,31 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   }
 }
 
+// Builds `selection` (scripts/build-artifacts arguments) into dir and checks that ptxas
+// neither spilled nor serialized the wgmma of any of its `count` kernels; their specs.
+std::vector<KernelSpec> BuildUnspilled(const TempDir& dir, const std::string& selection,
+                                       size_t count) {
+  std::string out;
+  EXPECT_EQ(BuildGemmKernels(dir, selection, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("build-artifacts: ", count, " kernels in")));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("serialized")));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("spilled")));
+  const std::string path = dir.Join("art/manifest.json");
+  auto m = ParseManifest(ReadFileOrDie(path), path);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return {};
+  EXPECT_EQ(m->kernels.size(), count);
+  return m->kernels;
+}
+
 // The FP4 8x64 tiles: one consumer warpgroup (256 threads), two CTAs per SM with their
 // launch's registers (no setmaxnreg: nothing to move), no spill, and the calibration that
 // lets them win only where 8x128 tiles leave SMs idle (0.7 of 8x128's rate per SM).
 TEST(MoeKernelPtxasTest, Fp4NarrowTilesNeitherSpillNorSerialize) {
   if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
   TempDir dir;
-  std::string out;
-  ASSERT_EQ(BuildGemmKernels(
-                dir, "--formats mxfp4,nvfp4 --activations identity --tiles 8x64x256", &out),
-            0)
-      << out;
-  EXPECT_THAT(out, HasSubstr("build-artifacts: 3 kernels in"));
-  EXPECT_THAT(out, ::testing::Not(HasSubstr("serialized")));
-  EXPECT_THAT(out, ::testing::Not(HasSubstr("spilled")));
-  const std::string path = dir.Join("art/manifest.json");
-  auto m = ParseManifest(ReadFileOrDie(path), path);
-  ASSERT_TRUE(m.ok()) << m.status();
-  ASSERT_EQ(m->kernels.size(), 3u);
-  for (const KernelSpec& k : m->kernels) {
+  for (const KernelSpec& k :
+       BuildUnspilled(dir, "--formats mxfp4,nvfp4 --activations identity --tiles 8x64x256", 3)) {
     SCOPED_TRACE(k.name);
     EXPECT_EQ(k.tile_m, 8);
     EXPECT_EQ(k.tile_n, 64);
@@ -476,19 +484,8 @@ TEST(MoeKernelPtxasTest, Fp4NarrowTilesNeitherSpillNorSerialize) {
 TEST(MoeKernelPtxasTest, Fp8Block192NeitherSpillsNorSerializes) {
   if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
   TempDir dir;
-  std::string out;
-  ASSERT_EQ(BuildGemmKernels(
-                dir, "--formats fp8-block --activations identity,swiglu --tiles 128x192", &out),
-            0)
-      << out;
-  EXPECT_THAT(out, HasSubstr("build-artifacts: 2 kernels in"));
-  EXPECT_THAT(out, ::testing::Not(HasSubstr("serialized")));
-  EXPECT_THAT(out, ::testing::Not(HasSubstr("spilled")));
-  const std::string path = dir.Join("art/manifest.json");
-  auto m = ParseManifest(ReadFileOrDie(path), path);
-  ASSERT_TRUE(m.ok()) << m.status();
-  ASSERT_EQ(m->kernels.size(), 2u);
-  for (const KernelSpec& k : m->kernels) {
+  for (const KernelSpec& k : BuildUnspilled(
+           dir, "--formats fp8-block --activations identity,swiglu --tiles 128x192", 2)) {
     SCOPED_TRACE(k.name);
     EXPECT_EQ(k.tile_n, 192);
     EXPECT_EQ(k.shared_mem_bytes, 193152);
