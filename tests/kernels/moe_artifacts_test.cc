@@ -311,22 +311,23 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_tma_mxfp4_mxfp8_geglu_m64n128k256\n" +
                 std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
-  // The whole family: 125 TMA kernels writing bf16 (generation 2; generation 1's 95 are
-  // retired) and the fp8 pair's 15 writing e4m3 (_ofp8); then the layer's 14, which the
-  // GEMM selection flags do not filter.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 154);
+  // The whole family: 140 TMA kernels writing bf16 (generation 2; generation 1's 95 are
+  // retired; the FP4 pairs' 8x64 tiles among them) and the fp8 pair's 15 writing e4m3
+  // (_ofp8); then the layer's 14, which the GEMM selection flags do not filter.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 169);
   EXPECT_THAT(out, ::testing::Not(::testing::ContainsRegex("(^|\n)moe_gemm_[^t]")));
   EXPECT_TRUE(out.ends_with(kLayerList)) << out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --no-layer 2>&1", &out),
             0);
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 140);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 155);
   EXPECT_THAT(out, ::testing::Not(HasSubstr("cubist_moe_")));
-  // mxfp4 x mxfp8: the bf16-MMA kernels up to 64 tokens (kernels/moe_gemm_fp4.cu), then
-  // the fp8-MMA one of 128 tokens, weights decoded by converters
-  // (kernels/moe_gemm_fp4_fp8.cu, tile_k 128): one design per tile.
+  // mxfp4 x mxfp8: the bf16-MMA kernels up to 64 tokens (kernels/moe_gemm_fp4.cu; 8 tokens
+  // also 64 weight rows wide), then the fp8-MMA one of 128 tokens, weights decoded by
+  // converters (kernels/moe_gemm_fp4_fp8.cu, tile_k 128): one design per tile.
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list "
                        "--formats mxfp4xmxfp8 --activations swiglu 2>&1", &out), 0) << out;
   EXPECT_EQ(out,
+            "moe_gemm_tma_mxfp4_mxfp8_swiglu_m8n64k256\n"
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m8n128k256\n"
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m16n128k256\n"
             "moe_gemm_tma_mxfp4_mxfp8_swiglu_m32n128k256\n"
