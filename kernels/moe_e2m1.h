@@ -36,20 +36,18 @@ CUBIST_HD inline To E2m1BitCast(From v) {
   memcpy(&t, &v, sizeof t);
   return t;
 }
-CUBIST_HD inline uint32_t E2m1FloatBits(float v) { return E2m1BitCast<uint32_t>(v); }
-CUBIST_HD inline float E2m1BitsFloat(uint32_t b) { return E2m1BitCast<float>(b); }
 
 // Bits 0-2 the magnitude's code, bit 3 the sign.
 CUBIST_HD inline uint32_t E2m1Code(float v) {
-  const uint32_t bits = E2m1FloatBits(v);
+  const uint32_t bits = E2m1BitCast<uint32_t>(v);
   const uint32_t sign = (bits >> 28) & 8u;
-  float a = E2m1BitsFloat(bits & 0x7FFFFFFFu);
+  float a = E2m1BitCast<float>(bits & 0x7FFFFFFFu);
   a = a < 6.0f ? a : 6.0f;  // saturates (inf too); a NaN becomes 6 here, 0 below
   const bool low = a < 2.0f, middle = a < 4.0f;
   const float m = low ? 2.0f : middle ? 1.0f : 0.5f;
   const uint32_t base = low ? 0u : middle ? 2u : 4u;
   const float rounded = a * m + 8388608.0f;  // 2^23 + rint(a x m), rint(a x m) <= 4
-  const uint32_t code = E2m1FloatBits(rounded) - 0x4B000000u + base;
+  const uint32_t code = E2m1BitCast<uint32_t>(rounded) - 0x4B000000u + base;
   return v != v ? 0u : (code | sign);
 }
 

@@ -229,13 +229,18 @@ static_assert(sizeof(MoeGatherParams) == 80, "MoeGatherParams layout is ABI");
 // T CTAs plus idle ones, so either grid is correct with either kernel; the bits never
 // depend on it. MoeFinalizeCtas is the layer's choice.
 inline constexpr int32_t kMoeFinalizeThreads = 128;
+// How many parts each of `rows` rows is split into for the finalize and quantize grids:
+// up to `want`, while parts x rows fits twice the SMs; 1 when that is fewer than 2.
+CUBIST_HD constexpr int64_t MoeRowParts(int64_t want, int64_t rows, int32_t sm_count) {
+  const int64_t fit = rows > 0 ? 2 * static_cast<int64_t>(sm_count) / rows : 0;
+  const int64_t parts = want < fit ? want : fit;
+  return parts >= 2 ? parts : 1;
+}
 // S x T when the columns give each thread of S CTAs a vector and S x T fits twice the SMs
 // (decode: DeepSeek-V3's H = 7168 is 7 CTAs per token up to 37 tokens on 132 SMs), else T.
 CUBIST_HD constexpr int64_t MoeFinalizeCtas(int64_t tokens, int32_t hidden, int32_t sm_count) {
   const int64_t want = (hidden / 8 + kMoeFinalizeThreads - 1) / kMoeFinalizeThreads;
-  const int64_t fit = tokens > 0 ? 2 * static_cast<int64_t>(sm_count) / tokens : 0;
-  const int64_t split = want < fit ? want : fit;
-  return split >= 2 ? split * tokens : tokens;
+  return MoeRowParts(want, tokens, sm_count) * tokens;
 }
 struct MoeFinalizeParams {
   int32_t abi;          // kMoeLayerAbi
@@ -299,9 +304,7 @@ inline constexpr int32_t kMoeQuantizePassCols = kMoeQuantizeThreads * 8;
 CUBIST_HD constexpr int32_t MoeQuantizeParts(int64_t rows, int32_t cols, int32_t sm_count) {
   const int64_t passes = (static_cast<int64_t>(cols) + kMoeQuantizePassCols - 1) /
                          kMoeQuantizePassCols;
-  const int64_t fit = rows > 0 ? 2 * static_cast<int64_t>(sm_count) / rows : 0;
-  const int64_t parts = passes < fit ? passes : fit;
-  return parts >= 2 ? static_cast<int32_t>(parts) : 1;
+  return static_cast<int32_t>(MoeRowParts(passes, rows, sm_count));
 }
 struct MoeQuantizeParams {
   int32_t abi;          // kMoeLayerAbi

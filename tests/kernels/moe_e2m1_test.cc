@@ -16,7 +16,7 @@ namespace {
 
 using reference::FloatToE2m1;
 
-uint32_t Bits(float v) { return E2m1FloatBits(v); }
+uint32_t Bits(float v) { return E2m1BitCast<uint32_t>(v); }
 
 TEST(E2m1CodeTest, MatchesTheReferenceAroundEveryBoundary) {
   // The ties (0.25 .. 5), the range joins (2, 4), saturation (6), the smallest numbers.
@@ -29,7 +29,7 @@ TEST(E2m1CodeTest, MatchesTheReferenceAroundEveryBoundary) {
       for (int64_t d = -4096; d <= 4096; ++d) {
         const int64_t b = static_cast<int64_t>(mid) + d;
         if (b < 0 || b > 0xFFFFFFFFll) continue;
-        const float v = E2m1BitsFloat(static_cast<uint32_t>(b));
+        const float v = E2m1BitCast<float>(static_cast<uint32_t>(b));
         ASSERT_EQ(E2m1Code(v), FloatToE2m1(v)) << "v = " << v << " (bits 0x" << std::hex << b
                                                << ")";
         ++checked;
@@ -41,7 +41,7 @@ TEST(E2m1CodeTest, MatchesTheReferenceAroundEveryBoundary) {
 
 TEST(E2m1CodeTest, MatchesTheReferenceOverAStrideOfEveryPattern) {
   for (uint64_t b = 0; b <= 0xFFFFFFFFull; b += 4093) {  // a prime stride: every exponent
-    const float v = E2m1BitsFloat(static_cast<uint32_t>(b));
+    const float v = E2m1BitCast<float>(static_cast<uint32_t>(b));
     ASSERT_EQ(E2m1Code(v), FloatToE2m1(v)) << "bits 0x" << std::hex << b;
   }
 }
