@@ -308,6 +308,11 @@ void RegisterRun(CLI::App& app, Globals& g) {
                   "moe, fp8 x fp8: auto (default: fused where the manifest has the kernel), "
                   "on (GEMM1's epilogue writes GEMM2's fp8 input) or off (a quantize kernel)")
       ->type_name("MODE");
+  cmd->add_option("--nvfp4-gemm-inputs", f->layer.nvfp4_gemm_inputs,
+                  "moe, nvfp4 x nvfp4: auto (default: decoded where the cost model prices it "
+                  "faster), packed (the GEMMs read nvfp4's bytes) or decoded (bf16 values "
+                  "written once by the quantize kernels)")
+      ->type_name("MODE");
   cmd->add_option("--check-tokens", f->layer.check_tokens,
                   "moe: tokens checked against the CPU reference (default 16)");
   cmd->add_option("--kernel", f->pin, "Use this kernel (debugging)")->type_name("NAME");

@@ -34,6 +34,9 @@ struct MoeLayerRunFlags {
   // fp8 x fp8: GEMM1's epilogue quantizes GEMM2's input ("on"), a separate kernel does
   // ("off"), or whichever the manifest serves ("auto"): MoeLayerOptions'.
   std::string fuse_intermediate_quantization = "auto";
+  // nvfp4 x nvfp4: the GEMMs on nvfp4's bytes ("packed") or on their bf16 values
+  // ("decoded"), or the cost model's choice ("auto"): MoeLayerOptions'.
+  std::string nvfp4_gemm_inputs = "auto";
   int check_tokens = 16;   // tokens compared with the reference
   int iterations = 20;
   int warmup = 3;

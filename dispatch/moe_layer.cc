@@ -49,7 +49,8 @@ struct LayerPair {
 constexpr LayerPair kLayerPairs[] = {
     {DataFormat::kBf16, DataFormat::kBf16},       {DataFormat::kFp8, DataFormat::kFp8},
     {DataFormat::kFp8Block, DataFormat::kFp8Block}, {DataFormat::kMxfp4, DataFormat::kBf16},
-    {DataFormat::kMxfp4, DataFormat::kMxfp8},     {DataFormat::kNvfp4, DataFormat::kNvfp4},
+    {DataFormat::kMxfp4, DataFormat::kMxfp8},     {DataFormat::kNvfp4, DataFormat::kBf16},
+    {DataFormat::kNvfp4, DataFormat::kNvfp4},
 };
 
 const char* QuantizeFunction(DataFormat f) {
@@ -184,9 +185,35 @@ absl::Status ValidateFusion(const MoeLayerOptions& o) {
   return absl::OkStatus();
 }
 
+bool Nvfp4Pair(const MoeLayerOptions& o) {
+  return o.weight_format == DataFormat::kNvfp4 && o.activation_format == DataFormat::kNvfp4;
+}
+
+// nvfp4_gemm_inputs: a known mode, and "decoded" only for the nvfp4 x nvfp4 pair.
+absl::Status ValidateNvfp4Inputs(const MoeLayerOptions& o) {
+  const std::string& m = o.nvfp4_gemm_inputs;
+  if (m != "auto" && m != "packed" && m != "decoded") {
+    return Bad("nvfp4_gemm_inputs", absl::StrCat("'", m, "' is not auto, packed or decoded"));
+  }
+  if (m == "decoded" && !Nvfp4Pair(o)) {
+    return Bad("nvfp4_gemm_inputs",
+               absl::StrCat("'decoded' needs the nvfp4 x nvfp4 pair; the ",
+                            Sv(DataFormatName(o.weight_format)), " x ",
+                            Sv(DataFormatName(o.activation_format)),
+                            " pair has no nvfp4 inputs to decode: use auto or packed"));
+  }
+  return absl::OkStatus();
+}
+
+// Whether the workspace holds room for decoded nvfp4 inputs.
+bool MayDecode(const MoeLayerOptions& o) {
+  return Nvfp4Pair(o) && o.nvfp4_gemm_inputs != "packed";
+}
+
 absl::Status ValidateOptions(const MoeLayerOptions& o) {
   CUBIST_RETURN_IF_ERROR(ValidateShapes(o));
   CUBIST_RETURN_IF_ERROR(ValidateFusion(o));
+  CUBIST_RETURN_IF_ERROR(ValidateNvfp4Inputs(o));
   if (Masked(o)) return ValidateMaskedOptions(o);
   if (o.input_layout != "token_major") {
     return Bad("input_layout", absl::StrCat("'", o.input_layout,
@@ -265,8 +292,12 @@ MoeLayerWorkspace LayoutForRows(const MoeLayerOptions& o, int64_t chunk_tokens, 
   w.gathered_scale = take(static_cast<size_t>(moe::MoeScaleBytes(af, rows, o.hidden)));
   w.activated = take(2 * static_cast<size_t>(rows * o.intermediate));
   const bool q = Quantized(af);
-  w.quantized = q ? take(static_cast<size_t>(moe::MoeElementBytes(af, rows * o.intermediate)))
-                  : w.activated;
+  // Decoded nvfp4 inputs: GEMM1's in `rows` (bf16 [rows, H], free until GEMM2 writes it),
+  // GEMM2's in `quantized`, then bf16 [rows, I].
+  const size_t quantized_bytes =
+      std::max<size_t>(static_cast<size_t>(moe::MoeElementBytes(af, rows * o.intermediate)),
+                       MayDecode(o) ? 2 * static_cast<size_t>(rows * o.intermediate) : 0);
+  w.quantized = q ? take(quantized_bytes) : w.activated;
   w.quantized_scale = take(static_cast<size_t>(moe::MoeScaleBytes(af, rows, o.intermediate)));
   w.global_scales = take(8);
   w.rows = take(2 * static_cast<size_t>(rows * o.hidden));
@@ -383,8 +414,12 @@ absl::Status MoeLayer::LoadGlue() {
   const char* quantize = QuantizeFunction(options_.activation_format);
   auto token = [&](const char* f) { return masked_ ? nullptr : f; };
   auto masked = [&](const char* f) { return masked_ ? f : nullptr; };
+  const char* decoded = MayDecode(options_) ? "cubist_moe_quantize_nvfp4_decoded" : nullptr;
   const Want wants[] = {
       {Op::kMoeQuantize, quantize, &quantize_},
+      // "auto" goes without it (a manifest from before it); "decoded" needs it.
+      {Op::kMoeQuantize, decoded, &quantize_decoded_,
+       /*optional=*/options_.nvfp4_gemm_inputs == "auto"},
       {Op::kMoeRoute, token("cubist_moe_route"), &route_},
       {Op::kMoeRoute, token("cubist_moe_route_sort"), &route_sort_, /*optional=*/true},
       {Op::kMoeSort, token("cubist_moe_sort_fused"), &sort_fused_},
@@ -581,8 +616,8 @@ struct MoeLayer::Pass {
 };
 
 MoeGemmArgs MoeLayer::GemmArgs(const MoeLayerArgs& a, int gemm, CUdeviceptr ws,
-                               const MoeLayerWorkspace& w) const {
-  const DataFormat af = options_.activation_format;
+                               const MoeLayerWorkspace& w, bool decoded) const {
+  const DataFormat af = decoded ? DataFormat::kBf16 : options_.activation_format;
   const bool first = gemm == 1;
   MoeGemmArgs g;
   g.weight_format = options_.weight_format;
@@ -619,8 +654,55 @@ MoeGemmArgs MoeLayer::GemmArgs(const MoeLayerArgs& a, int gemm, CUdeviceptr ws,
     g.a_scale = ws + (first ? w.gathered_scale : w.quantized_scale);
   }
   if (af == DataFormat::kFp8) g.a_global_scale = first ? a.input_scale : a.intermediate_scale;
-  if (af == DataFormat::kNvfp4) g.a_global_scale = ws + w.global_scales + (first ? 0 : 4);
+  if (af == DataFormat::kNvfp4 || decoded) {
+    g.a_global_scale = ws + w.global_scales + (first ? 0 : 4);
+  }
+  if (decoded) g.a = ws + (first ? w.rows : w.quantized);  // bf16 values, not nvfp4 bytes
   return g;
+}
+
+bool MoeLayer::DecodesNvfp4Inputs(int64_t tokens) {
+  if (!MayDecode(options_) || !LoadGlue().ok()) return false;
+  if (masked_) return Decoded(MaskedLayout(options_));
+  const int64_t chunk = ChunkTokens(options_, std::max<int64_t>(tokens, 1));
+  return Decoded(LayoutForRows(options_, chunk, RowBucketFor(chunk, options_.top_k)));
+}
+
+bool MoeLayer::Decoded(const MoeLayerWorkspace& w) {
+  if (!MayDecode(options_) || quantize_decoded_.function == nullptr) return false;
+  if (options_.nvfp4_gemm_inputs == "decoded") return true;
+  {
+    absl::ReaderMutexLock lock(&decoded_mu_);
+    auto it = decoded_.find(w.row_capacity);
+    if (it != decoded_.end()) return it->second;
+  }
+  const bool faster = DecodedIsFaster(w);
+  absl::MutexLock lock(&decoded_mu_);
+  decoded_.emplace(w.row_capacity, faster);
+  return faster;
+}
+
+// Both GEMMs' best estimated time (the cost model, as untuned selection ranks kernels)
+// with decoded inputs against packed ones. The decoding quantize kernels write 3.6x the
+// bytes; against GEMMs that decode nvfp4 activations in every weight-row tile this
+// matters only where the estimates are close, hence the 5% margin.
+bool MoeLayer::DecodedIsFaster(const MoeLayerWorkspace& w) const {
+  SelectOptions so;
+  so.abi = moe::kMoeGemmAbi;
+  so.allow_inexact = options_.gemm.allow_inexact;
+  auto best_us = [&](bool decoded) {
+    double us = 0;
+    for (int gemm : {1, 2}) {
+      const MoeGemmArgs g = GemmArgs(MoeLayerArgs{}, gemm, 0, w, decoded);
+      absl::StatusOr<Candidate> c =
+          SelectKernel(runtime_->registry(), (gemm == 1 ? gemm1_ : gemm2_)->ProblemOf(g), so);
+      if (!c.ok()) return -1.0;
+      us += c->cost.time_us;
+    }
+    return us;
+  };
+  const double decoded = best_us(true), packed = best_us(false);
+  return decoded >= 0 && (packed < 0 || decoded < 0.95 * packed);
 }
 
 absl::Status MoeLayer::CanImplement(const MoeLayerArgs& args, int64_t max_tokens) {
@@ -642,8 +724,9 @@ absl::Status MoeLayer::CanImplement(const MoeLayerArgs& args, int64_t max_tokens
   // and which optional operands exist (a bias) are checked.
   const CUdeviceptr placeholder = 256;
   for (const MoeLayerWorkspace& w : layouts) {
+    const bool decoded = Decoded(w);
     for (int gemm : {1, 2}) {
-      MoeGemmArgs g = GemmArgs(args, gemm, placeholder, w);
+      MoeGemmArgs g = GemmArgs(args, gemm, placeholder, w, decoded);
       if (g.b == 0) g.b = placeholder;
       if (g.a_global_scale == 0 && moe::FormatHasGlobalScale(options_.activation_format)) {
         g.a_global_scale = placeholder;
@@ -758,7 +841,8 @@ absl::Status MoeLayer::Sort(moe::MoeSortParams s, int64_t slots, CUstream stream
 // GEMM1's input: the token rows in expert order, read by index from hidden_states (and
 // scaled by the routing weight when it applies on input). Quantized formats quantize on
 // the way; bf16 is a plain gather.
-absl::Status MoeLayer::GatherInput(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
+absl::Status MoeLayer::GatherInput(const MoeLayerArgs& a, const Pass& pass, bool decoded,
+                                   CUstream stream) {
   const MoeLayerWorkspace& w = pass.w;
   const int64_t h = options_.hidden;
   const void* input = reinterpret_cast<const void*>(a.hidden_states + 2 * pass.first * h);
@@ -775,13 +859,14 @@ absl::Status MoeLayer::GatherInput(const MoeLayerArgs& a, const Pass& pass, CUst
     q.permuted_to_expanded = pass.At<int32_t>(w.permuted_to_expanded);
     q.weights = weights;
     q.scale = reinterpret_cast<const float*>(a.input_scale);
-    q.out = pass.At<void>(w.gathered);
-    q.out_scale = pass.At<void>(w.gathered_scale);
+    q.out = pass.At<void>(decoded ? w.rows : w.gathered);
+    q.out_scale = decoded ? nullptr : pass.At<void>(w.gathered_scale);
     q.global_out = options_.activation_format == DataFormat::kNvfp4
                        ? pass.At<float>(w.global_scales)
                        : nullptr;
     const unsigned ctas = QuantizeCtas(pass.slots, &q);
-    return Launch(quantize_, ctas, moe::kMoeQuantizeThreads, 0, &q, stream);
+    return Launch(decoded ? quantize_decoded_ : quantize_, ctas, moe::kMoeQuantizeThreads, 0,
+                  &q, stream);
   }
   moe::MoeGatherParams g{};
   g.abi = moe::kMoeLayerAbi;
@@ -799,7 +884,7 @@ absl::Status MoeLayer::GatherInput(const MoeLayerArgs& a, const Pass& pass, CUst
 // GEMM2's input: GEMM1's bf16 output quantized (quantized formats only; bf16 GEMM2 reads
 // `activated` as it is).
 absl::Status MoeLayer::QuantizeIntermediate(const MoeLayerArgs& a, const Pass& pass,
-                                            CUstream stream) {
+                                            bool decoded, CUstream stream) {
   const MoeLayerWorkspace& w = pass.w;
   moe::MoeQuantizeParams q{};
   q.abi = moe::kMoeLayerAbi;
@@ -810,12 +895,13 @@ absl::Status MoeLayer::QuantizeIntermediate(const MoeLayerArgs& a, const Pass& p
   q.input = pass.At<const void>(w.activated);
   q.scale = reinterpret_cast<const float*>(a.intermediate_scale);
   q.out = pass.At<void>(w.quantized);
-  q.out_scale = pass.At<void>(w.quantized_scale);
+  q.out_scale = decoded ? nullptr : pass.At<void>(w.quantized_scale);
   q.global_out = options_.activation_format == DataFormat::kNvfp4
                      ? pass.At<float>(w.global_scales + 4)
                      : nullptr;
   const unsigned ctas = QuantizeCtas(pass.slots, &q);
-  return Launch(quantize_, ctas, moe::kMoeQuantizeThreads, 0, &q, stream);
+  return Launch(decoded ? quantize_decoded_ : quantize_, ctas, moe::kMoeQuantizeThreads, 0, &q,
+                stream);
 }
 
 absl::Status MoeLayer::Finalize(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
@@ -840,15 +926,16 @@ absl::Status MoeLayer::Finalize(const MoeLayerArgs& a, const Pass& pass, CUstrea
 // the workspace): the gather (quantizing for quantized pairs), GEMM1 with the activation,
 // the intermediate's quantization (unless GEMM1's epilogue did it: fuse_), GEMM2.
 absl::Status MoeLayer::RunExperts(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
-  CUBIST_RETURN_IF_ERROR(GatherInput(a, pass, stream));
-  MoeGemmArgs g1 = GemmArgs(a, 1, pass.ws, pass.w);
+  const bool decoded = Decoded(pass.w);
+  CUBIST_RETURN_IF_ERROR(GatherInput(a, pass, decoded, stream));
+  MoeGemmArgs g1 = GemmArgs(a, 1, pass.ws, pass.w, decoded);
   // The row bucket picks the kernels; the pass's slots size their grids. (One token of
   // Qwen3's mxfp4 layer: 96 tiles on a 264-CTA grid ran GEMM1 in 21 us, on 96 CTAs in 16.)
   g1.routed_rows = pass.slots;
   CUBIST_RETURN_IF_ERROR(gemm1_->Run(g1, stream));
   const bool quantize = Quantized(options_.activation_format) && !fuse_;
-  if (quantize) CUBIST_RETURN_IF_ERROR(QuantizeIntermediate(a, pass, stream));
-  MoeGemmArgs g2 = GemmArgs(a, 2, pass.ws, pass.w);
+  if (quantize) CUBIST_RETURN_IF_ERROR(QuantizeIntermediate(a, pass, decoded, stream));
+  MoeGemmArgs g2 = GemmArgs(a, 2, pass.ws, pass.w, decoded);
   g2.routed_rows = pass.slots;
   if (options_.programmatic_dependent_launch && !quantize) {
     // Launched early, GEMM2's CTAs take the SMs GEMM1 frees first - and when GEMM1 has

@@ -51,6 +51,14 @@ CUBIST_HD inline uint32_t E2m1Code(float v) {
   return v != v ? 0u : (code | sign);
 }
 
+// The value of an E2m1Code: magnitudes 0, 0.5, 1, 1.5 (m / 2), 2, 3 (m - 2), 4, 6
+// (2 (m - 4)); code 8 is -0.
+CUBIST_HD inline float E2m1Value(uint32_t code) {
+  const float m = static_cast<float>(code & 7u);
+  const float a = m < 4.0f ? 0.5f * m : m < 6.0f ? m - 2.0f : 2.0f * (m - 4.0f);
+  return (code & 8u) != 0 ? -a : a;
+}
+
 }  // namespace cubist::moe
 
 #endif  // CUBIST_KERNELS_MOE_E2M1_H_

@@ -1,5 +1,5 @@
 // The fp4-weight moe_gemm kernels of ABI version 2 for sm_90a (mxfp4 x bf16, mxfp4 x mxfp8
-// up to 64 tokens, nvfp4 x nvfp4): packed weights decoded straight into wgmma's A
+// up to 64 tokens, nvfp4 x bf16, nvfp4 x nvfp4): packed weights decoded straight into wgmma's A
 // registers (mxfp4 x mxfp8 tiles of 128 tokens: kernels/moe_gemm_fp4_fp8.cu). One kernel
 // per cubin, built by scripts/build-artifacts with
 //   -DMOE_WFMT=kMxfp4 -DMOE_AFMT=kBf16 -DMOE_ACT=kSwiglu -DMOE_TM=8 -DMOE_TN=128
@@ -26,7 +26,8 @@
 //     instructions for the 8, one multiply by the scale times 2^126 per pair; mxfp4
 //     stages whose scales exceed 2^0 take DecodeE2m1Pairs' two multiplies, 21, flagged
 //     per stage by the converters); with TMA-copied bf16 they are byte lane % 4 of each
-//     of the block's four words (a 16-byte load, three prmt, DecodeE2m1x8: about 3);
+//     of the block's four words (a 16-byte load, three prmt, DecodeE2m1x8: about 3; nvfp4
+//     weights take each 16-element half's scale, both exact in bf16);
 //   - the scale bytes of its two rows come from global memory as words, one k-tile ahead;
 //   - the epilogue goes through shared memory to put x0 next to x1 (gated) and to store
 //     16 bytes of a token's row at a time; nvfp4's global scales are applied there.
@@ -188,9 +189,10 @@ struct MoeGemmFp4 {
   static constexpr bool kScaleFlags = kPermuted && !kNv;
   // Registers moved from the producer warpgroup to the consumers (MakeFp4Layout).
   static constexpr bool kShiftRegs = L.consumer_regs > 0;
-  // nvfp4's one-multiply decodes give the weights and the activations 2^-8 of their value
-  // each: the fp32 accumulators hold 2^-16 of the product.
-  static constexpr float kNvUnscale = 65536.0f;
+  // nvfp4's one-multiply decodes (permuted tiles) give the weights and nvfp4 activations
+  // 2^-8 of their value each; the table decode of natural-order bf16 tiles gives the
+  // weights their own value. The fp32 accumulators hold the product times the inverse.
+  static constexpr float kNvUnscale = (kPermuted ? 256.0f : 1.0f) * (AF == kNvfp4 ? 256.0f : 1.0f);
 
   // What every role of a CTA shares: shared memory, the pipeline's barriers (at + 8 *
   // stage; conv_bar only with raw activations), the scheduler's offsets and the tile
@@ -478,10 +480,21 @@ struct MoeGemmFp4 {
       }
       d_a = DecodeE2m1PairsOneMul(wa, m_a);
       d_b = DecodeE2m1PairsOneMul(wb, m_b);
+    } else if constexpr (kNv) {
+      // nvfp4 x bf16 in natural order (16 tokens and more): the table decode, the first
+      // two pairs of the gathered word in block 2j's 16 elements, the last two in 2j + 1's.
+      // The e4m3 scales are exact in bf16, as are their products with e2m1.
+      static_assert(!kPermuted);
+      const int sh = 16 * (j % 2);
+      const __nv_bfloat162 s_a = E4m3x2ToBf16x2(ea[j / 2] >> sh);
+      const __nv_bfloat162 s_b = E4m3x2ToBf16x2(eb[j / 2] >> sh);
+      const int r_a = w.r_a, r_b = w.r_b;
+      const uint4 q_a = LdShared128(w_base + r_a * 128 + ((j ^ (r_a & 7)) << 4));
+      const uint4 q_b = LdShared128(w_base + r_b * 128 + ((j ^ (r_b & 7)) << 4));
+      d_a = DecodeE2m1x8(GatherByte(q_a, w.sel), __low2bfloat162(s_a), __high2bfloat162(s_a));
+      d_b = DecodeE2m1x8(GatherByte(q_b, w.sel), __low2bfloat162(s_b), __high2bfloat162(s_b));
     } else {
-      // mxfp4 only (nvfp4's activations are always raw, so its kernels are permuted and
-      // decode with one multiply).
-      static_assert(!kNv);
+      // mxfp4 with two multiplies (flagged permuted stages) or the table decode.
       const __nv_bfloat162 s_a = Ue8m0Pair(ea, j), s_b = Ue8m0Pair(eb, j);
       if constexpr (kPermuted) {
         d_a = DecodeE2m1Pairs(wa, s_a);

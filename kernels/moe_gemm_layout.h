@@ -227,8 +227,9 @@ CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int
     l.consumer_regs = 160;
     l.producer_regs = 96;
   }
-  if (!((w == kMxfp4 && (a == kBf16 || a == kMxfp8)) || (w == kNvfp4 && a == kNvfp4))) {
-    l.error = "fp4 TMA kernels take mxfp4 x bf16, mxfp4 x mxfp8 or nvfp4 x nvfp4";
+  if (!((w == kMxfp4 && (a == kBf16 || a == kMxfp8)) ||
+        (w == kNvfp4 && (a == kBf16 || a == kNvfp4)))) {
+    l.error = "fp4 TMA kernels take mxfp4 x bf16, mxfp4 x mxfp8, nvfp4 x bf16 or nvfp4 x nvfp4";
   } else if (tile_m != 8 && tile_m != 16 && tile_m != 32 && tile_m != 64 && tile_m != 128) {
     l.error = "tile_m (tokens) must be 8, 16, 32, 64 or 128";
   } else if (a == kMxfp8 && tile_m > 64) {

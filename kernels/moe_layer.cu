@@ -741,13 +741,15 @@ namespace {
 
 constexpr int kQuantPass = kMoeQuantizePassCols;  // elements of a row per pass
 
-enum class QuantFormat { kFp8, kFp8Block, kMxfp8, kNvfp4 };
+// kNvfp4Decoded: nvfp4's quantization, written as the bf16 values e2m1 x e4m3 scale of
+// the codes and scales kNvfp4 writes (exact in bf16), for nvfp4 x bf16 GEMMs.
+enum class QuantFormat { kFp8, kFp8Block, kMxfp8, kNvfp4, kNvfp4Decoded };
 
 // Elements sharing one scale (fp8: none; reduce nothing).
 template <QuantFormat F>
 __host__ __device__ constexpr int QuantBlock() {
   return F == QuantFormat::kFp8Block ? 128 : F == QuantFormat::kMxfp8 ? 32
-       : F == QuantFormat::kNvfp4    ? 16  : 8;
+       : F == QuantFormat::kNvfp4 || F == QuantFormat::kNvfp4Decoded ? 16 : 8;
 }
 
 // amax over the block of `lanes` neighbouring lanes (a power of two, aligned); fmaxf
@@ -788,13 +790,14 @@ template <QuantFormat F>
 __device__ __forceinline__ void QuantizeRows(const MoeQuantizeParams& p) {
   constexpr int kBlock = QuantBlock<F>();
   constexpr int kLanes = kBlock / 8;
+  constexpr bool kNv = F == QuantFormat::kNvfp4 || F == QuantFormat::kNvfp4Decoded;
   const int32_t rows = p.offsets[p.num_local_experts];
   const int cols = p.cols;
   const int passes = (cols + kQuantPass - 1) / kQuantPass;
   // Per-tensor factors, each computed once: fp8's rcp(s); nvfp4's g and rcp(g).
   float inv_s = 1.0f, g = 1.0f, inv_g = 1.0f;
   if constexpr (F == QuantFormat::kFp8) inv_s = __frcp_rn(p.scale[0]);
-  if constexpr (F == QuantFormat::kNvfp4) {
+  if constexpr (kNv) {
     g = p.scale[0];
     inv_g = __frcp_rn(g);
     if (blockIdx.x == 0 && threadIdx.x == 0) p.global_out[0] = inv_g;
@@ -845,7 +848,8 @@ __device__ __forceinline__ void QuantizeRows(const MoeQuantizeParams& p) {
         for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
         if constexpr (kLanes > 1) amax = GroupMax<kLanes>(amax);
         const bool first = here && (threadIdx.x % kLanes) == 0;
-        float f = 1.0f;  // the factor each element is multiplied by
+        float f = 1.0f;    // the factor each element is multiplied by
+        float sfv = 0.0f;  // nvfp4: the block scale's value
         if constexpr (F == QuantFormat::kFp8) {
           f = inv_s;
         } else if constexpr (F == QuantFormat::kFp8Block) {
@@ -859,15 +863,27 @@ __device__ __forceinline__ void QuantizeRows(const MoeQuantizeParams& p) {
           if (first) static_cast<uint8_t*>(p.out_scale)[r * (cols / 32) + c / 32] = byte;
         } else {
           const uint32_t sf = E4m3x2(__fmul_rn(g, __fmul_rn(amax, inv6)), 0.0f) & 0xFF;
-          const float sfv = E4m3Value(sf);
+          sfv = E4m3Value(sf);
           f = sfv != 0.0f ? __frcp_rn(__fmul_rn(sfv, inv_g)) : 0.0f;
-          if (first) static_cast<uint8_t*>(p.out_scale)[r * (cols / 16) + c / 16] = sf;
+          if (F == QuantFormat::kNvfp4 && first) {
+            static_cast<uint8_t*>(p.out_scale)[r * (cols / 16) + c / 16] = sf;
+          }
         }
         if (!here) continue;
         float q[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) q[i] = __fmul_rn(x[i], f);
-        if constexpr (F == QuantFormat::kNvfp4) {
+        if constexpr (F == QuantFormat::kNvfp4Decoded) {
+          // The code's value times the block scale: at most 3 x 4 significant bits, so
+          // the fp32 product and its bf16 are exact.
+          uint32_t v[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            v[i] = PackBf16x2(__fmul_rn(E2m1Value(E2m1Code(q[2 * i])), sfv),
+                              __fmul_rn(E2m1Value(E2m1Code(q[2 * i + 1])), sfv));
+          }
+          static_cast<uint4*>(p.out)[(r * cols + c) / 8] = make_uint4(v[0], v[1], v[2], v[3]);
+        } else if constexpr (F == QuantFormat::kNvfp4) {
           uint32_t packed = 0;
 #pragma unroll
           for (int i = 0; i < 8; ++i) packed |= E2m1Code(q[i]) << (4 * i);
@@ -897,6 +913,7 @@ CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_fp8, kFp8)
 CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_fp8_block, kFp8Block)
 CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_mxfp8, kMxfp8)
 CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_nvfp4, kNvfp4)
+CUBIST_MOE_QUANTIZE_KERNEL(cubist_moe_quantize_nvfp4_decoded, kNvfp4Decoded)
 #undef CUBIST_MOE_QUANTIZE_KERNEL
 
 // ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 //   moe_quantize  cubist_moe_quantize_fp8_block  (same)    -> fp8 with 1x128 block scales
 //   moe_quantize  cubist_moe_quantize_mxfp8      (same)    -> mxfp8 (ue8m0 per 32)
 //   moe_quantize  cubist_moe_quantize_nvfp4      (same)    -> nvfp4 (e4m3 per 16, global scale)
+//   moe_quantize  cubist_moe_quantize_nvfp4_decoded  (same) -> nvfp4's values as bf16
 //
 // Every kernel takes its struct by value as the only parameter, like moe_gemm. Host
 // code (dispatch/moe_layer.cc, the CPU reference, tests) and device code
@@ -288,6 +289,11 @@ static_assert(sizeof(MoeFinalizeParams) == 80, "MoeFinalizeParams layout is ABI"
 //              q = e2m1(x * f), two per byte, low nibble first. FlashInfer's fp4_quantize
 //              computes the same with rcp.approx in place of rcp. `global_out`[0] =
 //              rcp(g): the dequantization scale the GEMM reads as its a_global_scale.
+//   nvfp4_decoded  nvfp4's q and sf as above, written as bf16 [rows, K] values
+//              value(q) * float(sf) (exact: at most 2 x 4 significant bits; out_scale
+//              unused), and global_out[0] = rcp(g): the input of an nvfp4 x bf16 GEMM
+//              whose a_global_scale is rcp(g) computes what the nvfp4 x nvfp4 GEMM does
+//              from nvfp4's bytes (the layer's nvfp4_gemm_inputs).
 // Grid: any number of CTAs of kMoeQuantizeThreads threads. A CTA quantizes a pass of
 // kMoeQuantizePassCols columns at a time (a scale block never spans two passes). With
 // `col_parts` = S >= 2 each row is S items, item i covering passes

@@ -6,7 +6,7 @@
     y = layer(x, w1, w2, router_logits=logits)       # bf16 [T, H]
 
 Quantized pairs (weights= / activations=: fp8 x fp8, fp8-block x fp8-block, mxfp4 x bf16,
-mxfp4 x mxfp8, nvfp4 x nvfp4) take the weights in their format with their scales, and
+mxfp4 x mxfp8, nvfp4 x bf16, nvfp4 x nvfp4) take the weights in their format with their scales, and
 fp8 / nvfp4 activations a per-tensor scale for each GEMM's input (the layer quantizes
 both inputs itself):
 
@@ -88,7 +88,7 @@ class MoeLayer:
     intermediate I (w1 is [L, 2I, H] for gated activations, [L, I, H] otherwise; w2
     [L, H, I]), routing (one of ROUTING_METHODS), activation (GEMM1's), weights /
     activations (the format pair: bf16 x bf16, fp8 x fp8, fp8-block x fp8-block, mxfp4 x
-    bf16, mxfp4 x mxfp8, nvfp4 x nvfp4; the call then takes the pair's scales, see
+    bf16, mxfp4 x mxfp8, nvfp4 x bf16, nvfp4 x nvfp4; the call then takes the pair's scales, see
     __call__), n_group / topk_group / routed_scaling_factor
     (deepseek_v3), apply_weight_on_input (llama4), logits ("fp32" or "bf16"),
     local_expert_offset / num_local_experts (expert parallelism: L local experts),
@@ -98,7 +98,10 @@ class MoeLayer:
     ("auto", "on" or "off": fp8 x fp8 only, whether GEMM1's epilogue writes GEMM2's fp8
     input instead of a separate quantize kernel - the same bytes either way; "auto" fuses
     where the manifest has the kernel, and fuses_intermediate_quantization says what it
-    chose)."""
+    chose); nvfp4_gemm_inputs ("auto", "packed" or "decoded": nvfp4 x nvfp4 only, whether
+    the GEMMs read nvfp4's bytes or their values written once as bf16 by the quantize
+    kernels - the same products, faster GEMMs at prefill for 3.6x the input bytes; "auto"
+    decides per batch size by the cost model, decodes_nvfp4_inputs(tokens) says what)."""
 
     _next_handle = 1
 
@@ -107,7 +110,8 @@ class MoeLayer:
                  activations="bf16", n_group=0, topk_group=0, routed_scaling_factor=1.0,
                  apply_weight_on_input=False, logits="fp32", local_expert_offset=0,
                  num_local_experts=0, max_chunk_tokens=0, finalize="sum", pdl=True,
-                 input_layout="token_major", max_m=0, fuse_intermediate_quantization="auto"):
+                 input_layout="token_major", max_m=0, fuse_intermediate_quantization="auto",
+                 nvfp4_gemm_inputs="auto"):
         from . import Runtime
         if not isinstance(runtime, Runtime):
             raise _bad("runtime", f"expected cubist.Runtime, got {type(runtime).__name__}")
@@ -124,7 +128,8 @@ class MoeLayer:
             self.hidden, self.intermediate, routing, int(n_group), int(topk_group),
             float(routed_scaling_factor), bool(apply_weight_on_input), logits,
             int(local_expert_offset), int(num_local_experts), int(max_chunk_tokens),
-            finalize, bool(pdl), input_layout, self.max_m, fuse_intermediate_quantization)
+            finalize, bool(pdl), input_layout, self.max_m, fuse_intermediate_quantization,
+            nvfp4_gemm_inputs)
         self._workspace = None  # (tensor, max_tokens) grown on demand outside capture
         self.handle = MoeLayer._next_handle
         MoeLayer._next_handle += 1
@@ -134,6 +139,11 @@ class MoeLayer:
     def fuses_intermediate_quantization(self):
         """Whether GEMM1 writes GEMM2's fp8 input itself (no quantize kernel between)."""
         return self._native.fuses_intermediate_quantization
+
+    def decodes_nvfp4_inputs(self, tokens):
+        """Whether a batch of `tokens` tokens runs the nvfp4 pair's GEMMs on decoded bf16
+        inputs (nvfp4_gemm_inputs, "auto" resolved for its size; host only)."""
+        return self._native.decodes_nvfp4_inputs(int(tokens))
 
     def workspace_size(self, max_tokens):
         """Bytes of workspace a batch of up to max_tokens tokens needs."""

@@ -509,7 +509,7 @@ def test_gated_weights_turn_checkpoint_layouts_into_cubists():
 # dispatch/moe_quantize_reference.cc), within dispatch/moe_layer_reference.cc's
 # MoeLayerTolerance.
 QUANTIZED_PAIRS = [("fp8", "fp8"), ("fp8-block", "fp8-block"), ("mxfp4", "bf16"),
-                   ("mxfp4", "mxfp8"), ("nvfp4", "nvfp4")]
+                   ("mxfp4", "mxfp8"), ("nvfp4", "bf16"), ("nvfp4", "nvfp4")]
 
 
 def _activation_scale(fmt, amax):
@@ -596,6 +596,33 @@ def test_moe_layer_quantized_pairs_match_torch(rt, wf, af, t):
         assert 0 <= layout[name] < layout["bytes"]
 
 
+@pytest.mark.parametrize("t", [5, 300])
+def test_moe_layer_nvfp4_decoded_inputs_match_packed_ones(rt, t):
+    """nvfp4_gemm_inputs: the GEMMs on nvfp4's bytes and on their bf16 values give the same
+    products (summed in another order inside a wgmma): both within the layer tolerance of
+    torch, and within 1e-3 relative of each other."""
+    x, logits, w1, w2 = _layer_problem(seed=30 + t, t=t)
+    w1q, w2q, kw = _quantized_layer_args("nvfp4", "nvfp4", x, w1, w2)
+    outs = {}
+    for mode in ("packed", "decoded"):
+        layer = cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128,
+                                weights="nvfp4", activations="nvfp4", nvfp4_gemm_inputs=mode)
+        assert layer.decodes_nvfp4_inputs(t) == (mode == "decoded")
+        outs[mode] = layer(x, w1q, w2q, router_logits=logits, **kw)
+    w1d = cubist.dequantize_weights(w1q, kw["w1_scale"], kw["w1_global_scale"], "nvfp4")
+    w2d = cubist.dequantize_weights(w2q, kw["w2_scale"], kw["w2_global_scale"], "nvfp4")
+    want = _torch_quantized_layer(x, logits, w1d, w2d, 4, "nvfp4", kw["input_scale"].item(),
+                                  kw["intermediate_scale"].item())
+    torch.cuda.synchronize()
+    for got in outs.values():
+        _assert_within_layer_tolerance(got, want, "nvfp4")
+    a, b = outs["packed"].float(), outs["decoded"].float()
+    assert ((a - b).norm() / a.norm()).item() < 1e-3
+    with pytest.raises(cubist.InvalidArgumentError, match=r"'decoded' needs the nvfp4 x nvfp4"):
+        cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128,
+                        weights="nvfp4", activations="bf16", nvfp4_gemm_inputs="decoded")
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "fp8-block", "mxfp4", "mxfp8", "nvfp4"])
 def test_quantize_weights_on_the_gpu_gives_the_cpus_bytes(fmt):
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -668,6 +695,6 @@ def test_moe_layer_quantized_errors_name_the_argument(rt):
     with pytest.raises(cubist.InvalidArgumentError, match=r"^w2_scale: is on cpu"):
         layer(x, w1q, w2q, router_logits=logits, w1_scale=kw["w1_scale"],
               w2_scale=kw["w2_scale"].cpu())
-    with pytest.raises(cubist.UnimplementedError, match=r"nvfp4 x bf16 pair is not served"):
+    with pytest.raises(cubist.UnimplementedError, match=r"nvfp4 x mxfp8 pair is not served"):
         cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128,
-                        weights="nvfp4", activations="bf16")
+                        weights="nvfp4", activations="mxfp8")

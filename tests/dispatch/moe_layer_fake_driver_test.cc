@@ -62,6 +62,7 @@ constexpr Pair kPairs[] = {
      "fp8_block_fp8_block"},
     {"mxfp4", "bf16", DataFormat::kMxfp4, DataFormat::kBf16, "mxfp4_bf16"},
     {"mxfp4", "mxfp8", DataFormat::kMxfp4, DataFormat::kMxfp8, "mxfp4_mxfp8"},
+    {"nvfp4", "bf16", DataFormat::kNvfp4, DataFormat::kBf16, "nvfp4_bf16"},
     {"nvfp4", "nvfp4", DataFormat::kNvfp4, DataFormat::kNvfp4, "nvfp4_nvfp4"},
 };
 
@@ -83,6 +84,7 @@ std::vector<TestKernel> LayerKernels() {
       {"cubist_moe_quantize_fp8_block", "moe_quantize"},
       {"cubist_moe_quantize_mxfp8", "moe_quantize"},
       {"cubist_moe_quantize_nvfp4", "moe_quantize"},
+      {"cubist_moe_quantize_nvfp4_decoded", "moe_quantize"},
       {"cubist_moe_sort_masked", "moe_sort"},
       {"cubist_moe_finalize_masked", "moe_finalize"},
   };
@@ -643,6 +645,141 @@ TEST_F(MoeLayerFakeDriverTest, FuseIntermediateQuantizationIsValidated) {
     auto layer = MoeLayer::Create(*runtime_, o);
     ASSERT_TRUE(layer.ok()) << layer.status();
     EXPECT_FALSE((*layer)->fuses_intermediate_quantization());
+  }
+}
+
+// nvfp4_gemm_inputs "decoded": both quantize launches are the decoding kernel, writing
+// GEMM1's bf16 input into `rows` and GEMM2's into `quantized` (no block scales), and both
+// GEMMs are nvfp4 x bf16 with the quantize kernels' rcp(g) as a_global_scale.
+TEST_F(MoeLayerFakeDriverTest, DecodedNvfp4InputsFeedNvfp4xBf16Gemms) {
+  const Pair& nvfp4 = kPairs[std::size(kPairs) - 1];
+  ASSERT_EQ(std::string(nvfp4.stub), "nvfp4_nvfp4");
+  MoeLayerOptions o = Options(nvfp4);
+  o.nvfp4_gemm_inputs = "decoded";
+  auto layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  MoeLayerWorkspace w;
+  ASSERT_NO_FATAL_FAILURE(RunBatch(o, 5, &w));
+  EXPECT_TRUE((*layer)->DecodesNvfp4Inputs(5));
+  const auto launches = driver_.launches();
+  ASSERT_THAT(Names(launches),
+              ElementsAre("cubist_moe_route_sort", "cubist_moe_quantize_nvfp4_decoded",
+                          "layer_nvfp4_bf16_swiglu", "cubist_moe_quantize_nvfp4_decoded",
+                          "layer_nvfp4_bf16_identity", "cubist_moe_finalize"));
+  const CUdeviceptr ws = kWorkspace;
+  const auto q1 = launches[1].As<moe::MoeQuantizeParams>();
+  EXPECT_EQ(Addr(q1.input), kHidden);
+  EXPECT_EQ(Addr(q1.scale), kInputScale);
+  EXPECT_EQ(Addr(q1.out), ws + w.rows) << "bf16 [rows, H]: free until GEMM2 writes it";
+  EXPECT_EQ(q1.out_scale, nullptr);
+  EXPECT_EQ(Addr(q1.global_out), ws + w.global_scales);
+  const auto g1 = launches[2].gemm();
+  EXPECT_EQ(Addr(g1.a), ws + w.rows);
+  EXPECT_EQ(g1.a_scale, nullptr);
+  EXPECT_EQ(Addr(g1.a_global_scale), ws + w.global_scales);
+  EXPECT_EQ(Addr(g1.b_scale), kW1Scale);
+  EXPECT_EQ(Addr(g1.b_global_scale), kW1Global);
+  EXPECT_EQ(Addr(g1.out), ws + w.activated);
+  const auto q2 = launches[3].As<moe::MoeQuantizeParams>();
+  EXPECT_EQ(Addr(q2.input), ws + w.activated);
+  EXPECT_EQ(Addr(q2.scale), kIntermediateScale);
+  EXPECT_EQ(Addr(q2.out), ws + w.quantized);
+  EXPECT_EQ(q2.out_scale, nullptr);
+  EXPECT_EQ(Addr(q2.global_out), ws + w.global_scales + 4);
+  const auto g2 = launches[4].gemm();
+  EXPECT_EQ(Addr(g2.a), ws + w.quantized);
+  EXPECT_EQ(g2.a_scale, nullptr);
+  EXPECT_EQ(Addr(g2.a_global_scale), ws + w.global_scales + 4);
+  EXPECT_EQ(Addr(g2.out), ws + w.rows);
+  // GEMM2's bf16 input fits `quantized`: 2 x rows x I bytes before the next region.
+  EXPECT_GE(w.quantized_scale - w.quantized, 2u * 32 * 128);
+
+  // "packed" runs the nvfp4 x nvfp4 GEMMs on the quantize kernel's bytes, in a smaller
+  // workspace; the stubs' equal calibrations leave "auto" there too (the decoded inputs
+  // cost more bytes for the same estimated rate).
+  for (const char* mode : {"packed", "auto"}) {
+    SCOPED_TRACE(mode);
+    o.nvfp4_gemm_inputs = mode;
+    layer = MoeLayer::Create(*runtime_, o);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    driver_.Clear();
+    MoeLayerWorkspace packed;
+    ASSERT_NO_FATAL_FAILURE(RunBatch(o, 5, &packed));
+    EXPECT_FALSE((*layer)->DecodesNvfp4Inputs(5));
+    EXPECT_THAT(Names(driver_.launches()),
+                ElementsAre("cubist_moe_route_sort", "cubist_moe_quantize_nvfp4",
+                            "layer_nvfp4_nvfp4_swiglu", "cubist_moe_quantize_nvfp4",
+                            "layer_nvfp4_nvfp4_identity", "cubist_moe_finalize"));
+    if (std::string(mode) == "packed") EXPECT_LT(packed.bytes, w.bytes);
+    else EXPECT_EQ(packed.bytes, w.bytes);
+  }
+}
+
+// "auto" decodes where the cost model prices the nvfp4 x bf16 GEMMs 5% below the nvfp4
+// x nvfp4 ones (here: stubs whose nvfp4 x nvfp4 entries say a quarter of the rate), and
+// goes without the decoding kernel when the manifest predates it.
+TEST_F(MoeLayerFakeDriverTest, AutoDecodesNvfp4InputsWhereTheModelPricesItFaster) {
+  const Pair& nvfp4 = kPairs[std::size(kPairs) - 1];
+  std::vector<TestKernel> kernels = LayerKernels();
+  for (TestKernel& k : kernels) {
+    if (k.name.starts_with("layer_nvfp4_nvfp4_")) {
+      k.extras = "\"pdl\": true, \"mma_efficiency\": 0.25, \"memory_efficiency\": 0.25";
+    }
+  }
+  auto rt = OpenRuntime("repo-nvfp4-slow", kernels);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  runtime_ = std::move(*rt);
+  MoeLayerOptions o = Options(nvfp4);
+  auto layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_TRUE((*layer)->DecodesNvfp4Inputs(5));
+  MoeLayerWorkspace w;
+  ASSERT_NO_FATAL_FAILURE(RunBatch(o, 5, &w));
+  EXPECT_THAT(Names(driver_.launches()),
+              ElementsAre("cubist_moe_route_sort", "cubist_moe_quantize_nvfp4_decoded",
+                          "layer_nvfp4_bf16_swiglu", "cubist_moe_quantize_nvfp4_decoded",
+                          "layer_nvfp4_bf16_identity", "cubist_moe_finalize"));
+
+  std::erase_if(kernels, [](const TestKernel& k) {
+    return k.name == "cubist_moe_quantize_nvfp4_decoded";
+  });
+  rt = OpenRuntime("repo-nvfp4-no-decoder", kernels);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  runtime_ = std::move(*rt);
+  layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_FALSE((*layer)->DecodesNvfp4Inputs(5));
+  o.nvfp4_gemm_inputs = "decoded";
+  layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  auto ws = MoeLayer::WorkspaceSize(o, 5);
+  ASSERT_TRUE(ws.ok());
+  EXPECT_THAT((*layer)->CanImplement(Args(o, 5, *ws), 5),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("no moe_quantize kernel cubist_moe_quantize_nvfp4_decoded")));
+}
+
+TEST_F(MoeLayerFakeDriverTest, Nvfp4GemmInputsIsValidated) {
+  MoeLayerOptions o = Options(kPairs[std::size(kPairs) - 1]);
+  o.nvfp4_gemm_inputs = "bf16";
+  EXPECT_THAT(MoeLayer::Create(*runtime_, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("moe layer: nvfp4_gemm_inputs: 'bf16' is not auto, packed or "
+                                 "decoded")));
+  for (const Pair& pair : kPairs) {
+    if (pair.w == DataFormat::kNvfp4 && pair.a == DataFormat::kNvfp4) continue;
+    SCOPED_TRACE(pair.stub);
+    o = Options(pair);
+    o.nvfp4_gemm_inputs = "decoded";
+    EXPECT_THAT(MoeLayer::Create(*runtime_, o).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("'decoded' needs the nvfp4 x nvfp4 pair")));
+    o.nvfp4_gemm_inputs = "packed";
+    auto packed = MoeLayer::WorkspaceSize(o, 64);
+    o.nvfp4_gemm_inputs = "auto";
+    auto automatic = MoeLayer::WorkspaceSize(o, 64);
+    ASSERT_TRUE(packed.ok() && automatic.ok());
+    EXPECT_EQ(*packed, *automatic) << "only the nvfp4 pair sizes for decoded inputs";
   }
 }
 

@@ -150,6 +150,7 @@ struct Result {
   std::vector<uint16_t> out;
   int32_t dropped = 0;
   bool fused = false;  // GEMM1 wrote GEMM2's fp8 input itself (no quantize kernel)
+  bool decoded = false;  // the nvfp4 pair's GEMMs read decoded bf16 inputs
   std::vector<uint8_t> gemm2_input;  // quantized activations: GEMM2's input, its rows
 };
 
@@ -159,9 +160,23 @@ struct Result {
 // input itself (`fused`: no bf16 output to quantize; FusedIntermediateQuantization-
 // IsBitIdentical compares it with the unfused layer's, and moe_gemm_gpu_test the fused
 // kernels with their bf16 twins).
+// nvfp4_gemm_inputs "decoded": the bf16 values value(q) x sf of nvfp4 rows (exact).
+std::vector<uint16_t> DecodedNvfp4(const ref::QuantizedRows& q, int rows, int cols) {
+  std::vector<uint16_t> out(static_cast<size_t>(rows) * cols);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint8_t byte = q.data[i / 2];
+    const float v = ref::E2m1ToFloat(i % 2 == 0 ? byte & 0xF : byte >> 4) *
+                    ref::E4m3ToFloat(q.scale[i / 16]);
+    out[i] = ref::FloatToBf16(v);
+  }
+  return out;
+}
+
+// With `decoded` (nvfp4_gemm_inputs), GEMM2's input is checked as its bf16 values; GEMM1's
+// decoded input shares `rows` with GEMM2's output, so only the layer's output covers it.
 void CheckQuantized(const ref::MoeLayerData& d, const ref::Routing& routing,
                     const ref::SlotSort& sort, const DeviceBuffer& ws,
-                    const MoeLayerWorkspace& w, bool fused) {
+                    const MoeLayerWorkspace& w, bool fused, bool decoded = false) {
   const int rows = sort.offsets.back(), h = d.hidden, k = routing.top_k;
   std::vector<uint16_t> gathered(static_cast<size_t>(rows) * h);
   for (int r = 0; r < rows; ++r) {
@@ -176,19 +191,27 @@ void CheckQuantized(const ref::MoeLayerData& d, const ref::Routing& routing,
   const moe::MoeFormat f = d.activation_format;
   const char* name = moe::FormatName(f);
   const ref::QuantizedRows q1 = ref::QuantizeActivations(f, gathered, rows, h, d.input_scale);
-  EXPECT_TRUE(Download<uint8_t>(ws, q1.data.size(), w.gathered) == q1.data)
-      << name << ": GEMM1's input differs from the reference quantizer";
-  EXPECT_TRUE(Download<uint8_t>(ws, q1.scale.size(), w.gathered_scale) == q1.scale)
-      << name << ": GEMM1's input scales differ from the reference quantizer";
+  if (!decoded) {
+    EXPECT_TRUE(Download<uint8_t>(ws, q1.data.size(), w.gathered) == q1.data)
+        << name << ": GEMM1's input differs from the reference quantizer";
+    EXPECT_TRUE(Download<uint8_t>(ws, q1.scale.size(), w.gathered_scale) == q1.scale)
+        << name << ": GEMM1's input scales differ from the reference quantizer";
+  }
   if (fused) return;
   const std::vector<uint16_t> act =
       Download<uint16_t>(ws, static_cast<size_t>(rows) * d.intermediate, w.activated);
   const ref::QuantizedRows q2 =
       ref::QuantizeActivations(f, act, rows, d.intermediate, d.intermediate_scale);
-  EXPECT_TRUE(Download<uint8_t>(ws, q2.data.size(), w.quantized) == q2.data)
-      << name << ": GEMM2's input differs from the reference quantizer";
-  EXPECT_TRUE(Download<uint8_t>(ws, q2.scale.size(), w.quantized_scale) == q2.scale)
-      << name << ": GEMM2's input scales differ from the reference quantizer";
+  if (decoded) {
+    EXPECT_TRUE(Download<uint16_t>(ws, static_cast<size_t>(rows) * d.intermediate,
+                                   w.quantized) == DecodedNvfp4(q2, rows, d.intermediate))
+        << name << ": GEMM2's decoded input differs from the reference quantizer's values";
+  } else {
+    EXPECT_TRUE(Download<uint8_t>(ws, q2.data.size(), w.quantized) == q2.data)
+        << name << ": GEMM2's input differs from the reference quantizer";
+    EXPECT_TRUE(Download<uint8_t>(ws, q2.scale.size(), w.quantized_scale) == q2.scale)
+        << name << ": GEMM2's input scales differ from the reference quantizer";
+  }
   if (f == moe::kNvfp4) {
     const std::vector<float> g = Download<float>(ws, 2, w.global_scales);
     EXPECT_EQ(g[0], q1.global);
@@ -395,8 +418,9 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
     r.dropped = Download<int32_t>(*ws, 1, layout->dropped)[0];
     EXPECT_EQ(r.dropped, sort.dropped);
     r.fused = (*layer)->fuses_intermediate_quantization();
+    r.decoded = (*layer)->DecodesNvfp4Inputs(t);
     if (quantized_acts) {
-      CheckQuantized(d, r.routing, sort, *ws, *layout, r.fused);
+      CheckQuantized(d, r.routing, sort, *ws, *layout, r.fused, r.decoded);
       r.gemm2_input = Download<uint8_t>(
           *ws, moe::MoeElementBytes(d.activation_format, int64_t{sort.offsets[l]} * d.intermediate),
           layout->quantized);
@@ -443,7 +467,7 @@ TEST(MoeLayerGpuTest, EveryFormatPair) {
   const std::pair<DataFormat, DataFormat> pairs[] = {
       {DataFormat::kFp8, DataFormat::kFp8},     {DataFormat::kFp8Block, DataFormat::kFp8Block},
       {DataFormat::kMxfp4, DataFormat::kBf16},  {DataFormat::kMxfp4, DataFormat::kMxfp8},
-      {DataFormat::kNvfp4, DataFormat::kNvfp4},
+      {DataFormat::kNvfp4, DataFormat::kBf16},  {DataFormat::kNvfp4, DataFormat::kNvfp4},
   };
   for (const auto& [wf, af] : pairs) {
     for (int t : {3, 1500}) {
@@ -454,6 +478,43 @@ TEST(MoeLayerGpuTest, EveryFormatPair) {
       c.tokens = t;
       SCOPED_TRACE(absl::StrCat(moe::FormatName(wf), " x ", moe::FormatName(af), " T=", t));
       RunAndCheck(c, 800 + t);
+    }
+  }
+}
+
+// The nvfp4 pair's GEMMs on decoded bf16 inputs (nvfp4 x bf16 kernels, the quantize
+// kernels writing e2m1 x e4m3 values) against the same layer on nvfp4's bytes: both
+// within the reference's tolerance, GEMM2's decoded input bit for bit the reference
+// quantizer's values (CheckQuantized), and the outputs the same products summed in another
+// order inside each wgmma: within 1e-3 relative of each other. Decode, a multi-CTA sort,
+// gpt-oss's biases and clamp.
+TEST(MoeLayerGpuTest, DecodedNvfp4InputsMatchPackedOnes) {
+  CUBIST_REQUIRE_GPU();
+  for (int t : {3, 1500}) {
+    for (bool biases : {false, true}) {
+      Case c;
+      c.options = Small();
+      c.options.weight_format = c.options.activation_format = DataFormat::kNvfp4;
+      c.tokens = t;
+      c.biases = biases;
+      SCOPED_TRACE(absl::StrCat("T=", t, biases ? " with biases" : ""));
+      c.options.nvfp4_gemm_inputs = "packed";
+      const Result packed = RunAndCheck(c, 1700 + t);
+      c.options.nvfp4_gemm_inputs = "decoded";
+      const Result decoded = RunAndCheck(c, 1700 + t);
+      EXPECT_FALSE(packed.decoded);
+      EXPECT_TRUE(decoded.decoded);
+      ASSERT_EQ(packed.out.size(), decoded.out.size());
+      ASSERT_FALSE(packed.out.empty());
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < packed.out.size(); ++i) {
+        const double a = ref::Bf16ToFloat(packed.out[i]), b = ref::Bf16ToFloat(decoded.out[i]);
+        diff += (a - b) * (a - b);
+        norm += a * a;
+      }
+      EXPECT_LT(std::sqrt(diff / norm), 1e-3) << "packed and decoded nvfp4 inputs";
+      std::printf("[ layer    ] nvfp4 packed vs decoded inputs T=%d%s: rel_fro %.3g\n", t,
+                  biases ? " biases" : "", std::sqrt(diff / norm));
     }
   }
 }

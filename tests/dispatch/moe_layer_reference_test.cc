@@ -272,7 +272,7 @@ TEST(MoeLayerOptionsTest, RefusesBadOptionsNamingTheField) {
   EXPECT_THAT(SizeStatus(o).message(),
               HasSubstr("the mxfp4 x fp8 pair is not served by the layer (bf16 x bf16, fp8 x "
                         "fp8, fp8-block x fp8-block, mxfp4 x bf16, mxfp4 x mxfp8, nvfp4 x "
-                        "nvfp4 are)"));
+                        "bf16, nvfp4 x nvfp4 are)"));
   o = Qwen3();
   o.weight_format = moe::kMxfp4;
   o.activation_format = moe::kMxfp8;

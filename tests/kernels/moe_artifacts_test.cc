@@ -116,6 +116,8 @@ constexpr LayerKernel kLayerKernels[] = {
      sizeof(moe::MoeQuantizeParams)},
     {"cubist_moe_quantize_nvfp4", moe::kMoeQuantizeOp, moe::kMoeQuantizeThreads,
      sizeof(moe::MoeQuantizeParams)},
+    {"cubist_moe_quantize_nvfp4_decoded", moe::kMoeQuantizeOp, moe::kMoeQuantizeThreads,
+     sizeof(moe::MoeQuantizeParams)},
 };
 constexpr char kLayerCubin[] = "cubins/sm_90a/moe_layer.cubin";
 // What --list prints after the selected GEMMs.
@@ -133,7 +135,8 @@ constexpr char kLayerList[] =
     "cubist_moe_quantize_fp8\n"
     "cubist_moe_quantize_fp8_block\n"
     "cubist_moe_quantize_mxfp8\n"
-    "cubist_moe_quantize_nvfp4\n";
+    "cubist_moe_quantize_nvfp4\n"
+    "cubist_moe_quantize_nvfp4_decoded\n";
 
 const LayerKernel* FindLayerKernel(const std::string& function) {
   for (const LayerKernel& l : kLayerKernels) {
@@ -151,11 +154,11 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->name, "moe-gemm-sm90a");
-  // Without --version: the family's, raised when its set of kernels changed (7: the FP4
-  // pairs' 8x64 tiles).
-  EXPECT_EQ(m->version, 7);
-  // The --small preset: 6 GEMMs in a cubin each, and the layer's 14 kernels in one.
-  ASSERT_EQ(m->kernels.size(), 20u);
+  // Without --version: the family's, raised when its set of kernels changed (8: the
+  // nvfp4 x bf16 pair).
+  EXPECT_EQ(m->version, 8);
+  // The --small preset: 6 GEMMs in a cubin each, and the layer's 15 kernels in one.
+  ASSERT_EQ(m->kernels.size(), 21u);
   ASSERT_EQ(m->artifacts.size(), 7u);
   std::set<std::string> formats, layer;
   for (const KernelSpec& k : m->kernels) {
@@ -269,7 +272,7 @@ TEST_F(MoeArtifactsTest, CubinsAreSm90aWithTheAbiParameterStruct) {
     EXPECT_EQ(img.sm.minor, 0);
     EXPECT_EQ(img.sm.variant, SmTarget::Variant::kArch);  // sm_90a: wgmma needs it
     if (const LayerKernel* l = FindLayerKernel(k.function)) {
-      // The layer's cubin holds its fourteen kernels and nothing else.
+      // The layer's cubin holds its fifteen kernels and nothing else.
       std::set<std::string> names;
       for (const KernelInfo& ki : img.kernels) names.insert(ki.name);
       EXPECT_EQ(names.size(), std::size(kLayerKernels));
@@ -311,15 +314,16 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_tma_mxfp4_mxfp8_geglu_m64n128k256\n" +
                 std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
-  // The whole family: 140 TMA kernels writing bf16 (generation 2; generation 1's 95 are
-  // retired; the FP4 pairs' 8x64 tiles among them) and the fp8 pair's 15 writing e4m3
-  // (_ofp8); then the layer's 14, which the GEMM selection flags do not filter.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 169);
+  // The whole family: 170 TMA kernels writing bf16 (generation 2; generation 1's 95 are
+  // retired; the FP4 pairs' 8x64 tiles and the nvfp4 x bf16 pair among them) and the fp8
+  // pair's 15 writing e4m3 (_ofp8); then the layer's 15, which the GEMM selection flags
+  // do not filter.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 200);
   EXPECT_THAT(out, ::testing::Not(::testing::ContainsRegex("(^|\n)moe_gemm_[^t]")));
   EXPECT_TRUE(out.ends_with(kLayerList)) << out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --no-layer 2>&1", &out),
             0);
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 155);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 185);
   EXPECT_THAT(out, ::testing::Not(HasSubstr("cubist_moe_")));
   // mxfp4 x mxfp8: the bf16-MMA kernels up to 64 tokens (kernels/moe_gemm_fp4.cu; 8 tokens
   // also 64 weight rows wide), then the fp8-MMA one of 128 tokens, weights decoded by
@@ -424,7 +428,7 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   // Without --version: the family's version, raised when its set of kernels changed.
-  EXPECT_EQ(m->version, 7);
+  EXPECT_EQ(m->version, 8);
   ASSERT_EQ(m->kernels.size(), 6u);
   for (const KernelSpec& k : m->kernels) {
     EXPECT_EQ(k.extras.count("exact"), 0u) << k.name;
@@ -466,7 +470,7 @@ TEST(MoeKernelPtxasTest, Fp4NarrowTilesNeitherSpillNorSerialize) {
   if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
   TempDir dir;
   for (const KernelSpec& k :
-       BuildUnspilled(dir, "--formats mxfp4,nvfp4 --activations identity --tiles 8x64x256", 3)) {
+       BuildUnspilled(dir, "--formats mxfp4,nvfp4 --activations identity --tiles 8x64x256", 4)) {
     SCOPED_TRACE(k.name);
     EXPECT_EQ(k.tile_m, 8);
     EXPECT_EQ(k.tile_n, 64);
