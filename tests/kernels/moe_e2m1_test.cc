@@ -63,5 +63,18 @@ TEST(E2m1CodeTest, TiesSaturationNanAndSignedZero) {
   EXPECT_EQ(E2m1Code(-1e-45f), 8u) << "a negative denormal rounds to -0";
 }
 
+// E2m1Value (the decoded nvfp4 inputs' element) against the reference decoder, every
+// code; a value re-encodes to its own code (-0 included).
+TEST(E2m1ValueTest, EveryCodeIsTheReferenceValue) {
+  for (uint32_t code = 0; code < 16; ++code) {
+    SCOPED_TRACE(code);
+    EXPECT_EQ(E2m1Value(code), reference::E2m1ToFloat(static_cast<uint8_t>(code)));
+    EXPECT_EQ(std::signbit(E2m1Value(code)), code >= 8);
+    EXPECT_EQ(E2m1Code(E2m1Value(code)), code);
+  }
+  EXPECT_EQ(E2m1Value(7), 6.0f);
+  EXPECT_EQ(E2m1Value(13), -3.0f);
+}
+
 }  // namespace
 }  // namespace cubist::moe
