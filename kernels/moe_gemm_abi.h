@@ -136,7 +136,9 @@ struct MoeGemmParams {
   const void* b;        // [E, N, K] weights, weight format
   const void* a_scale;  // block scales of A (formats above), else null
   const void* b_scale;  // block scales of B, else null
-  const float* a_global_scale;  // [1] (fp8, nvfp4) or null (= 1)
+  const float* a_global_scale;  // [1] (fp8, nvfp4) or null (= 1); nvfp4 x bf16 kernels
+                                // multiply by it too when set (the layer's decoded nvfp4
+                                // inputs: their rcp(g))
   const float* b_global_scale;  // [E] (fp8, nvfp4) or null (= 1)
   const int32_t* offsets;       // [E+1] int32, offsets[0] = 0, non-decreasing, <= T
   const float* alpha;  // [E] or null

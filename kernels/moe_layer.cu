@@ -874,7 +874,7 @@ __device__ __forceinline__ void QuantizeRows(const MoeQuantizeParams& p) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) q[i] = __fmul_rn(x[i], f);
         if constexpr (F == QuantFormat::kNvfp4Decoded) {
-          // The code's value times the block scale: at most 3 x 4 significant bits, so
+          // The code's value times the block scale: at most 2 + 4 significant bits, so
           // the fp32 product and its bf16 are exact.
           uint32_t v[4];
 #pragma unroll
