@@ -92,6 +92,31 @@ TEST_F(RunCliTest, FuseIntermediateQuantizationIsCheckedBeforeTheRuntimeOpens) {
   EXPECT_THAT(out, ::testing::Not(HasSubstr("moe layer:")));
 }
 
+// --nvfp4-gemm-inputs: a known mode, "decoded" for the nvfp4 x nvfp4 pair only; the
+// nvfp4 x bf16 pair is served.
+TEST_F(RunCliTest, Nvfp4GemmInputsAreCheckedBeforeTheRuntimeOpens) {
+  std::string out;
+  const std::string nvfp4 =
+      "--op moe --weights nvfp4 --activations nvfp4 --activation swiglu --experts 8 "
+      "--hidden 64 --intermediate 64 --top-k 2 --tokens 4 ";
+  EXPECT_EQ(Run(nvfp4 + "--nvfp4-gemm-inputs bf16", &out), 2);
+  EXPECT_THAT(out, HasSubstr("moe layer: nvfp4_gemm_inputs: 'bf16' is not auto, packed or "
+                             "decoded"));
+  EXPECT_EQ(Run(std::string(kLayer) + "--top-k 2 --tokens 4 --nvfp4-gemm-inputs decoded",
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("'decoded' needs the nvfp4 x nvfp4 pair"));
+  for (const char* mode : {"decoded", "packed"}) {
+    EXPECT_EQ(Run(nvfp4 + "--nvfp4-gemm-inputs " + mode, &out), 5) << mode;
+    EXPECT_THAT(out, ::testing::Not(HasSubstr("moe layer:")));
+  }
+  EXPECT_EQ(Run("--op moe --weights nvfp4 --activations bf16 --activation swiglu --experts 8 "
+                "--hidden 64 --intermediate 64 --top-k 2 --tokens 4",
+                &out),
+            5);
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("moe layer:")));
+}
+
 TEST_F(RunCliTest, UnservedPairIsUnimplementedNotAUsageError) {
   std::string out;
   const int rc = Run(
