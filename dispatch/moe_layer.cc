@@ -311,6 +311,13 @@ MoeLayerWorkspace MaskedLayout(const MoeLayerOptions& o) {
   return LayoutForRows(o, rows, rows);
 }
 
+// The token-major layout every pass of a batch of `tokens` tokens uses: its chunk and
+// that chunk's row bucket.
+MoeLayerWorkspace BatchLayout(const MoeLayerOptions& o, int64_t tokens) {
+  const int64_t chunk = ChunkTokens(o, std::max<int64_t>(tokens, 1));
+  return LayoutForRows(o, chunk, RowBucketFor(chunk, o.top_k));
+}
+
 }  // namespace
 
 absl::StatusOr<moe::MoeRoutingMethod> ParseRoutingMethod(std::string_view name) {
@@ -377,6 +384,15 @@ absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(Runtime& runtime,
   return layer;
 }
 
+// How the layer's MoeGemms select (the kernels this build can launch, inexact ones only
+// when allowed), for the choices the layer makes from the same selection.
+SelectOptions MoeLayer::GemmSelectOptions() const {
+  SelectOptions so;
+  so.abi = moe::kMoeGemmAbi;
+  so.allow_inexact = options_.gemm.allow_inexact;
+  return so;
+}
+
 bool MoeLayer::ResolveFusion() const {
   const std::string& mode = options_.fuse_intermediate_quantization;
   const bool fp8_pair = options_.weight_format == DataFormat::kFp8 &&
@@ -388,9 +404,7 @@ bool MoeLayer::ResolveFusion() const {
   MoeGemmArgs g = GemmArgs(MoeLayerArgs{}, 1, 0, LayoutForRows(options_, 1, 64));
   g.output_format = DataFormat::kFp8;
   const MoeProblem problem = gemm1_->ProblemOf(g);
-  SelectOptions so;
-  so.abi = moe::kMoeGemmAbi;
-  so.allow_inexact = options_.gemm.allow_inexact;
+  const SelectOptions so = GemmSelectOptions();
   for (const KernelEntry& k : runtime_->registry().kernels()) {
     if (CheckKernel(k, problem, so).empty()) return true;
   }
@@ -663,9 +677,7 @@ MoeGemmArgs MoeLayer::GemmArgs(const MoeLayerArgs& a, int gemm, CUdeviceptr ws,
 
 bool MoeLayer::DecodesNvfp4Inputs(int64_t tokens) {
   if (!MayDecode(options_) || !LoadGlue().ok()) return false;
-  if (masked_) return Decoded(MaskedLayout(options_));
-  const int64_t chunk = ChunkTokens(options_, std::max<int64_t>(tokens, 1));
-  return Decoded(LayoutForRows(options_, chunk, RowBucketFor(chunk, options_.top_k)));
+  return Decoded(masked_ ? MaskedLayout(options_) : BatchLayout(options_, tokens));
 }
 
 bool MoeLayer::Decoded(const MoeLayerWorkspace& w) {
@@ -687,9 +699,7 @@ bool MoeLayer::Decoded(const MoeLayerWorkspace& w) {
 // bytes; against GEMMs that decode nvfp4 activations in every weight-row tile this
 // matters only where the estimates are close, hence the 5% margin.
 bool MoeLayer::DecodedIsFaster(const MoeLayerWorkspace& w) const {
-  SelectOptions so;
-  so.abi = moe::kMoeGemmAbi;
-  so.allow_inexact = options_.gemm.allow_inexact;
+  const SelectOptions so = GemmSelectOptions();
   auto best_us = [&](bool decoded) {
     double us = 0;
     for (int gemm : {1, 2}) {
@@ -955,14 +965,13 @@ absl::Status MoeLayer::RunExperts(const MoeLayerArgs& a, const Pass& pass, CUstr
 absl::Status MoeLayer::RunChunk(const MoeLayerArgs& a, int64_t first, int64_t tokens,
                                 CUstream stream) {
   const int64_t k = options_.top_k;
-  // Every pass uses the layout of the largest one, so passes share one workspace.
-  const int64_t chunk = ChunkTokens(options_, std::max(a.tokens, int64_t{1}));
   Pass pass;
   pass.first = first;
   pass.tokens = tokens;
   pass.slots = tokens * k;
   pass.gather_k = k;
-  pass.w = LayoutForRows(options_, chunk, RowBucketFor(chunk, k));
+  // Every pass uses the layout of the largest one, so passes share one workspace.
+  pass.w = BatchLayout(options_, a.tokens);
   pass.ws = a.workspace;
   const bool routed = a.router_logits != 0;
   pass.ids = routed ? pass.ws + pass.w.topk_ids : a.topk_ids + 4 * first * k;

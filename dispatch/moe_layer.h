@@ -73,6 +73,7 @@
 #include "absl/synchronization/mutex.h"
 #include "dispatch/moe_gemm.h"
 #include "dispatch/runtime.h"
+#include "dispatch/selector.h"
 #include "kernels/moe_layer_abi.h"
 
 namespace cubist {
@@ -241,6 +242,7 @@ class MoeLayer {
   };
   struct Pass;  // one pass over a chunk of tokens (moe_layer.cc)
   MoeLayer(Runtime& runtime, const MoeLayerOptions& options);
+  SelectOptions GemmSelectOptions() const;
   // fuse_intermediate_quantization resolved against the manifest ("auto").
   bool ResolveFusion() const;
   absl::Status LoadGlue();
