@@ -36,7 +36,9 @@ inline bool PointersLookValid(const MoeGemmArgs& a) {
   const CUdeviceptr words =
       a.a_global_scale | a.b_global_scale | a.offsets | a.alpha | a.beta | a.limit | a.bias;
   const bool fp8_out = a.output_format == DataFormat::kFp8;
-  return (wide & 15) == 0 && ((words | a.out_scale) & 3) == 0 &&
+  return (wide & 15) == 0 && ((words | a.out_scale | a.a_row_map) & 3) == 0 &&
+         (a.a_row_map == 0 || (a.a_row_divisor >= 1 && a.a_row_divisor <= kInt32Max &&
+                               a.a_rows >= 1 && a.a_rows <= kInt32Max)) &&
          (fp8_out ? a.out_scale != 0 || a.tokens == 0
                   : a.out_scale == 0 && a.output_format == DataFormat::kBf16) &&
          (a.a_scale & ScaleAlignMask(a.activation_format)) == 0 &&
@@ -66,6 +68,11 @@ inline moe::MoeGemmParams ParamsOf(const MoeGemmArgs& args) {
   p.out = reinterpret_cast<void*>(args.out);
   p.bias = reinterpret_cast<const float*>(args.bias);
   p.out_scale = reinterpret_cast<const float*>(args.out_scale);
+  if (args.a_row_map != 0) {
+    p.a_row_map = reinterpret_cast<const int32_t*>(args.a_row_map);
+    p.a_row_divisor = static_cast<int32_t>(args.a_row_divisor);
+    p.a_rows = static_cast<int32_t>(args.a_rows);
+  }
   return p;
 }
 
@@ -106,6 +113,14 @@ absl::Status ValidateMoeGemmArgs(const MoeGemmArgs& a) {
     return bad("out_scale is set but output_format is bf16 (bf16 output has no scale); "
                "leave out_scale 0, or ask for output_format fp8");
   }
+  if (a.a_row_map != 0 && (a.a_row_divisor < 1 || a.a_row_divisor > kInt32Max)) {
+    return bad(absl::StrCat("a_row_divisor=", a.a_row_divisor, " is outside 1..", kInt32Max,
+                            " (row r reads a's row a_row_map[r] / a_row_divisor)"));
+  }
+  if (a.a_row_map != 0 && (a.a_rows < 1 || a.a_rows > kInt32Max)) {
+    return bad(absl::StrCat("a_rows=", a.a_rows, " is outside 1..", kInt32Max,
+                            " with a_row_map (the rows of a that the map indexes)"));
+  }
   struct Ptr {
     const char* name;
     CUdeviceptr value;
@@ -130,6 +145,7 @@ absl::Status ValidateMoeGemmArgs(const MoeGemmArgs& a) {
       {"out", a.out, a.tokens > 0, 16},
       {"bias", a.bias, false, 4},
       {"out_scale", a.out_scale, false, 4},  // required with fp8 output: above
+      {"a_row_map", a.a_row_map, false, 4},
   };
   for (const Ptr& p : ptrs) {
     if (p.required && p.value == 0) {
@@ -190,6 +206,7 @@ MoeProblem MoeGemm::ProblemOf(const MoeGemmArgs& a) const {
   p.sm = runtime_->sm();
   p.sm_count = runtime_->device_info().sm_count;
   p.bias = a.bias != 0;
+  p.gather_a = a.a_row_map != 0;
   // bf16 output stays unset: every moe_gemm kernel without an output_format writes it
   // (the selector reads unset as bf16 for moe_gemm), and a bf16 problem keeps its key.
   if (a.output_format != DataFormat::kBf16) p.output_format = a.output_format;
@@ -281,6 +298,7 @@ absl::Status MoeGemm::CanImplement(const MoeGemmArgs& args) {
   desc.tile_n = d->tile_n;
   desc.abi = d->info.abi;
   desc.output_format = d->info.output_format;
+  desc.a_gather = d->info.a_gather;
   moe::MoeGemmParams params = ParamsOf(args);
   if (args.tokens == 0) {
     // Run launches nothing for an empty batch: only the shape checks apply, so stand in

@@ -87,6 +87,14 @@ struct MoeGemmArgs {
   // fp32 [1]: the fp8 output's dequantization scale s (out ~ e4m3 x s). Required with
   // output_format kFp8, refused (must be 0) with kBf16.
   CUdeviceptr out_scale = 0;
+  // The gather of A (kernels/moe_gemm_abi.h, version 5): with a_row_map (int32 [tokens]),
+  // row r reads a's row a_row_map[r] / a_row_divisor, and a is [a_rows, k]; a quotient
+  // outside 0..a_rows-1 reads zeros. Served only by kernels whose entry says "a_gather"
+  // (bf16 x bf16 in the family): the MoE layer's GEMM1 reads its token rows this way.
+  // 0: a is [tokens, k], read in order.
+  CUdeviceptr a_row_map = 0;
+  int64_t a_row_divisor = 1;
+  int64_t a_rows = 0;
 };
 
 struct MoeGemmOptions {

@@ -165,6 +165,18 @@ absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec) {
   } else if (out != "bf16") {
     return bad("output_format", absl::StrCat("moe_gemm kernels write bf16 or fp8, got ", Sv(out)));
   }
+  if (auto it = spec.extras.find("a_gather"); it != spec.extras.end()) {
+    if (it->second != "true" && it->second != "false") {
+      return bad("a_gather", absl::StrCat("expected true or false, got ", it->second));
+    }
+    k.a_gather = it->second == "true";
+    if (k.a_gather && spec.abi < moe::kMoeGemmAbiV5) {
+      return bad("a_gather", absl::StrCat("gathering A needs parameter struct version ",
+                                          moe::kMoeGemmAbiV5, " (a_row_map), the entry says ",
+                                          spec.abi, "; rebuild the kernel with "
+                                          "scripts/build-artifacts"));
+    }
+  }
   return k;
 }
 
@@ -200,14 +212,23 @@ absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
                                   const moe::MoeGemmParams& p, int sm_count,
                                   MoeGemmLaunch* out) {
   out->params.g = p;
-  out->params.g.abi = k.abi;  // 2, 3 or 4: the same struct
+  out->params.g.abi = k.abi;  // 2 to 5: the same struct
+  if (!k.a_gather) {
+    // Versions 2-4 had padding where the gather fields are: keep it zero.
+    out->params.g.a_row_map = nullptr;
+    out->params.g.a_row_divisor = 0;
+    out->params.g.a_rows = 0;
+  }
+  // A gathering kernel's A is [a_rows, K] (it reads A's rows without the map; the map
+  // stays valid for what it describes).
+  const int64_t a_rows = k.a_gather ? p.a_rows : p.num_tokens;
   auto row_bytes = [&](moe::MoeFormat f) {
     return static_cast<uint64_t>(p.k) * moe::FormatBits(f) / 8;
   };
   auto elem_bytes = [](moe::MoeFormat f) { return f == moe::kBf16 ? 2u : 1u; };
   // T = 0 launches read no row of A, but a map needs at least one row.
   const MapKey a_key{reinterpret_cast<uint64_t>(p.a),
-                     static_cast<uint64_t>(p.num_tokens > 0 ? p.num_tokens : 1),
+                     static_cast<uint64_t>(a_rows > 0 ? a_rows : 1),
                      row_bytes(k.activation_format), elem_bytes(k.activation_format),
                      static_cast<uint32_t>(k.tile_m)};
   const MapKey b_key{reinterpret_cast<uint64_t>(p.b),

@@ -3,9 +3,10 @@
 // (MoeGemm::Run), the GPU tests and the benchmarks all launch through
 // PrepareMoeGemmLaunch, so a kernel's launch is written once.
 //
-//   versions 2 and 3: the kernel takes MoeGemmParamsV2, whose TMA tensor maps of A and B
+//   versions 2 to 5: the kernel takes MoeGemmParamsV2, whose TMA tensor maps of A and B
 //              are encoded here (cuTensorMapEncodeTiled); persistent grid
-//              MoeGemmPersistentGridFor(sm_count, ctas_per_sm).
+//              MoeGemmPersistentGridFor(sm_count, ctas_per_sm). A's map spans a_rows rows
+//              for kernels that gather A (which read A without it), T otherwise.
 //   version 1 (generation 1) is retired: MoeGemmKernelInfoOf refuses its entries.
 //
 // Cost: encoding a tensor map is a host call of about a microsecond; the maps of recent
@@ -51,12 +52,15 @@ struct MoeGemmKernelInfo {
   // extras "output_format" (default bf16): what the kernel writes, bf16 or fp8 (version
   // 4 or newer only: it reads out_scale).
   moe::MoeFormat output_format = moe::kBf16;
+  // extras "a_gather": true (version 5 or newer only): the kernel reads A's rows through
+  // a_row_map (kernels/moe_gemm_abi.h) and needs it.
+  bool a_gather = false;
 };
 
 // InvalidArgument naming the field when the entry is not a moe_gemm kernel this build can
 // launch (unknown format or activation, abi outside kMoeGemmAbiOldest..kMoeGemmAbi, a
-// retired version 1 saying how to rebuild, bad ctas_per_sm, cluster, max_experts, pdl or
-// output_format, or an fp8 output_format below version 4).
+// retired version 1 saying how to rebuild, bad ctas_per_sm, cluster, max_experts, pdl,
+// output_format or a_gather, an fp8 output_format below version 4, or a_gather below 5).
 [[nodiscard]] absl::StatusOr<MoeGemmKernelInfo> MoeGemmKernelInfoOf(const KernelSpec& spec);
 
 // The parameter block and grid of one launch. Pass kernel_params() as cuLaunchKernel's

@@ -48,6 +48,7 @@ struct MoeGemm::TimingBuffers {
   std::vector<Set> sets;
   DeviceBuffer a_global, b_global, offsets, out;
   DeviceBuffer out_scale;  // fp32 [1], fp8-output problems only
+  DeviceBuffer row_map;    // int32 [T], problems that gather A: row r reads A's row r
 };
 
 void MoeGemm::TimingBuffersDeleter::operator()(TimingBuffers* t) const { delete t; }
@@ -111,6 +112,14 @@ absl::Status MoeGemm::PrepareTimingBuffers(const MoeProblem& problem,
                           DeviceBuffer::Allocate(driver, offsets.size() * sizeof(int32_t)));
   CUBIST_RETURN_IF_ERROR(
       t->offsets.CopyFromHost(offsets.data(), offsets.size() * sizeof(int32_t)));
+  if (problem.gather_a && problem.tokens > 0) {
+    // The identity map: each row reads its own row of A, as a gathered copy would hold.
+    std::vector<int32_t> rows(problem.tokens);
+    for (int64_t r = 0; r < problem.tokens; ++r) rows[r] = static_cast<int32_t>(r);
+    CUBIST_ASSIGN_OR_RETURN(t->row_map,
+                            DeviceBuffer::Allocate(driver, rows.size() * sizeof(int32_t)));
+    CUBIST_RETURN_IF_ERROR(t->row_map.CopyFromHost(rows.data(), rows.size() * sizeof(int32_t)));
+  }
   timing_ = std::move(t);
   return absl::OkStatus();
 }
@@ -136,6 +145,11 @@ absl::StatusOr<double> MoeGemm::TimeKernel(const KernelEntry& kernel, const MoeP
     a.offsets = t.offsets.get();
     a.out = t.out.get();
     a.out_scale = t.out_scale.get();
+    if (problem.gather_a) {
+      a.a_row_map = t.row_map.get();
+      a.a_row_divisor = 1;
+      a.a_rows = problem.tokens;
+    }
     return a;
   };
 

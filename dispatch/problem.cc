@@ -69,6 +69,7 @@ std::string ToString(const MoeProblem& p) {
       " k=", p.k, " sm=", p.sm.number());
   if (p.sm_count > 0) absl::StrAppend(&s, " sms=", p.sm_count);
   if (p.bias) absl::StrAppend(&s, " bias");
+  if (p.gather_a) absl::StrAppend(&s, " gather_a");
   if (p.output_format.has_value()) {
     absl::StrAppend(&s, " output=", Sv(DataFormatName(*p.output_format)));
   }

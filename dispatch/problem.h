@@ -44,6 +44,9 @@ struct MoeProblem {
   // A per-expert bias row is added before the activation: only moe_gemm kernels of
   // parameter struct version 3 or newer read one (kernels/moe_gemm_abi.h).
   bool bias = false;
+  // A's rows are read through a row map (MoeGemmArgs::a_row_map): only moe_gemm kernels
+  // whose entry says "a_gather" (parameter struct version 5) serve it, and only it.
+  bool gather_a = false;
 
   // Average rows per expert, rounded up (0 when there are no tokens).
   int64_t tokens_per_expert() const {
@@ -62,7 +65,7 @@ struct MoeProblem {
   friend H AbslHashValue(H h, const MoeProblem& p) {
     return H::combine(std::move(h), p.op, p.weight_format, p.activation_format,
                       p.activation, p.experts, p.tokens, p.n, p.k, p.sm.major, p.sm.minor,
-                      p.sm_count, p.output_format, p.bias);
+                      p.sm_count, p.output_format, p.bias, p.gather_a);
   }
 };
 

@@ -216,6 +216,11 @@ std::string_view KernelOutputFormat(const KernelSpec& spec) {
   return v;
 }
 
+bool KernelGathersA(const KernelSpec& spec) {
+  auto it = spec.extras.find("a_gather");
+  return it != spec.extras.end() && it->second == "true";
+}
+
 absl::StatusOr<Registry> Registry::Create(const Manifest& manifest) {
   Registry r;
   r.manifest_name_ = manifest.name;

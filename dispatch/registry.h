@@ -92,6 +92,11 @@ struct KernelEntry {
 // 4 saying "fp8", e4m3 (kernels/moe_gemm_abi.h); MoeGemmKernelInfoOf refuses others.
 std::string_view KernelOutputFormat(const KernelSpec& spec);
 
+// Whether a kernel reads A's rows through a row map: its manifest extras "a_gather"
+// (moe_gemm kernels of parameter struct version 5, kernels/moe_gemm_abi.h); false when the
+// entry has none.
+bool KernelGathersA(const KernelSpec& spec);
+
 class Registry {
  public:
   // Validates and indexes `manifest.kernels` (see the file comment for the errors).

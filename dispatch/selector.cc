@@ -22,6 +22,7 @@ int Distance(RejectReason reason) {
     case RejectReason::kInexact: return 1;
     case RejectReason::kActivation: return 2;
     case RejectReason::kOutputFormat: return 2;
+    case RejectReason::kGatherA: return 2;
     case RejectReason::kAbi: return 2;
     case RejectReason::kActivationFormat: return 3;
     case RejectReason::kWeightFormat: return 3;
@@ -152,6 +153,7 @@ std::string_view RejectReasonName(RejectReason reason) {
     case RejectReason::kActivationFormat: return "activation format";
     case RejectReason::kActivation: return "activation";
     case RejectReason::kOutputFormat: return "output format";
+    case RejectReason::kGatherA: return "gather of A";
     case RejectReason::kArch: return "arch";
     case RejectReason::kShape: return "shape";
     case RejectReason::kInexact: return "inexact";
@@ -211,6 +213,15 @@ std::vector<Rejection> CheckKernel(const KernelEntry& kernel, const MoeProblem& 
       out.push_back({RejectReason::kOutputFormat,
                      absl::StrCat("kernel writes ", Sv(writes), ", problem wants ", Sv(wants))});
     }
+  }
+  // Rows through a map and rows in order are different problems: a gathering kernel
+  // needs the map, and one reading in order would compute on the wrong rows.
+  if (moe_gemm && KernelGathersA(kernel.spec) != p.gather_a) {
+    out.push_back({RejectReason::kGatherA,
+                   p.gather_a ? "kernel reads A's rows in order, problem gathers them "
+                                "through a_row_map"
+                              : "kernel gathers A's rows through a_row_map, problem has "
+                                "them in order"});
   }
   if (!SassRunsOn(kernel.arch, p.sm)) {
     out.push_back({RejectReason::kArch, WhyNotRunsOn(kernel.arch, p.sm)});

@@ -31,6 +31,7 @@ enum class RejectReason {
   kActivationFormat,
   kActivation,
   kOutputFormat,
+  kGatherA,
   kArch,
   kShape,
   kInexact,

@@ -36,6 +36,14 @@
 //      take a version of their own so that a dispatcher that predates them (versions up
 //      to 3, no notion of an output format) refuses them instead of selecting one for a
 //      bf16 problem and reading its e4m3 bytes as bf16.
+//   5  version 4's struct grown by the gather of A (a_row_map, a_row_divisor, a_rows: 16
+//      bytes that were MoeGemmParamsV2's padding, so every older field keeps its offset).
+//      Only kernels whose entry says "a_gather": true are built as version 5, and they
+//      require the map: row r of the problem reads A's row a_row_map[r] / a_row_divisor
+//      of a_rows, so that the MoE layer's GEMM1 reads the token rows where they are
+//      instead of a gathered copy. Every other kernel stays version 3 or 4 and never
+//      reads the fields (null and 0); a dispatcher that predates them refuses version 5
+//      instead of selecting a gathering kernel for rows in order.
 #ifndef CUBIST_KERNELS_MOE_GEMM_ABI_H_
 #define CUBIST_KERNELS_MOE_GEMM_ABI_H_
 
@@ -52,8 +60,9 @@ namespace cubist::moe {
 inline constexpr int kMoeGemmAbiV2 = 2;
 inline constexpr int kMoeGemmAbiV3 = 3;
 inline constexpr int kMoeGemmAbiV4 = 4;
-inline constexpr int kMoeGemmAbi = 4;  // the newest version
-static_assert(kMoeGemmAbi == kMoeGemmAbiV4, "kMoeGemmAbi names the newest version");
+inline constexpr int kMoeGemmAbiV5 = 5;
+inline constexpr int kMoeGemmAbi = 5;  // the newest version
+static_assert(kMoeGemmAbi == kMoeGemmAbiV5, "kMoeGemmAbi names the newest version");
 inline constexpr int kMoeGemmAbiOldest = kMoeGemmAbiV2;  // the oldest one still launched
 inline constexpr int kMoeGemmAbiRetiredV1 = 1;  // generation 1's, refused with the fix below
 // What to do with a kernel of a retired version (below kMoeGemmAbiOldest): the message's
@@ -152,8 +161,17 @@ struct MoeGemmParams {
   // every kernel that writes bf16 (MoeGemmCheck refuses it there). Was reserved[0].
   const float* out_scale;
   int64_t reserved[1];  // 0; room for a stride without an ABI bump of the size
+  // Version 5, the gather of A (kernels whose entry says "a_gather": true, which need
+  // it; null and 0 for every other kernel, which MoeGemmCheck refuses them for): row r
+  // of the problem (r < offsets[E]) reads row a_row_map[r] / a_row_divisor of A, which
+  // is then [a_rows, K]; a quotient outside 0..a_rows-1 reads zeros (never out of
+  // bounds). The MoE layer passes its permuted_to_expanded map and top_k (expanded
+  // index = token x top_k + slot), so GEMM1 reads each token's row where it is.
+  const int32_t* a_row_map;  // int32 [T]
+  int32_t a_row_divisor;     // >= 1
+  int32_t a_rows;            // >= 1
 };
-static_assert(sizeof(MoeGemmParams) == 136, "MoeGemmParams layout is ABI");
+static_assert(sizeof(MoeGemmParams) == 152, "MoeGemmParams layout is ABI");
 
 CUBIST_HD constexpr bool IsGated(MoeActivation a) {
   return a == kSwiglu || a == kGeglu || a == kSitu;
@@ -310,7 +328,8 @@ struct alignas(64) MoeTensorMap {
 };
 struct MoeGemmParamsV2 {
   MoeGemmParams g;  // g.abi == 2
-  uint8_t pad[56];  // a_map at offset 192, 64-byte aligned
+  uint8_t pad[40];  // a_map at offset 192, 64-byte aligned (versions 2-4: pad[56] after
+                    // the 136 bytes of their struct; version 5 took the first 16)
   MoeTensorMap a_map;
   MoeTensorMap b_map;
 };

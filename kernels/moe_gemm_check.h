@@ -26,6 +26,8 @@ struct MoeGemmKernelDesc {
   // What it writes: kBf16, or kFp8 for entries saying "output_format": "fp8" (version 4,
   // reads out_scale).
   MoeFormat output_format = kBf16;
+  // Entries saying "a_gather": true (version 5): A's rows come through a_row_map.
+  bool a_gather = false;
 };
 
 // Returns "" when `p` can be launched on the kernel `k`, otherwise
@@ -35,8 +37,9 @@ struct MoeGemmKernelDesc {
 // Checks: ABI version, E >= 1, T >= 0, K >= 1 and its alignment, N (even and out columns
 // a multiple of 8, of 16 for fp8 output), required pointers present (operands, offsets,
 // out, block scales of block-scaled formats), 16-byte alignment of a, b and out, 4-byte
-// alignment of fp32 scale arrays, out_scale given exactly when the kernel writes fp8, and
-// a grid that fits in one launch. It cannot check device memory:
+// alignment of fp32 scale arrays, out_scale given exactly when the kernel writes fp8,
+// a_row_map given exactly when the kernel gathers A (with a divisor and A's rows), and a
+// grid that fits in one launch. It cannot check device memory:
 // offsets must be non-decreasing from 0 with offsets[E] <= T (the kernel clamps rows to
 // [0, T], so a wrong offsets array gives wrong results but never an out-of-bounds access).
 inline std::string MoeGemmCheck(const MoeGemmParams& p, const MoeGemmKernelDesc& k);
@@ -163,6 +166,38 @@ inline std::string CheckOutput(const MoeGemmParams& p, const MoeGemmKernelDesc& 
   return "";
 }
 
+// The gather of A: a map exactly for the kernels that read one (a kernel reading A in
+// order would ignore it and compute on the wrong rows; a gathering kernel needs it), of a
+// version that has the fields, with a divisor and A's row count in range.
+inline std::string CheckGather(const MoeGemmParams& p, const MoeGemmKernelDesc& k) {
+  if (!k.a_gather) {
+    if (p.a_row_map != nullptr) {
+      return "moe_gemm: a_row_map is set, but the kernel reads A's rows in order and would "
+             "ignore it; leave a_row_map null (and pass the gathered rows), or use a kernel "
+             "whose entry says a_gather";
+    }
+    return "";
+  }
+  if (k.abi < kMoeGemmAbiV5) {
+    return "moe_gemm: the kernel gathers A but takes parameter struct version " + Str(k.abi) +
+           ", which has no a_row_map; rebuild it (scripts/build-artifacts builds gathering "
+           "kernels as version 5)";
+  }
+  if (p.a_row_map == nullptr) {
+    return "moe_gemm: a_row_map is null, but the kernel gathers A's rows through it (entry "
+           "a_gather); pass the int32 [T] row map, or use a kernel that reads A in order";
+  }
+  if (Misaligned(p.a_row_map, 4)) {
+    return "moe_gemm: a_row_map must be 4-byte aligned (an int32 array)";
+  }
+  if (p.a_row_divisor < 1 || p.a_rows < 1) {
+    return "moe_gemm: a_row_divisor = " + Str(p.a_row_divisor) + " and a_rows = " +
+           Str(p.a_rows) + " must both be at least 1 with a_row_map (row r reads A's row "
+           "a_row_map[r] / a_row_divisor of a_rows)";
+  }
+  return "";
+}
+
 // The kernel's tile, what a TMA kernel can address, and a grid that fits one launch.
 inline std::string CheckLaunchLimits(const MoeGemmParams& p, const MoeGemmKernelDesc& k) {
   if (k.tile_m <= 0 || k.tile_n <= 0) return "moe_gemm: kernel description has no tile";
@@ -191,6 +226,7 @@ inline std::string MoeGemmCheck(const MoeGemmParams& p, const MoeGemmKernelDesc&
   if (error.empty()) error = internal::CheckShape(p, k);
   if (error.empty()) error = internal::CheckPointers(p, k);
   if (error.empty()) error = internal::CheckOutput(p, k);
+  if (error.empty()) error = internal::CheckGather(p, k);
   if (error.empty()) error = internal::CheckLaunchLimits(p, k);
   return error;
 }

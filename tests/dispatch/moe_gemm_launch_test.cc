@@ -223,6 +223,40 @@ TEST(MoeGemmLaunchTest, NoTokensStillEncodesAOneRowMap) {
   EXPECT_EQ(l.grid.x, 1u);
 }
 
+// A kernel that gathers A (version 5) gets its gather fields and A's map spans a_rows
+// rows (the hidden states, not the T routed rows); a kernel that does not gets them
+// zeroed, the padding its older struct had there, whatever the caller left in them.
+TEST(MoeGemmLaunchTest, GatheringKernelsGetTheRowMapAndAMapOfARowsRows) {
+  MapRecordingDriver d;
+  MoeGemmLaunch l;
+  moe::MoeGemmParams p = Params(0xA1000, 0xB2000);
+  static const int32_t kMap[4] = {};
+  p.a_row_map = kMap;
+  p.a_row_divisor = 8;
+  p.a_rows = 2048;
+  MoeGemmKernelInfo k = Tma(moe::kBf16, moe::kSwiglu, 128, 256, 1);
+  k.abi = moe::kMoeGemmAbiV5;
+  k.a_gather = true;
+  ASSERT_TRUE(PrepareMoeGemmLaunch(d, k, p, 132, &l).ok());
+  EXPECT_EQ(l.params.g.abi, moe::kMoeGemmAbiV5);
+  EXPECT_EQ(l.params.g.a_row_map, kMap);
+  EXPECT_EQ(l.params.g.a_row_divisor, 8);
+  EXPECT_EQ(l.params.g.a_rows, 2048);
+  ASSERT_EQ(d.calls.size(), 2u);
+  EXPECT_EQ(d.calls[0].dims[1], 2048u) << "A's rows: a_rows, not T";
+  EXPECT_EQ(l.grid.x, 132u) << "the grid still covers the T routed rows";
+
+  d.calls.clear();
+  k.abi = moe::kMoeGemmAbiV3;
+  k.a_gather = false;
+  ASSERT_TRUE(PrepareMoeGemmLaunch(d, k, p, 132, &l).ok());
+  EXPECT_EQ(l.params.g.a_row_map, nullptr);
+  EXPECT_EQ(l.params.g.a_row_divisor, 0);
+  EXPECT_EQ(l.params.g.a_rows, 0);
+  ASSERT_EQ(d.calls.size(), 1u) << "B's map comes from the cache";
+  EXPECT_EQ(d.calls[0].dims[1], 16384u);
+}
+
 TEST(MoeGemmLaunchTest, DriverWithoutTensorMapsIsAPreconditionError) {
   MapRecordingDriver d;
   d.result = CUDA_ERROR_NOT_SUPPORTED;
@@ -276,16 +310,33 @@ TEST(MoeGemmLaunchTest, KernelInfoFromTheManifestEntry) {
   s.abi = 3;  // version 2's struct with the bias
   ASSERT_TRUE(MoeGemmKernelInfoOf(s).ok());
   EXPECT_EQ(MoeGemmKernelInfoOf(s)->abi, 3);
-  s.abi = 5;
+  // Version 5: a_gather, only there (true or false).
+  s.extras["a_gather"] = "true";
   EXPECT_THAT(MoeGemmKernelInfoOf(s),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("abi: parameter struct version 5; this build fills versions "
-                                 "2 to 4")));
+                       HasSubstr("a_gather: gathering A needs parameter struct version 5 "
+                                 "(a_row_map), the entry says 3")));
+  s.abi = 5;
+  ASSERT_TRUE(MoeGemmKernelInfoOf(s).ok());
+  EXPECT_TRUE(MoeGemmKernelInfoOf(s)->a_gather);
+  s.extras["a_gather"] = "yes";
+  EXPECT_THAT(MoeGemmKernelInfoOf(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a_gather: expected true or false, got yes")));
+  s.extras["a_gather"] = "false";
+  ASSERT_TRUE(MoeGemmKernelInfoOf(s).ok());
+  EXPECT_FALSE(MoeGemmKernelInfoOf(s)->a_gather);
+  s.extras.erase("a_gather");
+  s.abi = 6;
+  EXPECT_THAT(MoeGemmKernelInfoOf(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("abi: parameter struct version 6; this build fills versions "
+                                 "2 to 5")));
   s.abi = 0;
   EXPECT_THAT(MoeGemmKernelInfoOf(s),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("abi: parameter struct version 0; this build fills versions "
-                                 "2 to 4")));
+                                 "2 to 5")));
   // Generation 1's version is retired: the entry is refused with the fix.
   s.abi = 1;
   EXPECT_THAT(MoeGemmKernelInfoOf(s),

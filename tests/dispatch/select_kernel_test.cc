@@ -308,7 +308,7 @@ TEST_F(SelectTest, AbiOutsideTheBuildRejects) {
   o.abi = 2;
   EXPECT_THAT(SelectKernel(*registry_, Bf16Swiglu(8, 64, 1024, 512), o),
               StatusIs(absl::StatusCode::kNotFound,
-                       HasSubstr("abi: kernel takes parameter struct version 4, this build "
+                       HasSubstr("abi: kernel takes parameter struct version 5, this build "
                                  "fills versions 2 to 2")));
   testing::TestKernel k;
   k.name = "abi2_m64n128k64";
@@ -359,6 +359,52 @@ TEST_F(SelectTest, Fp8OutputKernelsServeOnlyProblemsThatAskForThem) {
   EXPECT_THAT(SelectKernel(*reg, p, o),
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("output format: kernel writes fp8, problem wants bf16")));
+}
+
+// moe_gemm kernels that gather A (version 5, "a_gather": true) serve only problems whose
+// rows come through a row map, and such a problem only them: a kernel reading A in order
+// would compute on the wrong rows, and a gathering kernel has no map to read otherwise.
+TEST_F(SelectTest, GatheringKernelsServeOnlyProblemsThatGather) {
+  testing::TestKernel plain;
+  plain.name = "bf16_swiglu_m128n128k64";
+  plain.tile_m = 128;
+  plain.abi = moe::kMoeGemmAbiV3;
+  testing::TestKernel gather = plain;
+  gather.name = "bf16_swiglu_m128n128k64_gather";
+  gather.abi = moe::kMoeGemmAbiV5;
+  gather.extras = "\"a_gather\": true";
+  MoeProblem p = Bf16Swiglu(8, 2048, 1024, 512);
+  SelectOptions o;
+  o.abi = moe::kMoeGemmAbi;
+  auto m = ParseTestManifest({gather, plain});
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto reg = Registry::Create(*m);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  auto best = SelectKernel(*reg, p, o);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "bf16_swiglu_m128n128k64");
+  p.gather_a = true;
+  best = SelectKernel(*reg, p, o);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->kernel->name(), "bf16_swiglu_m128n128k64_gather");
+  EXPECT_THAT(ToString(p), HasSubstr(" gather_a"));
+  // A build that fills versions up to 4 knows no row map: it refuses the kernel.
+  o.abi = moe::kMoeGemmAbiV4;
+  EXPECT_THAT(SelectKernel(*reg, p, o),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("gather of A: kernel reads A's rows in order, problem "
+                                 "gathers them through a_row_map")));
+  o.abi = moe::kMoeGemmAbi;
+
+  m = ParseTestManifest({gather});
+  ASSERT_TRUE(m.ok()) << m.status();
+  reg = Registry::Create(*m);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  p.gather_a = false;
+  EXPECT_THAT(SelectKernel(*reg, p, o),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("gather of A: kernel gathers A's rows through a_row_map, "
+                                 "problem has them in order")));
 }
 
 // Generation 1's parameter struct (version 1) is retired: a manifest that still lists such
