@@ -44,15 +44,23 @@
 #ifndef MOE_OUT
 #define MOE_OUT kBf16  // the output format: kBf16, or kFp8 (e4m3, parameter struct version 4)
 #endif
+#ifndef MOE_GATHER_A
+#define MOE_GATHER_A 0  // 1: A's rows through a_row_map (parameter struct version 5)
+#endif
 
 namespace cubist::moe {
 namespace {
 
 // ---------------------------------------------------------------------------------
 
-template <MoeFormat F, MoeActivation ACT, int TM, int TN, int ST, int CL, MoeFormat OUT = kBf16>
+template <MoeFormat F, MoeActivation ACT, int TM, int TN, int ST, int CL, MoeFormat OUT = kBf16,
+          bool GA = false>
 struct MoeGemmTma {
   static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 CTAs along M");
+  // The gathering producer (ProduceGathered) serves bf16 A in single CTAs: the layer's
+  // quantized pairs gather on the way into their quantize kernel instead.
+  static_assert(!GA || (F == kBf16 && CL == 1 && OUT == kBf16 && TM % 32 == 0 && ST >= 3),
+                "A gathered: bf16, no cluster, bf16 output, 32-row multiples, 3+ stages");
   static_assert(OUT == kBf16 || (OUT == kFp8 && (IsGated(ACT) ? TN / 2 : TN) % 16 == 0),
                 "e4m3 output in whole 16-column pieces per tile");
   static constexpr MoeGemmTmaLayout L = MakeTmaLayout(F, F, TM, TN, ST);
@@ -66,9 +74,20 @@ struct MoeGemmTma {
   static constexpr int kBoxElems = kMoeGemmTmaBoxBytes / (kFp8 ? 1 : 2);  // K per k-tile
   static constexpr int kBRows = MoeGemmTmaBRows(TN, ACT);
   static constexpr uint32_t kStageTx = static_cast<uint32_t>(L.stage_bytes);
+  // A gathered: only B comes by TMA (both halves when gated: tile_n rows either way).
+  static constexpr uint32_t kBStageTx = static_cast<uint32_t>(L.b_stage_bytes);
+  static_assert(L.stage_bytes == L.a_stage_bytes + L.b_stage_bytes, "a stage is A then B");
   // Two consumers (384 threads, at most 168 registers each at entry) move registers from
   // the producer to the consumers; one consumer fits its accumulators without that.
   static constexpr bool kSetMaxNreg = kConsumers == 2;
+  // The gathering producer issues 32 copies a stage with their addresses: with 40
+  // registers ptxas spilled 28-32 bytes of it; 56 spill nothing and leave the consumers
+  // 224 (2 x 224 + 56 = 3 x 168), which every epilogue fits but GeGLU's (erf) in 128x256
+  // tiles, 16 bytes (its twin at 232 spills none).
+  static constexpr int kProducerRegs = GA ? 56 : L.producer_regs;
+  static constexpr int kConsumerRegs = GA ? 224 : L.consumer_regs;
+  static_assert(!kSetMaxNreg || SetMaxNRegFits(L.threads, kConsumers, kConsumerRegs,
+                                               kProducerRegs), "register split");
   // Clusters of two CTAs (CL = 2) take adjacent M tiles of one expert and the same N tile:
   // each loads its own A and half of B, multicast to both, so B crosses from L2 once per
   // pair. A stage is then free only when the consumers of both CTAs have released it.
@@ -106,8 +125,8 @@ struct MoeGemmTma {
     if (E < 1 || E > kMoeGemmTmaMaxExperts) return;
 
     // Clusters schedule pairs of M tiles (TM * CL rows); the CTA of rank r takes the r-th.
-    const int64_t m_tiles =
-        PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers * CL, TM * CL, off, pre);
+    const int64_t m_tiles = PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers * CL,
+                                                 TM * CL, off, pre, GA ? 1 + 32 : 1);
     const uint32_t rank = CL > 1 ? ClusterRank() : 0;
     // The peer's barriers are initialised before any multicast or remote arrival.
     if constexpr (CL > 1) ClusterSync();
@@ -118,7 +137,11 @@ struct MoeGemmTma {
                 pre, m_tiles, n_tiles, tiles,     num_kt,   rank};
     const int wg = threadIdx.x / 128;
     if (wg == 0) {
-      Produce(c);
+      if constexpr (GA) {
+        ProduceGathered(c);
+      } else {
+        Produce(c);
+      }
       return;
     }
     Consume(c, wg - 1);
@@ -128,7 +151,7 @@ struct MoeGemmTma {
   // or, in a cluster, this CTA's share of them multicast to both); the others leave.
   __device__ __forceinline__ static void Produce(const Cta& c) {
     const MoeGemmParams& p = c.pv.g;
-    if constexpr (kSetMaxNreg) SetMaxRegsDec<L.producer_regs>();
+    if constexpr (kSetMaxNreg) SetMaxRegsDec<kProducerRegs>();
     if (threadIdx.x != 0) {
       // No CTA leaves while its peer may still multicast into it or arrive on it.
       if constexpr (CL > 1) ClusterSync();
@@ -170,6 +193,80 @@ struct MoeGemmTma {
     if constexpr (CL > 1) ClusterSync();
   }
 
+  // The producer of kernels that gather A (version 5): warp 0 copies each stage's A rows
+  // from where a_row_map puts them, 16 bytes a cp.async, into the layout the TMA box would
+  // have (128-byte swizzle: chunk c of row r at r x 128 + (c ^ r % 8) x 16), and its lane 0
+  // issues B's TMA as Produce does. Hopper's TMA has no gather, and a TMA per row would
+  // take 128-byte boxes. Eight lanes copy one row's 128 bytes, so each instruction reads
+  // four whole 128-byte lines (one lane per row read 32 lines an instruction and took
+  // twice the time of the TMA kernel's GEMM). Each lane reads the map entries of rows
+  // lane, lane + 32, ... once per tile and passes them by shuffle. A stage's full barrier
+  // takes 33 arrivals: lane 0's with B's byte count, and each lane's asynchronous one
+  // (cp.async.mbarrier.arrive.noinc), made when its copies of the stage have landed, so
+  // the producer never waits for its own copies and every free stage is in flight.
+  // cp.async writes through the generic proxy: the consumers fence them for wgmma (the
+  // async proxy) once the barrier says they landed (Bf16Loop). Rows past the expert's end,
+  // negative entries and quotients past a_rows read nothing and land as zeros; such rows'
+  // results are never stored.
+  __device__ __forceinline__ static void ProduceGathered(const Cta& c) {
+    const MoeGemmParams& p = c.pv.g;
+    if constexpr (kSetMaxNreg) SetMaxRegsDec<kProducerRegs>();
+    if (threadIdx.x >= 32) return;
+    constexpr int kRows = TM / 32;  // map entries per lane: rows lane, lane + 32, ...
+    const int lane = threadIdx.x;
+    const int ch = lane % 8;        // the 16-byte chunk this lane copies of each row
+    const char* a = static_cast<const char*>(p.a);
+    const int64_t row_bytes = static_cast<int64_t>(p.k) * 2;
+    StageRing<ST> ring;
+    for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
+      const Tile t = TileAt(tile, c.m_tiles, c.n_tiles, c.num_experts, TM, c.off, c.pre);
+      if (lane == 0) PrefetchBiasL2<ACT, TN>(p, t.e, t.n_tile);
+      const int b_row = t.e * p.n + t.n_tile * kBRows;
+      int src[kRows];  // A's row of row lane + 32 j of the tile, or -1: none
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        const int r = t.row_begin + lane + 32 * j;
+        const int m = r < t.row_end ? __ldg(p.a_row_map + r) : -1;
+        const int q = m >= 0 ? m / p.a_row_divisor : -1;
+        src[j] = q < p.a_rows ? q : -1;
+      }
+      for (int kt = 0; kt < c.num_kt; ++kt) {
+        MbarWait(c.empty_bar + 8 * ring.s, ring.phase ^ 1);
+        const uint32_t full = c.full_bar + 8 * ring.s;
+        const uint32_t a_dst = c.smem_base + ring.s * L.stage_bytes;
+        if (lane == 0) {
+          const uint32_t b_dst = a_dst + L.a_stage_bytes;
+          MbarArriveExpectTx(full, kBStageTx);
+          TmaLoad2d(b_dst, &c.pv.b_map, kt * kBoxElems, b_row, full);
+          if constexpr (kGated) {
+            TmaLoad2d(b_dst + kBRows * kMoeGemmTmaBoxBytes, &c.pv.b_map, kt * kBoxElems,
+                      b_row + p.n / 2, full);
+          }
+        }
+        const int col = kt * kBoxElems + ch * 8;  // K is a multiple of 8: whole chunks
+        const bool in_k = col < p.k;
+        // Not unrolled over j: the producer's 56 registers hold one j's addresses.
+#pragma unroll 1
+        for (int j = 0; j < kRows; ++j) {
+          int own = src[0];
+#pragma unroll
+          for (int jj = 1; jj < kRows; ++jj) own = j == jj ? src[jj] : own;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {  // rows 32 j + 4 i .. + 3, lane / 8 of them
+            const int r = 32 * j + 4 * i + lane / 8;
+            const int q = __shfl_sync(0xFFFFFFFFu, own, 4 * i + lane / 8);
+            const bool in = in_k && q >= 0;
+            CpAsync16(a_dst + r * kMoeGemmTmaBoxBytes + ((ch ^ (r & 7)) << 4),
+                      in ? a + (static_cast<int64_t>(q) * row_bytes + 2 * col) : a,
+                      in ? 16u : 0u);
+          }
+        }
+        CpAsyncArriveNoinc(full);
+        ring.Advance();
+      }
+    }
+  }
+
   // Consumer warpgroup ci (rows ci*64 .. ci*64+63 of each tile): the format's main loop
   // into fp32 accumulators, then the epilogue. The main loops take the CTA's values as
   // scalars, not the Cta, and their partials from here: either way round changes the
@@ -179,7 +276,7 @@ struct MoeGemmTma {
     const uint32_t smem_base = c.smem_base, full_bar = c.full_bar, empty_bar = c.empty_bar;
     const int num_kt = c.num_kt;
     const uint32_t rank = c.rank;
-    if constexpr (kSetMaxNreg) SetMaxRegsInc<L.consumer_regs>();
+    if constexpr (kSetMaxNreg) SetMaxRegsInc<kConsumerRegs>();
     const bool signals = threadIdx.x % 128 == 0;  // arrives on `empty` for the warpgroup
     const uint32_t a_off = ci * 64 * kMoeGemmTmaBoxBytes;
     StageRing<ST> pipe;  // persists across tiles
@@ -261,6 +358,8 @@ struct MoeGemmTma {
     int prev = -1;
     for (int kt = 0; kt < num_kt; ++kt) {
       MbarWait(full_bar + 8 * pipe.s, pipe.phase);
+      // A gathered by cp.async (generic proxy) is read by wgmma (async proxy) next.
+      if constexpr (GA) FenceProxyAsync();
       Issue(smem_base + pipe.s * L.stage_bytes, a_off, acc, true);
       WgmmaWait<1>();
       FenceRegs(acc);
@@ -683,7 +782,8 @@ struct MoeGemmTma {
 
 using MoeTmaKernel =
     cubist::moe::MoeGemmTma<cubist::moe::MOE_FMT, cubist::moe::MOE_ACT, MOE_TM, MOE_TN,
-                            MOE_STAGES, MOE_CLUSTER, cubist::moe::MOE_OUT>;
+                            MOE_STAGES, MOE_CLUSTER, cubist::moe::MOE_OUT,
+                            MOE_GATHER_A != 0>;
 
 // One CTA per SM caps two-consumer kernels at 168 registers at entry, below the setmaxnreg
 // targets as setmaxnreg requires; one-consumer kernels ask for the CTAs per SM their

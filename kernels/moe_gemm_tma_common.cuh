@@ -54,6 +54,19 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const MoeTensorMap* map,
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
+// 16-byte asynchronous copy global -> shared (the gathering producer's A rows): `bytes`
+// (0 or 16) are read from src and the rest of the 16 zero-filled, so a row past the
+// expert's end or past K reads nothing. Completion is per thread: CpAsyncArriveNoinc.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes)
+               : "memory");
+}
+// Arrives on the mbarrier once every cp.async this thread issued before has landed,
+// without counting an extra arrival (.noinc: the barrier's count includes the thread).
+__device__ __forceinline__ void CpAsyncArriveNoinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void TmaPrefetchMap(const MoeTensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map))
                : "memory");
@@ -168,8 +181,9 @@ __device__ __forceinline__ MoeTile TileAt(int64_t tile, int64_t m_tiles, int64_t
 }
 
 // The prologue every version-2 kernel runs: thread 0 initialises the `kStages` stage
-// mbarriers (full: the producer's arrival plus the copy's bytes; empty: one arrival per
-// consumer warpgroup) and prefetches the tensor maps; then the CTA builds the tile prefix
+// mbarriers (full: `fills` arrivals - the producer's, or a gathering producer's 32 lanes
+// and its TMA lane - plus the copy's bytes; empty: one arrival per consumer warpgroup)
+// and prefetches the tensor maps; then the CTA builds the tile prefix
 // sums (off, pre) for M tiles of tm rows. Returns the number of M tiles.
 //
 // Programmatic dependent launch (manifest "pdl": true): nothing above the wait reads
@@ -182,10 +196,10 @@ __device__ __forceinline__ MoeTile TileAt(int64_t tile, int64_t m_tiles, int64_t
 template <int kStages>
 __device__ __forceinline__ int64_t PipelinePrologue(const MoeGemmParamsV2& pv, uint32_t full_bar,
                                                     uint32_t empty_bar, int consumers, int tm,
-                                                    int* off, int* pre) {
+                                                    int* off, int* pre, int fills = 1) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      MbarInit(full_bar + 8 * s, 1);
+      MbarInit(full_bar + 8 * s, fills);
       MbarInit(empty_bar + 8 * s, consumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

@@ -154,12 +154,13 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->name, "moe-gemm-sm90a");
-  // Without --version: the family's, raised when its set of kernels changed (8: the
-  // nvfp4 x bf16 pair).
-  EXPECT_EQ(m->version, 8);
-  // The --small preset: 6 GEMMs in a cubin each, and the layer's 15 kernels in one.
-  ASSERT_EQ(m->kernels.size(), 21u);
-  ASSERT_EQ(m->artifacts.size(), 7u);
+  // Without --version: the family's, raised when its set of kernels changed (9: the bf16
+  // pair's GEMMs that gather A).
+  EXPECT_EQ(m->version, 9);
+  // The --small preset: 7 GEMMs in a cubin each (one gathering A), and the layer's 15
+  // kernels in one.
+  ASSERT_EQ(m->kernels.size(), 22u);
+  ASSERT_EQ(m->artifacts.size(), 8u);
   std::set<std::string> formats, layer;
   for (const KernelSpec& k : m->kernels) {
     SCOPED_TRACE(k.name);
@@ -192,9 +193,13 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
       continue;
     }
     EXPECT_EQ(k.op, "moe_gemm");
-    // Every kernel is TMA, persistent, and takes the newest parameter struct (bias).
+    // Every kernel is TMA, persistent, and takes the version-3 parameter struct (bias),
+    // or version 5 where it gathers A (row r reads A's row a_row_map[r] / divisor).
     EXPECT_TRUE(k.name.starts_with("moe_gemm_tma_"));
-    EXPECT_EQ(k.abi, moe::kMoeGemmAbiV3);
+    const bool gathers = k.name.ends_with("_gather");
+    EXPECT_EQ(k.abi, gathers ? moe::kMoeGemmAbiV5 : moe::kMoeGemmAbiV3);
+    EXPECT_EQ(k.extras.count("a_gather"), gathers ? 1u : 0u);
+    if (gathers) EXPECT_EQ(k.extras.at("a_gather"), "true");
     EXPECT_EQ(k.arch, "sm_90a");
     EXPECT_EQ(k.function, k.name);
     EXPECT_EQ(k.artifact, "cubins/sm_90a/" + k.name + ".cubin");
@@ -229,6 +234,7 @@ TEST_F(MoeArtifactsTest, ManifestParsesAndDescribesEveryKernel) {
         {"moe_gemm_tma_mxfp4_bf16_swiglu_m64n128k256", {3, "1"}},
         {"moe_gemm_tma_fp8_fp8_relu2_m64n128k128", {8, "1"}},
         {"moe_gemm_tma_bf16_bf16_swiglu_m128n128k64", {6, "1"}},
+        {"moe_gemm_tma_bf16_bf16_swiglu_m128n128k64_gather", {6, "1"}},
         {"moe_gemm_tma_nvfp4_nvfp4_swiglu_m8n128k256", {4, "2"}},
     };
     ASSERT_EQ(pipeline.count(k.name), 1u);
@@ -315,15 +321,15 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
                 std::string(kLayerList));
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list 2>&1", &out), 0);
   // The whole family: 170 TMA kernels writing bf16 (generation 2; generation 1's 95 are
-  // retired; the FP4 pairs' 8x64 tiles and the nvfp4 x bf16 pair among them) and the fp8
-  // pair's 15 writing e4m3 (_ofp8); then the layer's 15, which the GEMM selection flags
-  // do not filter.
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 200);
+  // retired; the FP4 pairs' 8x64 tiles and the nvfp4 x bf16 pair among them), the fp8
+  // pair's 15 writing e4m3 (_ofp8) and the bf16 pair's 20 gathering A (_gather); then
+  // the layer's 15, which the GEMM selection flags do not filter.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 220);
   EXPECT_THAT(out, ::testing::Not(::testing::ContainsRegex("(^|\n)moe_gemm_[^t]")));
   EXPECT_TRUE(out.ends_with(kLayerList)) << out;
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --no-layer 2>&1", &out),
             0);
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 185);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 205);
   EXPECT_THAT(out, ::testing::Not(HasSubstr("cubist_moe_")));
   // mxfp4 x mxfp8: the bf16-MMA kernels up to 64 tokens (kernels/moe_gemm_fp4.cu; 8 tokens
   // also 64 weight rows wide), then the fp8-MMA one of 128 tokens, weights decoded by
@@ -348,13 +354,18 @@ TEST_F(MoeArtifactsTest, SelectionFlagsAndBadUsage) {
             "moe_gemm_tma_fp8_fp8_relu2_m128n192k128\n"
             "moe_gemm_tma_fp8_fp8_relu2_m128n192k128_ofp8\n");
   // --outputs: bf16 leaves the e4m3-output twins out, fp8 keeps only them (the fp8 pair's:
-  // no other pair has them).
+  // no other pair has them). The bf16 pair's gathering twins (_gather) write bf16.
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats fp8,bf16 "
                        "--activations relu2 --tiles 64x128 --outputs bf16 --no-layer 2>&1",
                        &out), 0) << out;
   EXPECT_EQ(out,
             "moe_gemm_tma_bf16_bf16_relu2_m64n128k64\n"
+            "moe_gemm_tma_bf16_bf16_relu2_m64n128k64_gather\n"
             "moe_gemm_tma_fp8_fp8_relu2_m64n128k128\n");
+  ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats bf16 "
+                       "--activations relu2 --tiles 64x128 --no-gather --no-layer 2>&1",
+                       &out), 0) << out;
+  EXPECT_EQ(out, "moe_gemm_tma_bf16_bf16_relu2_m64n128k64\n");
   ASSERT_EQ(RunCommand(SourceDir() + "/scripts/build-artifacts x --list --formats fp8,bf16 "
                        "--activations swiglu --outputs fp8 --no-layer 2>&1",
                        &out), 0) << out;
@@ -428,7 +439,7 @@ TEST(MoeKernelPtxasTest, SerializedWgmmaOnlyWhereMeasuredFaster) {
   auto m = ParseManifest(ReadFileOrDie(path), path);
   ASSERT_TRUE(m.ok()) << m.status();
   // Without --version: the family's version, raised when its set of kernels changed.
-  EXPECT_EQ(m->version, 8);
+  EXPECT_EQ(m->version, 9);
   ASSERT_EQ(m->kernels.size(), 6u);
   for (const KernelSpec& k : m->kernels) {
     EXPECT_EQ(k.extras.count("exact"), 0u) << k.name;
@@ -497,6 +508,28 @@ TEST(MoeKernelPtxasTest, Fp8Block192NeitherSpillsNorSerializes) {
     EXPECT_EQ(k.extras.at("spill_bytes"), "0");
     EXPECT_EQ(k.extras.at("mma_efficiency"), "0.76");
   }
+}
+
+// The bf16 kernels that gather A (version 5): their producer warp issues 32 copies of 16
+// bytes a stage with their addresses, which spilled with the producer's 40 registers; the
+// two-consumer tiles move 56 to it (consumers 224) and must spill nothing, in the widest
+// tile and the gated epilogue. Their entries say a_gather and version 5; their twins
+// (built alongside) stay version 3 without it.
+TEST(MoeKernelPtxasTest, GatheringKernelsNeitherSpillNorSerialize) {
+  if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
+  TempDir dir;
+  int gathering = 0;
+  for (const KernelSpec& k :
+       BuildUnspilled(dir, "--formats bf16 --activations swiglu --tiles 128x256,64x128", 4)) {
+    SCOPED_TRACE(k.name);
+    EXPECT_EQ(k.extras.at("spill_bytes"), "0");
+    const bool gathers = k.name.ends_with("_gather");
+    gathering += gathers;
+    EXPECT_EQ(k.abi, gathers ? moe::kMoeGemmAbiV5 : moe::kMoeGemmAbiV3);
+    EXPECT_EQ(k.extras.count("a_gather"), gathers ? 1u : 0u);
+    EXPECT_EQ(k.extras.count("output_format"), 0u) << "they write bf16";
+  }
+  EXPECT_EQ(gathering, 2);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <set>
@@ -126,7 +127,7 @@ TEST(MoeGemmCheckTest, RejectsMissingScalesMisalignmentAndAbi) {
   p = ValidParams();
   p.abi = 0;
   EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128}),
-              HasSubstr("has abi 0, this build fills 4"));
+              HasSubstr("has abi 0, this build fills 5"));
 }
 
 TEST(MoeGemmCheckTest, OnlyVersionThreeKernelsTakeABias) {
@@ -177,6 +178,39 @@ TEST(MoeGemmCheckTest, OutScaleGoesWithFp8OutputOnly) {
               HasSubstr("the kernel writes nvfp4; moe_gemm kernels write bf16 or fp8"));
 }
 
+// Version 5: a_row_map goes with kernels that gather A, both ways, with a divisor and A's
+// rows of at least 1 and 4-byte alignment.
+TEST(MoeGemmCheckTest, RowMapGoesWithGatheringKernelsOnly) {
+  MoeGemmParams p = ValidParams();
+  MoeGemmKernelDesc gather{kBf16, kBf16, kSwiglu, 128, 128, kMoeGemmAbiV5};
+  gather.a_gather = true;
+  EXPECT_THAT(MoeGemmCheck(p, gather),
+              HasSubstr("a_row_map is null, but the kernel gathers A's rows through it (entry "
+                        "a_gather); pass the int32 [T] row map"));
+  alignas(16) static const int32_t kMap[4] = {};
+  p.a_row_map = kMap;
+  p.a_row_divisor = 8;
+  p.a_rows = 13;
+  EXPECT_EQ(MoeGemmCheck(p, gather), "");
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kSwiglu, 128, 128, kMoeGemmAbiV3}),
+              HasSubstr("a_row_map is set, but the kernel reads A's rows in order and would "
+                        "ignore it"));
+  p.a_row_divisor = 0;
+  EXPECT_THAT(MoeGemmCheck(p, gather),
+              HasSubstr("a_row_divisor = 0 and a_rows = 13 must both be at least 1"));
+  p.a_row_divisor = 8;
+  p.a_rows = 0;
+  EXPECT_THAT(MoeGemmCheck(p, gather), HasSubstr("a_row_divisor = 8 and a_rows = 0"));
+  p.a_rows = 13;
+  p.a_row_map = reinterpret_cast<const int32_t*>(reinterpret_cast<uintptr_t>(kMap) + 2);
+  EXPECT_THAT(MoeGemmCheck(p, gather), HasSubstr("a_row_map must be 4-byte aligned"));
+  p.a_row_map = kMap;
+  gather.abi = kMoeGemmAbiV4;
+  EXPECT_THAT(MoeGemmCheck(p, gather),
+              HasSubstr("the kernel gathers A but takes parameter struct version 4, which has "
+                        "no a_row_map; rebuild it"));
+}
+
 TEST(MoeGemmCheckTest, OneLaunchBoundsExpertsAndRows) {
   MoeGemmParams p = ValidParams();
   const MoeGemmKernelDesc tma{kBf16, kBf16, kIdentity, 128, 256, kMoeGemmAbiV2};
@@ -189,9 +223,9 @@ TEST(MoeGemmCheckTest, OneLaunchBoundsExpertsAndRows) {
   p.n = 4 * 1024 * 1024;  // 4e9 weight rows: past a TMA coordinate
   EXPECT_THAT(MoeGemmCheck(p, tma), HasSubstr("weight rows exceed a TMA coordinate"));
   p = ValidParams();
-  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, 5}),
-              HasSubstr("the kernel takes parameter struct version 5, this build fills "
-                        "versions 2 to 4"));
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 128, 256, 6}),
+              HasSubstr("the kernel takes parameter struct version 6, this build fills "
+                        "versions 2 to 5"));
   // Generation 1's version is retired: the check names the fix.
   EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128, 1}),
               HasSubstr("moe_gemm: the kernel's parameter struct version 1 (generation "
@@ -516,6 +550,11 @@ TEST(MoeGemmGpuTest, EveryKernelMatchesTheReference) {
       EXPECT_EQ(k.abi, kMoeGemmAbiV4) << k.name;
       continue;
     }
+    // Kernels that gather A (version 5) are compared with their twins below.
+    if (KernelGathersA(k)) {
+      EXPECT_EQ(k.abi, kMoeGemmAbiV5) << k.name;
+      continue;
+    }
     EXPECT_EQ(k.abi, kMoeGemmAbiV3) << k.name;
     by_pair[{*w, *a}].push_back(&k);
   }
@@ -604,8 +643,9 @@ absl::Status LaunchAndWait(GpuEnv& env, const KernelSpec& k, const MoeGemmParams
   CUBIST_ASSIGN_OR_RETURN(auto fid, env.cache->AddFunction(img, k.function, k.shared_mem_bytes));
   CUBIST_ASSIGN_OR_RETURN(CUfunction fn, env.cache->GetFunction(fid));
   CUBIST_ASSIGN_OR_RETURN(MoeGemmKernelInfo info, MoeGemmKernelInfoOf(k));
-  const MoeGemmKernelDesc desc{info.weight_format, info.activation_format, info.activation,
-                               k.tile_m, k.tile_n, info.abi, info.output_format};
+  MoeGemmKernelDesc desc{info.weight_format, info.activation_format, info.activation,
+                         k.tile_m, k.tile_n, info.abi, info.output_format};
+  desc.a_gather = info.a_gather;
   if (std::string e = MoeGemmCheck(params, desc); !e.empty()) {
     return absl::InvalidArgumentError(e);
   }
@@ -689,6 +729,90 @@ TEST(MoeGemmGpuTest, Fp8OutputKernelsWriteTheQuantizedOutputOfTheirBf16Twins) {
   std::printf("moe_gemm fp8 output: %d kernel x problem comparisons\n", compared);
 }
 
+// Every kernel that gathers A (version 5, "_gather") writes, bit for bit, what its twin
+// reading A in order (the same kernel but for its producer) writes on the gathered rows,
+// on every problem of the pair: A's rows scrambled, each row's map entry token x 3 +
+// slot (divisor 3, as the layer's top_k), and every 17th row pointing at no row (a
+// negative entry, or a quotient past a_rows), which reads zeros - the twin's row there is
+// zero. Nothing past out's rows.
+TEST(MoeGemmGpuTest, GatheringKernelsMatchTheirTwinsOnTheGatheredRows) {
+  CUBIST_REQUIRE_GPU();
+  GpuEnv& env = Env();
+  DriverApi& d = *env.driver;
+  std::vector<std::pair<const KernelSpec*, const KernelSpec*>> gathering;  // (kernel, twin)
+  for (const KernelSpec& k : env.manifest.kernels) {
+    if (k.op != kMoeGemmOp || !KernelGathersA(k)) continue;
+    const std::string twin = k.name.substr(0, k.name.rfind("_gather"));
+    auto it = std::find_if(env.manifest.kernels.begin(), env.manifest.kernels.end(),
+                           [&](const KernelSpec& t) { return t.name == twin; });
+    ASSERT_NE(it, env.manifest.kernels.end()) << k.name << " has no twin " << twin;
+    ASSERT_FALSE(KernelGathersA(*it)) << twin;
+    gathering.emplace_back(&k, &*it);
+  }
+  if (gathering.empty()) {
+    GTEST_SKIP() << "the manifest has no kernel that gathers A (scripts/build-artifacts "
+                    "builds them with the bf16 pair)";
+  }
+  constexpr int kDivisor = 3;
+  int compared = 0;
+  uint64_t seed = 7000;
+  for (const ProblemCase& pc : Problems(kBf16, kBf16)) {
+    SCOPED_TRACE(pc.name);
+    MoeProblemData prob = MakeRandomProblem(pc.shape, ++seed);
+    if (pc.mutate != nullptr) pc.mutate(&prob);
+    const int t = prob.num_tokens;
+    const size_t row_bytes = static_cast<size_t>(prob.k) * 2;
+    std::vector<int> perm(t);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(static_cast<uint32_t>(seed)));
+    std::vector<uint8_t> source(static_cast<size_t>(t) * row_bytes);
+    std::vector<int32_t> map(t);
+    for (int r = 0; r < t; ++r) {
+      std::copy_n(prob.a.begin() + r * row_bytes, row_bytes, source.begin() + perm[r] * row_bytes);
+      if (r % 17 == 5 || r % 17 == 11) {
+        map[r] = r % 17 == 5 ? -1 - r : (t + r) * kDivisor;
+        std::fill_n(prob.a.begin() + r * row_bytes, row_bytes, uint8_t{0});
+      } else {
+        map[r] = perm[r] * kDivisor + r % kDivisor;
+      }
+    }
+    DeviceProblem dev;
+    ASSERT_TRUE(dev.Init(d, prob).ok());  // the twin's A: the gathered rows
+    auto source_buf = Upload(d, source);
+    ASSERT_TRUE(source_buf.ok()) << source_buf.status();
+    auto map_buf = Upload(d, map);
+    ASSERT_TRUE(map_buf.ok()) << map_buf.status();
+    for (const auto& [k, twin] : gathering) {
+      SCOPED_TRACE(k->name);
+      const MoeActivation act = *ParseAct(k->activation);
+      MoeGemmParams params = dev.Params(prob, act);
+      const size_t bytes = dev.out_bytes + DeviceProblem::kGuard;
+      std::vector<uint8_t> want(bytes), got(bytes);
+      ASSERT_TRUE(dev.out.Fill(0xFF).ok());
+      const absl::Status twin_run = LaunchAndWait(env, *twin, params);
+      ASSERT_TRUE(twin_run.ok()) << twin_run;
+      ASSERT_TRUE(dev.out.CopyToHost(want.data(), bytes).ok());
+      params.a = reinterpret_cast<const void*>(source_buf->get());
+      params.a_row_map = reinterpret_cast<const int32_t*>(map_buf->get());
+      params.a_row_divisor = kDivisor;
+      params.a_rows = t;
+      ASSERT_TRUE(dev.out.Fill(0xFF).ok());
+      const absl::Status run = LaunchAndWait(env, *k, params);
+      ASSERT_TRUE(run.ok()) << run;
+      ASSERT_TRUE(dev.out.CopyToHost(got.data(), bytes).ok());
+      EXPECT_EQ(std::count(got.end() - DeviceProblem::kGuard, got.end(), 0xFF),
+                int(DeviceProblem::kGuard))
+          << "wrote past the end of out";
+      const bool same = got == want;
+      EXPECT_TRUE(same) << "outputs differ from the twin's in some bits";
+      std::printf("%-48s %-7s %s\n", k->name.c_str(), pc.name.c_str(),
+                  same ? "PASS exact" : "FAIL");
+      ++compared;
+    }
+  }
+  std::printf("moe_gemm gather: %d kernel x problem comparisons\n", compared);
+}
+
 // More experts than one launch schedules (1,024): MoeGemm runs them as
 // launches over groups of experts (dispatch/moe_gemm_launch.h MoeGemmExpertGroup), each
 // with its own offsets, B, scales, activation parameters and bias. Through the dispatcher
@@ -713,7 +837,8 @@ TEST(MoeGemmGpuTest, ManyExpertsRunAsLaunchesOverGroupsOfExperts) {
   }
   std::map<std::pair<MoeFormat, MoeFormat>, std::vector<const KernelSpec*>> by_pair;
   for (const KernelSpec& k : env.manifest.kernels) {
-    if (k.op == kMoeGemmOp && k.activation == "swiglu" && KernelOutputFormat(k) == "bf16") {
+    if (k.op == kMoeGemmOp && k.activation == "swiglu" && KernelOutputFormat(k) == "bf16" &&
+        !KernelGathersA(k)) {
       by_pair[{*ParseFormat(k.weight_format), *ParseFormat(k.activation_format)}].push_back(&k);
     }
   }
@@ -806,6 +931,11 @@ TEST(MoeGemmGpuTest, NoTokensWritesNothing) {
     params.a = params.out = reinterpret_cast<void*>(dev.out.get());  // T = 0: any valid ptr
     if (KernelOutputFormat(*k) == "fp8") {  // version 4: an fp8 output needs its scale
       params.out_scale = reinterpret_cast<const float*>(dev.out.get());
+    }
+    if (KernelGathersA(*k)) {  // version 5: a row map (never read without rows)
+      params.a_row_map = reinterpret_cast<const int32_t*>(dev.out.get());
+      params.a_row_divisor = 1;
+      params.a_rows = 1;
     }
     auto img = env.cache->AddImageFile(
         env.dir + "/" + k->artifact,
