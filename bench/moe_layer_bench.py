@@ -5,7 +5,7 @@ same layer, on an H200, in one process (docs/benchmarks.md, "The MoE layer").
     python3 bench/moe_layer_bench.py --manifest DIR/manifest.json [--models qwen3,gptoss]
         [--pairs bf16,fp8,fp8-block,mxfp4,mxfp4-mxfp8,nvfp4]
         [--tokens 1,16,64,256,4096,16384] [--iters 30] [--json OUT] [--plot OUT.png]
-        [--fuse-intermediate on,off] [--breakdown]
+        [--fuse-intermediate on,off] [--fuse-gather on,off] [--breakdown]
 
 For each model and batch size T (uniform random routing logits from a fixed seed; router
 logits are an input, the router GEMM is the engine's):
@@ -26,7 +26,9 @@ per mode of MoeLayer's fuse_intermediate_quantization - "on": GEMM1's epilogue w
 GEMM2's fp8 input, "off": a separate quantize kernel - each timed, its output required
 bit-identical to the first mode's; "ours" is the first mode's time and every mode's is
 printed and kept in the JSON ("fuse"). --nvfp4-inputs MODES does the same for the nvfp4
-pair's nvfp4_gemm_inputs (auto, packed, decoded): the same products, the same bits.
+pair's nvfp4_gemm_inputs (auto, packed, decoded): the same products, the same bits, and
+--fuse-gather MODES for the bf16 pair's fuse_gather (auto, on: GEMM1 reads the token rows
+through the row map; off: the gather kernel's copy): the same bits.
 With --breakdown each row also lists the device time of every kernel of one layer call
 and of the two GEMMs alone, each launched without programmatic dependent launch (so no
 kernel's time includes waiting for the previous one), the L2 flushed first; medians of 5
@@ -254,6 +256,9 @@ def main():
     ap.add_argument("--nvfp4-inputs", default="auto",
                     help="nvfp4 pair: the layer's nvfp4_gemm_inputs modes to time (auto, "
                          "packed, decoded; comma-separated; the first is 'ours')")
+    ap.add_argument("--fuse-gather", default="auto",
+                    help="bf16 pair: the layer's fuse_gather modes to time (auto, on, off; "
+                         "comma-separated; the first is 'ours')")
     ap.add_argument("--breakdown", action="store_true",
                     help="also list each kernel's device time (no PDL) for the layer and the "
                          "two GEMMs")
@@ -263,6 +268,9 @@ def main():
     modes = [v for v in args.fuse_intermediate.split(",") if v]
     if not modes or any(v not in ("auto", "on", "off") for v in modes):
         ap.error(f"--fuse-intermediate: {args.fuse_intermediate!r} is not a list of auto, on, off")
+    g_modes = [v for v in args.fuse_gather.split(",") if v]
+    if not g_modes or any(v not in ("auto", "on", "off") for v in g_modes):
+        ap.error(f"--fuse-gather: {args.fuse_gather!r} is not a list of auto, on, off")
     nv_modes = [v for v in args.nvfp4_inputs.split(",") if v]
     if not nv_modes or any(v not in ("auto", "packed", "decoded") for v in nv_modes):
         ap.error(f"--nvfp4-inputs: {args.nvfp4_inputs!r} is not a list of auto, packed, decoded")
@@ -345,13 +353,16 @@ def bench_model(rt, name, pair, args, flush):
     max_t = max(int(t) for t in args.tokens.split(","))
     # One layer per fusion mode (the fp8 pair's; the others quantize with block scales in
     # a kernel of their own, "auto" alone).
-    # nvfp4: one layer per nvfp4_gemm_inputs mode (--nvfp4-inputs).
+    # nvfp4: one layer per nvfp4_gemm_inputs mode (--nvfp4-inputs); bf16: per fuse_gather
+    # mode (--fuse-gather).
     modes = (args.fuse_intermediate.split(",") if pair == "fp8" else
-             args.nvfp4_inputs.split(",") if pair == "nvfp4" else ["auto"])
+             args.nvfp4_inputs.split(",") if pair == "nvfp4" else
+             args.fuse_gather.split(",") if pair == "bf16" else ["auto"])
 
     def make_layer(mode, pdl=True):
         mode_kw = ({"fuse_intermediate_quantization": mode} if pair == "fp8" else
-                   {"nvfp4_gemm_inputs": mode} if pair == "nvfp4" else {})
+                   {"nvfp4_gemm_inputs": mode} if pair == "nvfp4" else
+                   {"fuse_gather": mode} if pair == "bf16" else {})
         lm = cubist.MoeLayer(
             rt, num_experts=e, top_k=k, hidden=h, intermediate=inter, routing=m["routing"],
             activation="swiglu", weights=wf, activations=af, n_group=m.get("n_group", 0),
@@ -395,7 +406,8 @@ def bench_model(rt, name, pair, args, flush):
             diff = ((mine.float() - got.float()).norm() / got.float().norm()).item()
             fuse[mode] = dict(us=timed(lambda: lm(x, q1[0], q2[0], **kw), args.iters, flush),
                               fused=lm.fuses_intermediate_quantization, identical=same,
-                              rel_diff=diff, decoded=lm.decodes_nvfp4_inputs(t))
+                              rel_diff=diff, decoded=lm.decodes_nvfp4_inputs(t),
+                              gather_fused=lm.fuses_gather)
         ours = fuse[modes[0]]["us"]
         ours_eager = timed(lambda: layer(x, q1[0], q2[0], **kw), args.iters, flush, graph=False)
         ref = timed(ref_fn, args.iters, flush)
@@ -460,6 +472,11 @@ def bench_model(rt, name, pair, args, flush):
                 f"{mode} {f['us']:9.1f} us ({'decoded' if f['decoded'] else 'packed'}, "
                 f"{'identical' if f['identical'] else 'rel. diff %.1e' % f['rel_diff']})"
                 for mode, f in fuse.items()), flush=True)
+        elif pair == "bf16" and len(fuse) > 1:
+            print("    fuse_gather: " + "  ".join(
+                f"{mode} {f['us']:9.1f} us ({'GEMM1 gathers' if f['gather_fused'] else 'gather kernel'}"
+                f"{'' if f['identical'] else ', OUTPUT DIFFERS'})" for mode, f in fuse.items()),
+                flush=True)
         elif len(fuse) > 1 or pair == "fp8":
             print("    fuse_intermediate_quantization: " + "  ".join(
                 f"{mode} {f['us']:9.1f} us ({'fused' if f['fused'] else 'quantize kernel'}"

@@ -313,6 +313,11 @@ void RegisterRun(CLI::App& app, Globals& g) {
                   "faster), packed (the GEMMs read nvfp4's bytes) or decoded (bf16 values "
                   "written once by the quantize kernels)")
       ->type_name("MODE");
+  cmd->add_option("--fuse-gather", f->layer.fuse_gather,
+                  "moe, bf16 x bf16: auto (default: fused where the manifest has the kernel), "
+                  "on (GEMM1 reads the token rows through the row map) or off (a gather "
+                  "kernel copies them first)")
+      ->type_name("MODE");
   cmd->add_option("--check-tokens", f->layer.check_tokens,
                   "moe: tokens checked against the CPU reference (default 16)");
   cmd->add_option("--kernel", f->pin, "Use this kernel (debugging)")->type_name("NAME");

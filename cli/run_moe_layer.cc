@@ -385,6 +385,7 @@ absl::StatusOr<MoeLayerOptions> MoeLayerOptionsFromFlags(const MoeLayerRunFlags&
   o.max_m = f.max_m;
   o.fuse_intermediate_quantization = f.fuse_intermediate_quantization;
   o.nvfp4_gemm_inputs = f.nvfp4_gemm_inputs;
+  o.fuse_gather = f.fuse_gather;
   if (o.input_layout == "expert_major_masked") {
     if (f.tokens >= 0) {
       return absl::InvalidArgumentError(

@@ -37,6 +37,9 @@ struct MoeLayerRunFlags {
   // nvfp4 x nvfp4: the GEMMs on nvfp4's bytes ("packed") or on their bf16 values
   // ("decoded"), or the cost model's choice ("auto"): MoeLayerOptions'.
   std::string nvfp4_gemm_inputs = "auto";
+  // bf16 x bf16: GEMM1 reads the token rows through the row map itself ("on"), a gather
+  // kernel copies them first ("off"), or whichever the manifest serves ("auto").
+  std::string fuse_gather = "auto";
   int check_tokens = 16;   // tokens compared with the reference
   int iterations = 20;
   int warmup = 3;

@@ -185,6 +185,30 @@ absl::Status ValidateFusion(const MoeLayerOptions& o) {
   return absl::OkStatus();
 }
 
+// fuse_gather: a known mode, and "on" only where GEMM1 reads the token rows as they are
+// (bf16 x bf16, no routing weight applied on input).
+absl::Status ValidateGatherFusion(const MoeLayerOptions& o) {
+  const std::string& f = o.fuse_gather;
+  if (f != "auto" && f != "on" && f != "off") {
+    return Bad("fuse_gather", absl::StrCat("'", f, "' is not auto, on or off"));
+  }
+  if (f != "on") return absl::OkStatus();
+  if (o.weight_format != DataFormat::kBf16 || o.activation_format != DataFormat::kBf16) {
+    return Bad("fuse_gather",
+               absl::StrCat("'on' needs the bf16 x bf16 pair; the ",
+                            Sv(DataFormatName(o.weight_format)), " x ",
+                            Sv(DataFormatName(o.activation_format)),
+                            " pair gathers the rows inside its quantize kernel: use auto or "
+                            "off"));
+  }
+  if (o.apply_weight_on_input) {
+    return Bad("fuse_gather", "'on' reads the rows as they are, but apply_weight_on_input "
+                              "scales them before GEMM1 (the gather kernel does): use auto "
+                              "or off");
+  }
+  return absl::OkStatus();
+}
+
 bool Nvfp4Pair(const MoeLayerOptions& o) {
   return o.weight_format == DataFormat::kNvfp4 && o.activation_format == DataFormat::kNvfp4;
 }
@@ -214,6 +238,7 @@ absl::Status ValidateOptions(const MoeLayerOptions& o) {
   CUBIST_RETURN_IF_ERROR(ValidateShapes(o));
   CUBIST_RETURN_IF_ERROR(ValidateFusion(o));
   CUBIST_RETURN_IF_ERROR(ValidateNvfp4Inputs(o));
+  CUBIST_RETURN_IF_ERROR(ValidateGatherFusion(o));
   if (Masked(o)) return ValidateMaskedOptions(o);
   if (o.input_layout != "token_major") {
     return Bad("input_layout", absl::StrCat("'", o.input_layout,
@@ -381,6 +406,7 @@ absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(Runtime& runtime,
   CUBIST_ASSIGN_OR_RETURN(layer->gemm1_, MoeGemm::Create(runtime, gemm_options));
   CUBIST_ASSIGN_OR_RETURN(layer->gemm2_, MoeGemm::Create(runtime, gemm_options));
   layer->fuse_ = layer->ResolveFusion();
+  layer->gather_fused_ = layer->ResolveGatherFusion();
   return layer;
 }
 
@@ -403,6 +429,23 @@ bool MoeLayer::ResolveFusion() const {
   // poses the same problem but for its rows, which no kernel of the family limits.
   MoeGemmArgs g = GemmArgs(MoeLayerArgs{}, 1, 0, LayoutForRows(options_, 1, 64));
   g.output_format = DataFormat::kFp8;
+  const MoeProblem problem = gemm1_->ProblemOf(g);
+  const SelectOptions so = GemmSelectOptions();
+  for (const KernelEntry& k : runtime_->registry().kernels()) {
+    if (CheckKernel(k, problem, so).empty()) return true;
+  }
+  return false;
+}
+
+bool MoeLayer::ResolveGatherFusion() const {
+  const std::string& mode = options_.fuse_gather;
+  const bool bf16_pair = options_.weight_format == DataFormat::kBf16 &&
+                         options_.activation_format == DataFormat::kBf16;
+  if (!bf16_pair || options_.apply_weight_on_input || mode == "off") return false;
+  if (mode == "on") return true;
+  // auto: as ResolveFusion, a kernel the selector would accept for GEMM1 gathering A.
+  MoeGemmArgs g = GemmArgs(MoeLayerArgs{}, 1, 0, LayoutForRows(options_, 1, 64));
+  g.a_row_map = 256;
   const MoeProblem problem = gemm1_->ProblemOf(g);
   const SelectOptions so = GemmSelectOptions();
   for (const KernelEntry& k : runtime_->registry().kernels()) {
@@ -672,6 +715,14 @@ MoeGemmArgs MoeLayer::GemmArgs(const MoeLayerArgs& a, int gemm, CUdeviceptr ws,
     g.a_global_scale = ws + w.global_scales + (first ? 0 : 4);
   }
   if (decoded) g.a = ws + (first ? w.rows : w.quantized);  // bf16 values, not nvfp4 bytes
+  if (first && gather_fused_) {
+    // GEMM1 reads hidden_states' rows through the sort's row map (a is the pass's
+    // hidden states and a_rows its rows: RunExperts sets both; the layout's row capacity
+    // bounds them for CanImplement).
+    g.a_row_map = ws + w.permuted_to_expanded;
+    g.a_row_divisor = masked_ ? 1 : options_.top_k;
+    g.a_rows = std::max<int64_t>(1, w.row_capacity);
+  }
   return g;
 }
 
@@ -933,12 +984,19 @@ absl::Status MoeLayer::Finalize(const MoeLayerArgs& a, const Pass& pass, CUstrea
 }
 
 // The steps both layouts share once rows are in expert order (offsets and the row map in
-// the workspace): the gather (quantizing for quantized pairs), GEMM1 with the activation,
+// the workspace): the gather (quantizing for quantized pairs; none where GEMM1 gathers
+// itself: gather_fused_), GEMM1 with the activation,
 // the intermediate's quantization (unless GEMM1's epilogue did it: fuse_), GEMM2.
 absl::Status MoeLayer::RunExperts(const MoeLayerArgs& a, const Pass& pass, CUstream stream) {
   const bool decoded = Decoded(pass.w);
-  CUBIST_RETURN_IF_ERROR(GatherInput(a, pass, decoded, stream));
   MoeGemmArgs g1 = GemmArgs(a, 1, pass.ws, pass.w, decoded);
+  if (gather_fused_) {
+    // No gather kernel: GEMM1 reads the pass's hidden states through the row map.
+    g1.a = a.hidden_states + 2 * pass.first * options_.hidden;
+    g1.a_rows = masked_ ? pass.w.row_capacity : pass.tokens;
+  } else {
+    CUBIST_RETURN_IF_ERROR(GatherInput(a, pass, decoded, stream));
+  }
   // The row bucket picks the kernels; the pass's slots size their grids. (One token of
   // Qwen3's mxfp4 layer: 96 tiles on a 264-CTA grid ran GEMM1 in 21 us, on 96 CTAs in 16.)
   g1.routed_rows = pass.slots;

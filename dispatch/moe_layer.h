@@ -34,6 +34,8 @@
 // rounding): the token rows on their way into expert order, and GEMM1's bf16 output -
 // for fp8 x fp8, in GEMM1's own epilogue where the manifest has such a kernel
 // (fuse_intermediate_quantization; the same bytes either way). Other pairs are refused by Create (Unimplemented naming the pair).
+// For bf16 x bf16, GEMM1 reads the token rows from hidden_states through the sort's row
+// map itself where the manifest has such kernels (fuse_gather), and no gather kernel runs.
 //
 // Masked input (input_layout "expert_major_masked"): the expert-major layout that
 // low-latency all-to-all libraries deliver (DeepEP's low-latency dispatch; DeepGEMM's
@@ -136,6 +138,16 @@ struct MoeLayerOptions {
   // manifest has the decoding quantize kernel. Other pairs take "auto" and "packed".
   // "auto" and "decoded" size GEMM2's input for bf16 (WorkspaceLayout).
   std::string nvfp4_gemm_inputs = "auto";
+  // How GEMM1 gets the bf16 x bf16 pair's token rows in expert order. "on": GEMM1 reads
+  // each row from hidden_states through the sort's row map (a kernel whose entry says
+  // "a_gather", kernels/moe_gemm_abi.h version 5; CanImplement fails NotFound without
+  // one), so no gather kernel runs and no gathered copy is written and read back; "off":
+  // cubist_moe_gather_bf16 writes the rows in expert order and GEMM1 reads them; "auto":
+  // on where the manifest has a gathering GEMM1 kernel for the layer's shape on this
+  // device. The same bits either way (the same products; only where A's rows come
+  // from differs). Quantized pairs gather inside their quantize kernel and take "auto"
+  // and "off"; so does apply_weight_on_input, whose rows are scaled before GEMM1.
+  std::string fuse_gather = "auto";
   MoeGemmOptions gemm;  // for both GEMMs (pinning, inexact kernels)
 };
 
@@ -230,6 +242,9 @@ class MoeLayer {
   // Whether GEMM1 writes GEMM2's fp8 input itself (fuse_intermediate_quantization, as
   // Create resolved "auto"), so that no quantize kernel runs between the GEMMs.
   bool fuses_intermediate_quantization() const { return fuse_; }
+  // Whether GEMM1 reads the token rows through the row map itself (fuse_gather, as
+  // Create resolved "auto"), so that no gather kernel runs.
+  bool fuses_gather() const { return gather_fused_; }
   // Whether batches of up to `tokens` tokens run the nvfp4 pair's GEMMs on decoded bf16
   // inputs (nvfp4_gemm_inputs, "auto" resolved for their row bucket). Host only.
   bool DecodesNvfp4Inputs(int64_t tokens);
@@ -245,6 +260,8 @@ class MoeLayer {
   SelectOptions GemmSelectOptions() const;
   // fuse_intermediate_quantization resolved against the manifest ("auto").
   bool ResolveFusion() const;
+  // fuse_gather resolved against the manifest ("auto").
+  bool ResolveGatherFusion() const;
   absl::Status LoadGlue();
   absl::Status RaiseSharedLimits();
   absl::Status ValidateArgs(const MoeLayerArgs& args, int64_t max_tokens) const;
@@ -287,6 +304,7 @@ class MoeLayer {
   MoeLayerOptions options_;
   moe::MoeRoutingMethod method_ = moe::kRouteRenormalize;
   bool fuse_ = false;    // GEMM1 writes fp8 (fuse_intermediate_quantization resolved)
+  bool gather_fused_ = false;  // GEMM1 reads rows through the row map (fuse_gather)
   bool masked_ = false;  // input_layout "expert_major_masked"
   bool logits_bf16_ = false;
   int64_t local_experts_ = 0;  // L

@@ -101,7 +101,11 @@ class MoeLayer:
     chose); nvfp4_gemm_inputs ("auto", "packed" or "decoded": nvfp4 x nvfp4 only, whether
     the GEMMs read nvfp4's bytes or their values written once as bf16 by the quantize
     kernels - the same products, faster GEMMs at prefill for 3.6x the input bytes; "auto"
-    decides per batch size by the cost model, decodes_nvfp4_inputs(tokens) says what)."""
+    decides per batch size by the cost model, decodes_nvfp4_inputs(tokens) says what);
+    fuse_gather ("auto", "on" or "off": bf16 x bf16 only, whether GEMM1 reads the token
+    rows from the hidden states through the routing's row map itself instead of a gather
+    kernel's copy - the same bits either way; "auto" fuses where the manifest has the
+    kernel, and fuses_gather says what it chose)."""
 
     _next_handle = 1
 
@@ -111,7 +115,7 @@ class MoeLayer:
                  apply_weight_on_input=False, logits="fp32", local_expert_offset=0,
                  num_local_experts=0, max_chunk_tokens=0, finalize="sum", pdl=True,
                  input_layout="token_major", max_m=0, fuse_intermediate_quantization="auto",
-                 nvfp4_gemm_inputs="auto"):
+                 nvfp4_gemm_inputs="auto", fuse_gather="auto"):
         from . import Runtime
         if not isinstance(runtime, Runtime):
             raise _bad("runtime", f"expected cubist.Runtime, got {type(runtime).__name__}")
@@ -129,7 +133,7 @@ class MoeLayer:
             float(routed_scaling_factor), bool(apply_weight_on_input), logits,
             int(local_expert_offset), int(num_local_experts), int(max_chunk_tokens),
             finalize, bool(pdl), input_layout, self.max_m, fuse_intermediate_quantization,
-            nvfp4_gemm_inputs)
+            nvfp4_gemm_inputs, fuse_gather)
         self._workspace = None  # (tensor, max_tokens) grown on demand outside capture
         self.handle = MoeLayer._next_handle
         MoeLayer._next_handle += 1
@@ -139,6 +143,11 @@ class MoeLayer:
     def fuses_intermediate_quantization(self):
         """Whether GEMM1 writes GEMM2's fp8 input itself (no quantize kernel between)."""
         return self._native.fuses_intermediate_quantization
+
+    @property
+    def fuses_gather(self):
+        """Whether GEMM1 reads the token rows through the row map itself (no gather kernel)."""
+        return self._native.fuses_gather
 
     def decodes_nvfp4_inputs(self, tokens):
         """Whether a batch of `tokens` tokens runs the nvfp4 pair's GEMMs on decoded bf16

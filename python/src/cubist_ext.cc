@@ -639,7 +639,7 @@ class PyMoeLayer {
              int64_t max_chunk_tokens, const std::string& finalize, bool pdl,
              const std::string& input_layout, int64_t max_m,
              const std::string& fuse_intermediate_quantization,
-             const std::string& nvfp4_gemm_inputs) {
+             const std::string& nvfp4_gemm_inputs, const std::string& fuse_gather) {
     MoeLayerOptions& o = options_;
     o.weight_format = Check(ParseDataFormat(weights));
     o.activation_format = Check(ParseDataFormat(activations));
@@ -663,10 +663,12 @@ class PyMoeLayer {
     o.max_m = max_m;
     o.fuse_intermediate_quantization = fuse_intermediate_quantization;
     o.nvfp4_gemm_inputs = nvfp4_gemm_inputs;
+    o.fuse_gather = fuse_gather;
     op_ = Check(MoeLayer::Create(rt.get(), o));
   }
 
   bool FusesIntermediateQuantization() const { return op_->fuses_intermediate_quantization(); }
+  bool FusesGather() const { return op_->fuses_gather(); }
   bool DecodesNvfp4Inputs(int64_t tokens) { return op_->DecodesNvfp4Inputs(tokens); }
 
   size_t WorkspaceSize(int64_t max_tokens) const {
@@ -1036,10 +1038,11 @@ NB_MODULE(_cubist, m) {
                     int64_t, int64_t, int64_t, int64_t, const std::string&, int64_t, int64_t,
                     double, bool, const std::string&, int64_t, int64_t, int64_t,
                     const std::string&, bool, const std::string&, int64_t,
-                    const std::string&, const std::string&>(),
+                    const std::string&, const std::string&, const std::string&>(),
            nb::keep_alive<1, 2>())
       .def_prop_ro("fuses_intermediate_quantization",
                    &PyMoeLayer::FusesIntermediateQuantization)
+      .def_prop_ro("fuses_gather", &PyMoeLayer::FusesGather)
       .def("decodes_nvfp4_inputs", &PyMoeLayer::DecodesNvfp4Inputs)
       .def("workspace_size", &PyMoeLayer::WorkspaceSize)
       .def("workspace_layout", &PyMoeLayer::WorkspaceLayout)

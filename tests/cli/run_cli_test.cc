@@ -92,6 +92,24 @@ TEST_F(RunCliTest, FuseIntermediateQuantizationIsCheckedBeforeTheRuntimeOpens) {
   EXPECT_THAT(out, ::testing::Not(HasSubstr("moe layer:")));
 }
 
+// --fuse-gather: a known mode, "on" for the bf16 x bf16 pair only.
+TEST_F(RunCliTest, FuseGatherIsCheckedBeforeTheRuntimeOpens) {
+  std::string out;
+  EXPECT_EQ(Run(std::string(kLayer) + "--top-k 2 --tokens 4 --fuse-gather always", &out), 2);
+  EXPECT_THAT(out, HasSubstr("moe layer: fuse_gather: 'always' is not auto, on or off"));
+  EXPECT_EQ(Run("--op moe --weights fp8 --activations fp8 --activation swiglu --experts 8 "
+                "--hidden 64 --intermediate 64 --top-k 2 --tokens 4 --fuse-gather on",
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("'on' needs the bf16 x bf16 pair; the fp8 x fp8 pair gathers "
+                             "the rows inside its quantize kernel"));
+  for (const char* mode : {"on", "off"}) {
+    EXPECT_EQ(Run(std::string(kLayer) + "--top-k 2 --tokens 4 --fuse-gather " + mode, &out), 5)
+        << mode;
+    EXPECT_THAT(out, ::testing::Not(HasSubstr("moe layer:")));
+  }
+}
+
 // --nvfp4-gemm-inputs: a known mode, "decoded" for the nvfp4 x nvfp4 pair only; the
 // nvfp4 x bf16 pair is served.
 TEST_F(RunCliTest, Nvfp4GemmInputsAreCheckedBeforeTheRuntimeOpens) {

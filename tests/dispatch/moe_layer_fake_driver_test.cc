@@ -583,6 +583,149 @@ TEST_F(MoeLayerFakeDriverTest, FusedQuantizationWritesGemm2sInputFromGemm1) {
   }
 }
 
+// The bf16 pair's GEMM1 gathering A itself (version 5; scripts/build-artifacts' _gather
+// kernels): the stub, as build-artifacts describes such a kernel.
+TestKernel GatherGemm1Stub() {
+  TestKernel k;
+  k.name = "layer_bf16_bf16_swiglu_gather";
+  k.artifact = kStubPath;
+  k.weight_format = k.activation_format = "bf16";
+  k.activation = "swiglu";
+  k.tile_k = 64;
+  k.threads = 128;
+  k.shared_mem_bytes = 100000;
+  k.abi = moe::kMoeGemmAbiV5;
+  k.extras = "\"pdl\": true, \"a_gather\": true";
+  return k;
+}
+
+// With a gathering GEMM1 in the manifest, "auto" and "on" leave the gather kernel out:
+// GEMM1 reads hidden_states (the pass's rows) through the sort's row map, token = entry /
+// top_k; "off" (and a layer that applies the routing weight on input, whose rows the
+// gather kernel scales) keeps the gather kernel and the GEMM1 reading rows in order. The
+// masked layout's row map is the row itself: divisor 1, L x max_m rows.
+TEST_F(MoeLayerFakeDriverTest, FusedGatherFeedsGemm1TheHiddenStatesThroughTheRowMap) {
+  std::vector<TestKernel> kernels = LayerKernels();
+  kernels.push_back(GatherGemm1Stub());
+  auto rt = OpenRuntime("repo-gather", kernels);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  runtime_ = std::move(*rt);
+  const Pair& bf16 = kPairs[0];
+  const auto [quantize, gemm1, gemm2] = StepNames(bf16);
+  for (const char* mode : {"auto", "on", "off"}) {
+    SCOPED_TRACE(mode);
+    driver_.Clear();
+    MoeLayerOptions o = Options(bf16);
+    o.fuse_gather = mode;
+    auto layer = MoeLayer::Create(*runtime_, o);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    const bool fused = std::string_view(mode) != "off";
+    EXPECT_EQ((*layer)->fuses_gather(), fused);
+    auto w = MoeLayer::WorkspaceLayout(o, 5);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const MoeLayerArgs a = Args(o, 5, w->bytes);
+    CUBIST_ASSERT_OK((*layer)->CanImplement(a, 5));
+    CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+    const auto launches = driver_.launches();
+    const CUdeviceptr ws = kWorkspace;
+    if (!fused) {
+      ASSERT_THAT(Names(launches), ElementsAre("cubist_moe_route_sort", "cubist_moe_gather_bf16",
+                                               gemm1, gemm2, "cubist_moe_finalize"));
+      const auto g1 = launches[2].gemm();
+      EXPECT_EQ(Addr(g1.a), ws + w->gathered);
+      EXPECT_EQ(g1.a_row_map, nullptr);
+      EXPECT_EQ(g1.a_row_divisor, 0) << "a version-3 kernel's padding stays zero";
+      continue;
+    }
+    ASSERT_THAT(Names(launches), ElementsAre("cubist_moe_route_sort",
+                                             "layer_bf16_bf16_swiglu_gather", gemm2,
+                                             "cubist_moe_finalize"));
+    const auto g1 = launches[1].gemm();
+    const auto g2 = launches[2].gemm();
+    EXPECT_EQ(g1.abi, moe::kMoeGemmAbiV5);
+    EXPECT_EQ(Addr(g1.a), kHidden) << "the token rows where they are";
+    EXPECT_EQ(Addr(g1.a_row_map), ws + w->permuted_to_expanded);
+    EXPECT_EQ(g1.a_row_divisor, 4) << "top_k: expanded index = token x k + slot";
+    EXPECT_EQ(g1.a_rows, 5);
+    EXPECT_EQ(g1.num_tokens, 20) << "the routed rows";
+    EXPECT_EQ(Addr(g1.out), ws + w->activated);
+    EXPECT_EQ(Addr(g2.a), ws + w->activated);
+    EXPECT_EQ(g2.a_row_map, nullptr) << "GEMM2 reads GEMM1's rows in order";
+  }
+
+  // Weights applied on input scale the rows in the gather kernel: "auto" keeps it.
+  driver_.Clear();
+  MoeLayerOptions o = Options(bf16);
+  o.num_experts = 16;
+  o.top_k = 1;
+  o.routing_method = "llama4";
+  o.apply_weight_on_input = true;
+  auto layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_FALSE((*layer)->fuses_gather());
+
+  // The masked layout: GEMM1 reads hidden_states' row map[r] itself (divisor 1).
+  driver_.Clear();
+  o = MaskedOptions(bf16);
+  layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  ASSERT_TRUE((*layer)->fuses_gather());
+  auto w = MoeLayer::WorkspaceLayout(o, 0);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const MoeLayerArgs a = MaskedArgs(o, w->bytes);
+  CUBIST_ASSERT_OK((*layer)->CanImplement(a, 0));
+  CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+  const auto launches = driver_.launches();
+  ASSERT_THAT(Names(launches), ElementsAre("cubist_moe_sort_masked",
+                                           "layer_bf16_bf16_swiglu_gather", gemm2,
+                                           "cubist_moe_finalize_masked"));
+  const auto g1 = launches[1].gemm();
+  EXPECT_EQ(Addr(g1.a), kHidden);
+  EXPECT_EQ(Addr(g1.a_row_map), kWorkspace + w->permuted_to_expanded);
+  EXPECT_EQ(g1.a_row_divisor, 1);
+  EXPECT_EQ(g1.a_rows, 128) << "L x max_m";
+}
+
+// Without a gathering GEMM1, "auto" keeps the gather kernel and "on" fails CanImplement
+// naming the gather; "on" is refused up front where GEMM1 cannot read the rows as they
+// are (a quantized pair, weights on input), and an unknown mode names the three.
+TEST_F(MoeLayerFakeDriverTest, FuseGatherIsValidatedAndOnNeedsTheKernel) {
+  const Pair& bf16 = kPairs[0];
+  MoeLayerOptions o = Options(bf16);
+  auto layer = MoeLayer::Create(*runtime_, o);  // LayerKernels(): no gathering GEMM1
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_FALSE((*layer)->fuses_gather());
+  o.fuse_gather = "on";
+  layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  auto ws = MoeLayer::WorkspaceSize(o, 5);
+  ASSERT_TRUE(ws.ok());
+  EXPECT_THAT((*layer)->CanImplement(Args(o, 5, *ws), 5),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("gather of A")));
+
+  o.fuse_gather = "sometimes";
+  EXPECT_THAT(MoeLayer::Create(*runtime_, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("fuse_gather: 'sometimes' is not auto, on or off")));
+  o = Options(kPairs[1]);  // fp8
+  o.fuse_gather = "on";
+  EXPECT_THAT(MoeLayer::Create(*runtime_, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("'on' needs the bf16 x bf16 pair")));
+  o.fuse_gather = "auto";
+  layer = MoeLayer::Create(*runtime_, o);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_FALSE((*layer)->fuses_gather());
+  o = Options(bf16);
+  o.top_k = 1;
+  o.routing_method = "llama4";
+  o.apply_weight_on_input = true;
+  o.fuse_gather = "on";
+  EXPECT_THAT(MoeLayer::Create(*runtime_, o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("apply_weight_on_input scales them before GEMM1")));
+}
+
 // Without an fp8-output GEMM1 that serves the layer, "auto" keeps the quantize kernel:
 // a manifest without one, or with one for another activation only (here swiglu, the
 // layer's GEMM1 identity); "on" then fails CanImplement naming the output format.

@@ -151,6 +151,7 @@ struct Result {
   int32_t dropped = 0;
   bool fused = false;  // GEMM1 wrote GEMM2's fp8 input itself (no quantize kernel)
   bool decoded = false;  // the nvfp4 pair's GEMMs read decoded bf16 inputs
+  bool gather_fused = false;  // GEMM1 read the token rows through the row map itself
   std::vector<uint8_t> gemm2_input;  // quantized activations: GEMM2's input, its rows
 };
 
@@ -419,6 +420,7 @@ Result RunAndCheck(const Case& c, uint64_t seed) {
     EXPECT_EQ(r.dropped, sort.dropped);
     r.fused = (*layer)->fuses_intermediate_quantization();
     r.decoded = (*layer)->DecodesNvfp4Inputs(t);
+    r.gather_fused = (*layer)->fuses_gather();
     if (quantized_acts) {
       CheckQuantized(d, r.routing, sort, *ws, *layout, r.fused, r.decoded);
       r.gemm2_input = Download<uint8_t>(
@@ -550,6 +552,41 @@ TEST(MoeLayerGpuTest, FusedIntermediateQuantizationIsBitIdentical) {
         EXPECT_TRUE(on.fused);
         EXPECT_FALSE(on.gemm2_input.empty());
         EXPECT_TRUE(on.gemm2_input == off.gemm2_input) << "GEMM2's input bytes differ";
+        EXPECT_TRUE(on.out == off.out) << "the layer's outputs differ in some bits";
+      }
+    }
+  }
+}
+
+// The bf16 pair with GEMM1 reading the token rows through the sort's row map itself (the
+// _gather kernels, fuse_gather "on") and from the gather kernel's copy ("off"): the same
+// layer output, bit for bit - decode, 64 tokens, a multi-CTA sort, gated and element-wise
+// activations, gpt-oss's biases and clamp.
+TEST(MoeLayerGpuTest, FusedGatherIsBitIdentical) {
+  CUBIST_REQUIRE_GPU();
+  MoeLayerOptions probe = Small();
+  auto layer = MoeLayer::Create(*Env().runtime, probe);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  if (!(*layer)->fuses_gather()) {
+    GTEST_SKIP() << "the manifest has no gathering GEMM1 kernel (scripts/build-artifacts "
+                    "builds the _gather kernels with the bf16 pair)";
+  }
+  for (Activation act : {Activation::kSwiglu, Activation::kRelu2}) {
+    for (bool biases : {false, true}) {
+      if (biases && act != Activation::kSwiglu) continue;
+      for (int t : {1, 3, 64, 1500}) {
+        Case c;
+        c.options = probe;
+        c.options.activation = act;
+        c.biases = biases;
+        c.tokens = t;
+        SCOPED_TRACE(absl::StrCat(ActivationName(act), biases ? " biases" : "", " T=", t));
+        const auto [off, on] = RunBothWays(c, 1900 + t, [](MoeLayerOptions& o, bool fused) {
+          o.fuse_gather = fused ? "on" : "off";
+        });
+        EXPECT_FALSE(off.gather_fused);
+        EXPECT_TRUE(on.gather_fused);
+        EXPECT_FALSE(on.out.empty());
         EXPECT_TRUE(on.out == off.out) << "the layer's outputs differ in some bits";
       }
     }
