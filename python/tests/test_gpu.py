@@ -621,6 +621,29 @@ def test_moe_layer_nvfp4_decoded_inputs_match_packed_ones(rt, t):
                         weights="nvfp4", activations="bf16", nvfp4_gemm_inputs="decoded")
 
 
+@pytest.mark.parametrize("t", [1, 300])
+def test_moe_layer_fused_gather_is_bit_identical(rt, t):
+    """fuse_gather: GEMM1 reading the token rows through the row map ("on") and from the
+    gather kernel's copy ("off") give the same bits, within the layer tolerance of torch."""
+    x, logits, w1, w2 = _layer_problem(seed=50 + t, t=t)
+    probe = cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128)
+    if not probe.fuses_gather:
+        pytest.skip("the manifest has no gathering GEMM1 kernel (the _gather kernels)")
+    outs = {}
+    for mode in ("on", "off"):
+        layer = cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128,
+                                fuse_gather=mode)
+        assert layer.fuses_gather == (mode == "on")
+        outs[mode] = layer(x, w1, w2, router_logits=logits)
+    want = _torch_quantized_layer(x, logits, w1, w2, 4, "bf16", 1.0, 1.0)
+    torch.cuda.synchronize()
+    _assert_within_layer_tolerance(outs["on"], want, "bf16")
+    assert torch.equal(outs["on"], outs["off"])
+    with pytest.raises(cubist.InvalidArgumentError, match=r"'on' needs the bf16 x bf16 pair"):
+        cubist.MoeLayer(rt, num_experts=16, top_k=4, hidden=256, intermediate=128,
+                        weights="fp8", activations="fp8", fuse_gather="on")
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "fp8-block", "mxfp4", "mxfp8", "nvfp4"])
 def test_quantize_weights_on_the_gpu_gives_the_cpus_bytes(fmt):
     g = torch.Generator(device="cuda").manual_seed(5)
