@@ -165,43 +165,38 @@ absl::Status ValidateShapes(const MoeLayerOptions& o) {
   return ValidatePair(o);
 }
 
-// fuse_intermediate_quantization: a known mode, and "on" only where a GEMM1 can write
-// GEMM2's input (per-tensor fp8; block scales span tiles).
-absl::Status ValidateFusion(const MoeLayerOptions& o) {
-  const std::string& f = o.fuse_intermediate_quantization;
-  if (f != "auto" && f != "on" && f != "off") {
-    return Bad("fuse_intermediate_quantization",
-               absl::StrCat("'", f, "' is not auto, on or off"));
+// A fusion option's mode: auto, on or off, and "on" only for the w x a pair (`pair` as
+// users name it); other pairs are told `why` they have nothing to fuse.
+absl::Status ValidateFusionMode(std::string_view field, const std::string& mode,
+                                const MoeLayerOptions& o, DataFormat w, DataFormat a,
+                                std::string_view pair, std::string_view why) {
+  if (mode != "auto" && mode != "on" && mode != "off") {
+    return Bad(field, absl::StrCat("'", mode, "' is not auto, on or off"));
   }
-  if (f == "on" && !(o.weight_format == DataFormat::kFp8 &&
-                     o.activation_format == DataFormat::kFp8)) {
-    return Bad("fuse_intermediate_quantization",
-               absl::StrCat("'on' needs the fp8 x fp8 (per-tensor) pair; the ",
-                            Sv(DataFormatName(o.weight_format)), " x ",
-                            Sv(DataFormatName(o.activation_format)),
-                            " pair's intermediate is quantized by a kernel of its own: use "
-                            "auto or off"));
+  if (mode == "on" && !(o.weight_format == w && o.activation_format == a)) {
+    return Bad(field, absl::StrCat("'on' needs the ", Sv(pair), " pair; the ",
+                                   Sv(DataFormatName(o.weight_format)), " x ",
+                                   Sv(DataFormatName(o.activation_format)), " pair", Sv(why),
+                                   ": use auto or off"));
   }
   return absl::OkStatus();
 }
 
-// fuse_gather: a known mode, and "on" only where GEMM1 reads the token rows as they are
-// (bf16 x bf16, no routing weight applied on input).
+// fuse_intermediate_quantization: "on" only where a GEMM1 can write GEMM2's input
+// (per-tensor fp8; block scales span tiles).
+absl::Status ValidateFusion(const MoeLayerOptions& o) {
+  return ValidateFusionMode("fuse_intermediate_quantization", o.fuse_intermediate_quantization,
+                            o, DataFormat::kFp8, DataFormat::kFp8, "fp8 x fp8 (per-tensor)",
+                            "'s intermediate is quantized by a kernel of its own");
+}
+
+// fuse_gather: "on" only where GEMM1 reads the token rows as they are (bf16 x bf16, no
+// routing weight applied on input).
 absl::Status ValidateGatherFusion(const MoeLayerOptions& o) {
-  const std::string& f = o.fuse_gather;
-  if (f != "auto" && f != "on" && f != "off") {
-    return Bad("fuse_gather", absl::StrCat("'", f, "' is not auto, on or off"));
-  }
-  if (f != "on") return absl::OkStatus();
-  if (o.weight_format != DataFormat::kBf16 || o.activation_format != DataFormat::kBf16) {
-    return Bad("fuse_gather",
-               absl::StrCat("'on' needs the bf16 x bf16 pair; the ",
-                            Sv(DataFormatName(o.weight_format)), " x ",
-                            Sv(DataFormatName(o.activation_format)),
-                            " pair gathers the rows inside its quantize kernel: use auto or "
-                            "off"));
-  }
-  if (o.apply_weight_on_input) {
+  CUBIST_RETURN_IF_ERROR(ValidateFusionMode("fuse_gather", o.fuse_gather, o, DataFormat::kBf16,
+                                            DataFormat::kBf16, "bf16 x bf16",
+                                            " gathers the rows inside its quantize kernel"));
+  if (o.fuse_gather == "on" && o.apply_weight_on_input) {
     return Bad("fuse_gather", "'on' reads the rows as they are, but apply_weight_on_input "
                               "scales them before GEMM1 (the gather kernel does): use auto "
                               "or off");

@@ -253,8 +253,10 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
   }
 
   // Creates the layer of `o` on runtime_ and runs one batch of `tokens` tokens, its
-  // workspace sized for that batch: `w` gets the layout, launches() what it launched.
-  void RunBatch(const MoeLayerOptions& o, int64_t tokens, MoeLayerWorkspace* w) {
+  // workspace sized for that batch: `w` gets the layout, launches() what it launched,
+  // and `kept` (when given) the layer.
+  void RunBatch(const MoeLayerOptions& o, int64_t tokens, MoeLayerWorkspace* w,
+                std::unique_ptr<MoeLayer>* kept = nullptr) {
     auto layer = MoeLayer::Create(*runtime_, o);
     ASSERT_TRUE(layer.ok()) << layer.status();
     auto layout = MoeLayer::WorkspaceLayout(o, tokens);
@@ -263,6 +265,18 @@ class MoeLayerFakeDriverTest : public ::testing::Test {
     const MoeLayerArgs a = Args(o, tokens, w->bytes);
     CUBIST_ASSERT_OK((*layer)->CanImplement(a, tokens));
     CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+    if (kept != nullptr) *kept = std::move(*layer);
+  }
+
+  // Replaces runtime_ with one on LayerKernels() and `extra`, under dir_/<repo>.
+  void UseKernelsAnd(const std::string& repo, const TestKernel& extra) {
+#ifdef CUBIST_DISPATCH_STUB_CUBIN
+    std::vector<TestKernel> kernels = LayerKernels();
+    kernels.push_back(extra);
+    auto rt = OpenRuntime(repo, kernels);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    runtime_ = std::move(*rt);
+#endif
   }
 
   static std::vector<std::string> Names(const std::vector<LaunchRecordingDriver::Launch>& v) {
@@ -511,20 +525,27 @@ TEST_F(MoeLayerFakeDriverTest, WithoutTheFusedKernelDecodeRoutesAndSortsInTwoLau
   ExpectSortWiring(launches[1].As<moe::MoeSortParams>(), 20, kWorkspace, w);
 }
 
-// The fp8 pair's GEMM1 writing e4m3 itself (version 4; scripts/build-artifacts' _ofp8
-// kernels): the stub, as build-artifacts describes such a kernel.
-TestKernel FusedGemm1Stub() {
+// A SwiGLU GEMM1 stub of `format` x `format` beside the pair's own, as
+// scripts/build-artifacts describes such a kernel: parameter struct `abi`, `extras`.
+TestKernel Gemm1Stub(const char* name, const char* format, int tile_k, int abi,
+                     const char* extras) {
   TestKernel k;
-  k.name = "layer_fp8_fp8_swiglu_ofp8";
+  k.name = name;
   k.artifact = kStubPath;
-  k.weight_format = k.activation_format = "fp8";
+  k.weight_format = k.activation_format = format;
   k.activation = "swiglu";
-  k.tile_k = 128;
+  k.tile_k = tile_k;
   k.threads = 128;
   k.shared_mem_bytes = 100000;
-  k.abi = moe::kMoeGemmAbiV4;
-  k.extras = "\"pdl\": true, \"output_format\": \"fp8\", \"n_multiple\": 32";
+  k.abi = abi;
+  k.extras = extras;
   return k;
+}
+
+// The fp8 pair's GEMM1 writing e4m3 itself (version 4; build-artifacts' _ofp8 kernels).
+TestKernel FusedGemm1Stub() {
+  return Gemm1Stub("layer_fp8_fp8_swiglu_ofp8", "fp8", 128, moe::kMoeGemmAbiV4,
+                   "\"pdl\": true, \"output_format\": \"fp8\", \"n_multiple\": 32");
 }
 
 // With an fp8-output GEMM1 in the manifest, "auto" and "on" fuse the intermediate's
@@ -532,11 +553,7 @@ TestKernel FusedGemm1Stub() {
 // caller's intermediate_scale as out_scale, and no quantize kernel runs between the GEMMs;
 // "off" keeps the bf16 GEMM1 (never the fp8-output one) and the quantize kernel.
 TEST_F(MoeLayerFakeDriverTest, FusedQuantizationWritesGemm2sInputFromGemm1) {
-  std::vector<TestKernel> kernels = LayerKernels();
-  kernels.push_back(FusedGemm1Stub());
-  auto rt = OpenRuntime("repo-fused", kernels);
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  runtime_ = std::move(*rt);
+  ASSERT_NO_FATAL_FAILURE(UseKernelsAnd("repo-fused", FusedGemm1Stub()));
   const Pair& fp8 = kPairs[1];
   const auto [quantize, gemm1, gemm2] = StepNames(fp8);
   for (const char* mode : {"auto", "on", "off"}) {
@@ -544,15 +561,12 @@ TEST_F(MoeLayerFakeDriverTest, FusedQuantizationWritesGemm2sInputFromGemm1) {
     driver_.Clear();
     MoeLayerOptions o = Options(fp8);
     o.fuse_intermediate_quantization = mode;
-    auto layer = MoeLayer::Create(*runtime_, o);
-    ASSERT_TRUE(layer.ok()) << layer.status();
+    MoeLayerWorkspace layout;
+    std::unique_ptr<MoeLayer> layer;
+    ASSERT_NO_FATAL_FAILURE(RunBatch(o, 5, &layout, &layer));
+    const MoeLayerWorkspace* w = &layout;
     const bool fused = std::string_view(mode) != "off";
-    EXPECT_EQ((*layer)->fuses_intermediate_quantization(), fused);
-    auto w = MoeLayer::WorkspaceLayout(o, 5);
-    ASSERT_TRUE(w.ok()) << w.status();
-    const MoeLayerArgs a = Args(o, 5, w->bytes);
-    CUBIST_ASSERT_OK((*layer)->CanImplement(a, 5));
-    CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+    EXPECT_EQ(layer->fuses_intermediate_quantization(), fused);
     const auto launches = driver_.launches();
     const CUdeviceptr ws = kWorkspace;
     if (!fused) {
@@ -583,20 +597,10 @@ TEST_F(MoeLayerFakeDriverTest, FusedQuantizationWritesGemm2sInputFromGemm1) {
   }
 }
 
-// The bf16 pair's GEMM1 gathering A itself (version 5; scripts/build-artifacts' _gather
-// kernels): the stub, as build-artifacts describes such a kernel.
+// The bf16 pair's GEMM1 gathering A itself (version 5; build-artifacts' _gather kernels).
 TestKernel GatherGemm1Stub() {
-  TestKernel k;
-  k.name = "layer_bf16_bf16_swiglu_gather";
-  k.artifact = kStubPath;
-  k.weight_format = k.activation_format = "bf16";
-  k.activation = "swiglu";
-  k.tile_k = 64;
-  k.threads = 128;
-  k.shared_mem_bytes = 100000;
-  k.abi = moe::kMoeGemmAbiV5;
-  k.extras = "\"pdl\": true, \"a_gather\": true";
-  return k;
+  return Gemm1Stub("layer_bf16_bf16_swiglu_gather", "bf16", 64, moe::kMoeGemmAbiV5,
+                   "\"pdl\": true, \"a_gather\": true");
 }
 
 // With a gathering GEMM1 in the manifest, "auto" and "on" leave the gather kernel out:
@@ -605,11 +609,7 @@ TestKernel GatherGemm1Stub() {
 // gather kernel scales) keeps the gather kernel and the GEMM1 reading rows in order. The
 // masked layout's row map is the row itself: divisor 1, L x max_m rows.
 TEST_F(MoeLayerFakeDriverTest, FusedGatherFeedsGemm1TheHiddenStatesThroughTheRowMap) {
-  std::vector<TestKernel> kernels = LayerKernels();
-  kernels.push_back(GatherGemm1Stub());
-  auto rt = OpenRuntime("repo-gather", kernels);
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  runtime_ = std::move(*rt);
+  ASSERT_NO_FATAL_FAILURE(UseKernelsAnd("repo-gather", GatherGemm1Stub()));
   const Pair& bf16 = kPairs[0];
   const auto [quantize, gemm1, gemm2] = StepNames(bf16);
   for (const char* mode : {"auto", "on", "off"}) {
@@ -617,15 +617,12 @@ TEST_F(MoeLayerFakeDriverTest, FusedGatherFeedsGemm1TheHiddenStatesThroughTheRow
     driver_.Clear();
     MoeLayerOptions o = Options(bf16);
     o.fuse_gather = mode;
-    auto layer = MoeLayer::Create(*runtime_, o);
-    ASSERT_TRUE(layer.ok()) << layer.status();
+    MoeLayerWorkspace layout;
+    std::unique_ptr<MoeLayer> layer;
+    ASSERT_NO_FATAL_FAILURE(RunBatch(o, 5, &layout, &layer));
+    const MoeLayerWorkspace* w = &layout;
     const bool fused = std::string_view(mode) != "off";
-    EXPECT_EQ((*layer)->fuses_gather(), fused);
-    auto w = MoeLayer::WorkspaceLayout(o, 5);
-    ASSERT_TRUE(w.ok()) << w.status();
-    const MoeLayerArgs a = Args(o, 5, w->bytes);
-    CUBIST_ASSERT_OK((*layer)->CanImplement(a, 5));
-    CUBIST_ASSERT_OK((*layer)->Run(a, nullptr));
+    EXPECT_EQ(layer->fuses_gather(), fused);
     const auto launches = driver_.launches();
     const CUdeviceptr ws = kWorkspace;
     if (!fused) {
@@ -752,11 +749,7 @@ TEST_F(MoeLayerFakeDriverTest, AutoFusesOnlyWhereAFusedKernelServesTheLayer) {
               StatusIs(absl::StatusCode::kNotFound,
                        HasSubstr("output format: kernel writes bf16, problem wants fp8")));
 
-  std::vector<TestKernel> kernels = LayerKernels();
-  kernels.push_back(FusedGemm1Stub());
-  auto rt = OpenRuntime("repo-fused-narrow", kernels);
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  runtime_ = std::move(*rt);
+  ASSERT_NO_FATAL_FAILURE(UseKernelsAnd("repo-fused-narrow", FusedGemm1Stub()));
   o.fuse_intermediate_quantization = "auto";
   o.activation = Activation::kIdentity;
   layer = MoeLayer::Create(*runtime_, o);

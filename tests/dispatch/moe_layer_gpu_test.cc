@@ -521,6 +521,27 @@ TEST(MoeLayerGpuTest, DecodedNvfp4InputsMatchPackedOnes) {
   }
 }
 
+// Calls check(c) for `probe`'s layer with SwiGLU, with and without gpt-oss's biases and
+// clamp, and with ReLU^2, at each of `tokens`: the cases of the fusion tests below.
+template <typename Check>
+void ForEachFusionCase(const MoeLayerOptions& probe, std::initializer_list<int> tokens,
+                       Check check) {
+  for (Activation act : {Activation::kSwiglu, Activation::kRelu2}) {
+    for (bool biases : {false, true}) {
+      if (biases && act != Activation::kSwiglu) continue;
+      for (int t : tokens) {
+        Case c;
+        c.options = probe;
+        c.options.activation = act;
+        c.biases = biases;
+        c.tokens = t;
+        SCOPED_TRACE(absl::StrCat(ActivationName(act), biases ? " biases" : "", " T=", t));
+        check(c);
+      }
+    }
+  }
+}
+
 // The fp8 pair with GEMM1's output quantized in GEMM1's epilogue (the _ofp8 kernels,
 // fuse_intermediate_quantization "on") and by the separate quantize kernel ("off"): the
 // same GEMM2 input bytes and the same layer output, bit for bit - decode, a multi-CTA
@@ -535,27 +556,16 @@ TEST(MoeLayerGpuTest, FusedIntermediateQuantizationIsBitIdentical) {
     GTEST_SKIP() << "the manifest has no fp8-output GEMM1 kernel (scripts/build-artifacts "
                     "builds the _ofp8 kernels with the fp8 pair)";
   }
-  for (Activation act : {Activation::kSwiglu, Activation::kRelu2}) {
-    for (bool biases : {false, true}) {
-      if (biases && act != Activation::kSwiglu) continue;
-      for (int t : {3, 64, 1500}) {
-        Case c;
-        c.options = probe;
-        c.options.activation = act;
-        c.biases = biases;
-        c.tokens = t;
-        SCOPED_TRACE(absl::StrCat(ActivationName(act), biases ? " biases" : "", " T=", t));
-        const auto [off, on] = RunBothWays(c, 1700 + t, [](MoeLayerOptions& o, bool fused) {
-          o.fuse_intermediate_quantization = fused ? "on" : "off";
-        });
-        EXPECT_FALSE(off.fused);
-        EXPECT_TRUE(on.fused);
-        EXPECT_FALSE(on.gemm2_input.empty());
-        EXPECT_TRUE(on.gemm2_input == off.gemm2_input) << "GEMM2's input bytes differ";
-        EXPECT_TRUE(on.out == off.out) << "the layer's outputs differ in some bits";
-      }
-    }
-  }
+  ForEachFusionCase(probe, {3, 64, 1500}, [](const Case& c) {
+    const auto [off, on] = RunBothWays(c, 1700 + c.tokens, [](MoeLayerOptions& o, bool fused) {
+      o.fuse_intermediate_quantization = fused ? "on" : "off";
+    });
+    EXPECT_FALSE(off.fused);
+    EXPECT_TRUE(on.fused);
+    EXPECT_FALSE(on.gemm2_input.empty());
+    EXPECT_TRUE(on.gemm2_input == off.gemm2_input) << "GEMM2's input bytes differ";
+    EXPECT_TRUE(on.out == off.out) << "the layer's outputs differ in some bits";
+  });
 }
 
 // The bf16 pair with GEMM1 reading the token rows through the sort's row map itself (the
@@ -571,26 +581,15 @@ TEST(MoeLayerGpuTest, FusedGatherIsBitIdentical) {
     GTEST_SKIP() << "the manifest has no gathering GEMM1 kernel (scripts/build-artifacts "
                     "builds the _gather kernels with the bf16 pair)";
   }
-  for (Activation act : {Activation::kSwiglu, Activation::kRelu2}) {
-    for (bool biases : {false, true}) {
-      if (biases && act != Activation::kSwiglu) continue;
-      for (int t : {1, 3, 64, 1500}) {
-        Case c;
-        c.options = probe;
-        c.options.activation = act;
-        c.biases = biases;
-        c.tokens = t;
-        SCOPED_TRACE(absl::StrCat(ActivationName(act), biases ? " biases" : "", " T=", t));
-        const auto [off, on] = RunBothWays(c, 1900 + t, [](MoeLayerOptions& o, bool fused) {
-          o.fuse_gather = fused ? "on" : "off";
-        });
-        EXPECT_FALSE(off.gather_fused);
-        EXPECT_TRUE(on.gather_fused);
-        EXPECT_FALSE(on.out.empty());
-        EXPECT_TRUE(on.out == off.out) << "the layer's outputs differ in some bits";
-      }
-    }
-  }
+  ForEachFusionCase(probe, {1, 3, 64, 1500}, [](const Case& c) {
+    const auto [off, on] = RunBothWays(c, 1900 + c.tokens, [](MoeLayerOptions& o, bool fused) {
+      o.fuse_gather = fused ? "on" : "off";
+    });
+    EXPECT_FALSE(off.gather_fused);
+    EXPECT_TRUE(on.gather_fused);
+    EXPECT_FALSE(on.out.empty());
+    EXPECT_TRUE(on.out == off.out) << "the layer's outputs differ in some bits";
+  });
 }
 
 // llama4's weight on input, quantized on the way (fp8 per tensor).

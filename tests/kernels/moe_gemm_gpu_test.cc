@@ -660,6 +660,26 @@ absl::Status LaunchAndWait(GpuEnv& env, const KernelSpec& k, const MoeGemmParams
   return env.stream.Synchronize();
 }
 
+// The moe_gemm kernels of `m` that `is_variant` picks (e4m3 output, the gather of A), each
+// with its twin: the kernel named as it without `suffix`, which must exist and write bf16
+// reading A in order (checked here: a variant without its twin is a failure).
+std::vector<std::pair<const KernelSpec*, const KernelSpec*>> VariantsAndTwins(
+    const Manifest& m, bool (*is_variant)(const KernelSpec&), std::string_view suffix) {
+  std::vector<std::pair<const KernelSpec*, const KernelSpec*>> out;
+  for (const KernelSpec& k : m.kernels) {
+    if (k.op != kMoeGemmOp || !is_variant(k)) continue;
+    const std::string twin = k.name.substr(0, k.name.rfind(suffix));
+    auto it = std::find_if(m.kernels.begin(), m.kernels.end(),
+                           [&](const KernelSpec& t) { return t.name == twin; });
+    EXPECT_NE(it, m.kernels.end()) << k.name << " has no twin " << twin;
+    if (it == m.kernels.end()) continue;
+    EXPECT_EQ(KernelOutputFormat(*it), "bf16") << twin;
+    EXPECT_FALSE(KernelGathersA(*it)) << twin;
+    out.emplace_back(&k, &*it);
+  }
+  return out;
+}
+
 // Every fp8-output kernel (version 4, "_ofp8") writes, byte for byte, what the layer's
 // fp8 quantizer makes of its bf16 twin's output (the same kernel but for the output; the
 // test above checks the twin against the reference), on every problem of the pair, with a
@@ -668,16 +688,8 @@ TEST(MoeGemmGpuTest, Fp8OutputKernelsWriteTheQuantizedOutputOfTheirBf16Twins) {
   CUBIST_REQUIRE_GPU();
   GpuEnv& env = Env();
   DriverApi& d = *env.driver;
-  std::vector<std::pair<const KernelSpec*, const KernelSpec*>> fused;  // (fp8 out, twin)
-  for (const KernelSpec& k : env.manifest.kernels) {
-    if (k.op != kMoeGemmOp || KernelOutputFormat(k) != "fp8") continue;
-    const std::string twin = k.name.substr(0, k.name.rfind("_ofp8"));
-    auto it = std::find_if(env.manifest.kernels.begin(), env.manifest.kernels.end(),
-                           [&](const KernelSpec& t) { return t.name == twin; });
-    ASSERT_NE(it, env.manifest.kernels.end()) << k.name << " has no bf16 twin " << twin;
-    ASSERT_EQ(KernelOutputFormat(*it), "bf16") << twin;
-    fused.emplace_back(&k, &*it);
-  }
+  const auto fused = VariantsAndTwins(
+      env.manifest, [](const KernelSpec& k) { return KernelOutputFormat(k) == "fp8"; }, "_ofp8");
   if (fused.empty()) {
     GTEST_SKIP() << "the manifest has no fp8-output kernel (scripts/build-artifacts builds "
                     "them with the fp8 pair)";
@@ -739,16 +751,8 @@ TEST(MoeGemmGpuTest, GatheringKernelsMatchTheirTwinsOnTheGatheredRows) {
   CUBIST_REQUIRE_GPU();
   GpuEnv& env = Env();
   DriverApi& d = *env.driver;
-  std::vector<std::pair<const KernelSpec*, const KernelSpec*>> gathering;  // (kernel, twin)
-  for (const KernelSpec& k : env.manifest.kernels) {
-    if (k.op != kMoeGemmOp || !KernelGathersA(k)) continue;
-    const std::string twin = k.name.substr(0, k.name.rfind("_gather"));
-    auto it = std::find_if(env.manifest.kernels.begin(), env.manifest.kernels.end(),
-                           [&](const KernelSpec& t) { return t.name == twin; });
-    ASSERT_NE(it, env.manifest.kernels.end()) << k.name << " has no twin " << twin;
-    ASSERT_FALSE(KernelGathersA(*it)) << twin;
-    gathering.emplace_back(&k, &*it);
-  }
+  const auto gathering = VariantsAndTwins(
+      env.manifest, [](const KernelSpec& k) { return KernelGathersA(k); }, "_gather");
   if (gathering.empty()) {
     GTEST_SKIP() << "the manifest has no kernel that gathers A (scripts/build-artifacts "
                     "builds them with the bf16 pair)";
