@@ -59,8 +59,8 @@ struct MoeGemmTma {
   static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 CTAs along M");
   // The gathering producer (ProduceGathered) serves bf16 A in single CTAs: the layer's
   // quantized pairs gather on the way into their quantize kernel instead.
-  static_assert(!GA || (F == kBf16 && CL == 1 && OUT == kBf16 && TM % 32 == 0 && ST >= 3),
-                "A gathered: bf16, no cluster, bf16 output, 32-row multiples, 3+ stages");
+  static_assert(!GA || (F == kBf16 && CL == 1 && OUT == kBf16 && TM % 32 == 0 && TM <= 128),
+                "A gathered: bf16, no cluster, bf16 output, 32 to 128 rows in 32-row steps");
   static_assert(OUT == kBf16 || (OUT == kFp8 && (IsGated(ACT) ? TN / 2 : TN) % 16 == 0),
                 "e4m3 output in whole 16-column pieces per tile");
   static constexpr MoeGemmTmaLayout L = MakeTmaLayout(F, F, TM, TN, ST);
@@ -76,12 +76,14 @@ struct MoeGemmTma {
   static constexpr uint32_t kStageTx = static_cast<uint32_t>(L.stage_bytes);
   // A gathered: only B comes by TMA (both halves when gated: tile_n rows either way).
   static constexpr uint32_t kBStageTx = static_cast<uint32_t>(L.b_stage_bytes);
+  // A gathered: the producer warps copying it, 32 rows each (all four for 128-row tiles).
+  static constexpr int kGatherWarps = TM / 32;
   static_assert(L.stage_bytes == L.a_stage_bytes + L.b_stage_bytes, "a stage is A then B");
   // Two consumers (384 threads, at most 168 registers each at entry) move registers from
   // the producer to the consumers; one consumer fits its accumulators without that.
   static constexpr bool kSetMaxNreg = kConsumers == 2;
-  // The gathering producer issues 32 copies a stage with their addresses: with 40
-  // registers ptxas spilled 28-32 bytes of it; 56 spill nothing and leave the consumers
+  // The gathering producer's warps issue 8 copies a stage each with their addresses: with
+  // 40 registers ptxas spilled 16-24 bytes of it; 56 spill nothing and leave the consumers
   // 224 (2 x 224 + 56 = 3 x 168), which every epilogue fits but GeGLU's (erf) in 128x256
   // tiles, 16 bytes (its twin at 232 spills none).
   static constexpr int kProducerRegs = GA ? 56 : L.producer_regs;
@@ -126,7 +128,8 @@ struct MoeGemmTma {
 
     // Clusters schedule pairs of M tiles (TM * CL rows); the CTA of rank r takes the r-th.
     const int64_t m_tiles = PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers * CL,
-                                                 TM * CL, off, pre, GA ? 1 + 32 : 1);
+                                                 TM * CL, off, pre,
+                                                 GA ? 1 + 32 * kGatherWarps : 1);
     const uint32_t rank = CL > 1 ? ClusterRank() : 0;
     // The peer's barriers are initialised before any multicast or remote arrival.
     if constexpr (CL > 1) ClusterSync();
@@ -193,48 +196,47 @@ struct MoeGemmTma {
     if constexpr (CL > 1) ClusterSync();
   }
 
-  // The producer of kernels that gather A (version 5): warp 0 copies each stage's A rows
+  // The producer of kernels that gather A (version 5): its warps copy each stage's A rows
   // from where a_row_map puts them, 16 bytes a cp.async, into the layout the TMA box would
-  // have (128-byte swizzle: chunk c of row r at r x 128 + (c ^ r % 8) x 16), and its lane 0
-  // issues B's TMA as Produce does. Hopper's TMA has no gather, and a TMA per row would
-  // take 128-byte boxes. Eight lanes copy one row's 128 bytes, so each instruction reads
-  // four whole 128-byte lines (one lane per row read 32 lines an instruction and took
-  // twice the time of the TMA kernel's GEMM). Each lane reads the map entries of rows
-  // lane, lane + 32, ... once per tile and passes them by shuffle. A stage's full barrier
-  // takes 33 arrivals: lane 0's with B's byte count, and each lane's asynchronous one
-  // (cp.async.mbarrier.arrive.noinc), made when its copies of the stage have landed, so
-  // the producer never waits for its own copies and every free stage is in flight.
-  // cp.async writes through the generic proxy: the consumers fence them for wgmma (the
-  // async proxy) once the barrier says they landed (Bf16Loop). Rows past the expert's end,
-  // negative entries and quotients past a_rows read nothing and land as zeros; such rows'
-  // results are never stored.
+  // have (128-byte swizzle: chunk c of row r at r x 128 + (c ^ r % 8) x 16), warp w rows
+  // 32 w .. 32 w + 31, and thread 0 issues B's TMA as Produce does. Hopper's TMA has no
+  // gather, and a TMA per row would take 128-byte boxes. Eight lanes copy one row's 128
+  // bytes, so each instruction reads four whole lines; each lane reads its row's map
+  // entry once per tile and passes it by shuffle. One warp for all 128 rows, lines whole
+  // or not, took twice the TMA twin's time at prefill (its copies in flight could not
+  // cover the latency of the L2); a warp per 32 rows matches the twin. A stage's full
+  // barrier takes 1 + 32 x kGatherWarps arrivals: thread 0's with B's byte count, and each
+  // lane's asynchronous one (cp.async.mbarrier.arrive.noinc), made when its copies of the
+  // stage have landed, so the producer never waits for its own copies and every free stage
+  // is in flight. cp.async writes through the generic proxy: the consumers fence them for
+  // wgmma (the async proxy) once the barrier says they landed (Bf16Loop). Rows past the
+  // expert's end, negative entries and quotients past a_rows read nothing and land as
+  // zeros; such rows' results are never stored.
   __device__ __forceinline__ static void ProduceGathered(const Cta& c) {
     const MoeGemmParams& p = c.pv.g;
     if constexpr (kSetMaxNreg) SetMaxRegsDec<kProducerRegs>();
-    if (threadIdx.x >= 32) return;
-    constexpr int kRows = TM / 32;  // map entries per lane: rows lane, lane + 32, ...
-    const int lane = threadIdx.x;
-    const int ch = lane % 8;        // the 16-byte chunk this lane copies of each row
+    if (threadIdx.x >= kGatherWarps * 32) return;
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;  // copies rows 32 warp .. 32 warp + 31
+    const int ch = lane % 8;            // the 16-byte chunk this lane copies of each row
     const char* a = static_cast<const char*>(p.a);
     const int64_t row_bytes = static_cast<int64_t>(p.k) * 2;
     StageRing<ST> ring;
     for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
       const Tile t = TileAt(tile, c.m_tiles, c.n_tiles, c.num_experts, TM, c.off, c.pre);
-      if (lane == 0) PrefetchBiasL2<ACT, TN>(p, t.e, t.n_tile);
+      const bool b_lane = threadIdx.x == 0;
+      if (b_lane) PrefetchBiasL2<ACT, TN>(p, t.e, t.n_tile);
       const int b_row = t.e * p.n + t.n_tile * kBRows;
-      int src[kRows];  // A's row of row lane + 32 j of the tile, or -1: none
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        const int r = t.row_begin + lane + 32 * j;
-        const int m = r < t.row_end ? __ldg(p.a_row_map + r) : -1;
-        const int q = m >= 0 ? m / p.a_row_divisor : -1;
-        src[j] = q < p.a_rows ? q : -1;
-      }
+      // A's row of row 32 warp + lane of the tile, or -1: none.
+      const int r0 = t.row_begin + 32 * warp + lane;
+      const int m = r0 < t.row_end ? __ldg(p.a_row_map + r0) : -1;
+      const int q0 = m >= 0 ? m / p.a_row_divisor : -1;
+      const int src = q0 < p.a_rows ? q0 : -1;
       for (int kt = 0; kt < c.num_kt; ++kt) {
         MbarWait(c.empty_bar + 8 * ring.s, ring.phase ^ 1);
         const uint32_t full = c.full_bar + 8 * ring.s;
         const uint32_t a_dst = c.smem_base + ring.s * L.stage_bytes;
-        if (lane == 0) {
+        if (b_lane) {
           const uint32_t b_dst = a_dst + L.a_stage_bytes;
           MbarArriveExpectTx(full, kBStageTx);
           TmaLoad2d(b_dst, &c.pv.b_map, kt * kBoxElems, b_row, full);
@@ -245,21 +247,14 @@ struct MoeGemmTma {
         }
         const int col = kt * kBoxElems + ch * 8;  // K is a multiple of 8: whole chunks
         const bool in_k = col < p.k;
-        // Not unrolled over j: the producer's 56 registers hold one j's addresses.
-#pragma unroll 1
-        for (int j = 0; j < kRows; ++j) {
-          int own = src[0];
 #pragma unroll
-          for (int jj = 1; jj < kRows; ++jj) own = j == jj ? src[jj] : own;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {  // rows 32 j + 4 i .. + 3, lane / 8 of them
-            const int r = 32 * j + 4 * i + lane / 8;
-            const int q = __shfl_sync(0xFFFFFFFFu, own, 4 * i + lane / 8);
-            const bool in = in_k && q >= 0;
-            CpAsync16(a_dst + r * kMoeGemmTmaBoxBytes + ((ch ^ (r & 7)) << 4),
-                      in ? a + (static_cast<int64_t>(q) * row_bytes + 2 * col) : a,
-                      in ? 16u : 0u);
-          }
+        for (int i = 0; i < 8; ++i) {  // rows 32 warp + 4 i .. + 3, lane / 8 of them
+          const int r = 32 * warp + 4 * i + lane / 8;
+          const int q = __shfl_sync(0xFFFFFFFFu, src, 4 * i + lane / 8);
+          const bool in = in_k && q >= 0;
+          CpAsync16(a_dst + r * kMoeGemmTmaBoxBytes + ((ch ^ (r & 7)) << 4),
+                    in ? a + (static_cast<int64_t>(q) * row_bytes + 2 * col) : a,
+                    in ? 16u : 0u);
         }
         CpAsyncArriveNoinc(full);
         ring.Advance();

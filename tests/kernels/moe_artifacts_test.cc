@@ -510,8 +510,8 @@ TEST(MoeKernelPtxasTest, Fp8Block192NeitherSpillsNorSerializes) {
   }
 }
 
-// The bf16 kernels that gather A (version 5): their producer warp issues 32 copies of 16
-// bytes a stage with their addresses, which spilled with the producer's 40 registers; the
+// The bf16 kernels that gather A (version 5): their producer warps issue 8 copies of 16
+// bytes a stage each with their addresses, which spilled with the producer's 40 registers; the
 // two-consumer tiles move 56 to it (consumers 224) and must spill nothing, in the widest
 // tile and the gated epilogue. Their entries say a_gather and version 5; their twins
 // (built alongside) stay version 3 without it.
