@@ -45,7 +45,9 @@ inline bool PointersLookValid(const MoeGemmArgs& a) {
          (a.b_scale & ScaleAlignMask(a.weight_format)) == 0 && a.b != 0 && a.offsets != 0 &&
          (a.tokens == 0 || (a.a != 0 && a.out != 0)) &&
          (a.tokens == 0 || !HasBlockScales(a.activation_format) || a.a_scale != 0) &&
-         (!HasBlockScales(a.weight_format) || a.b_scale != 0);
+         (!HasBlockScales(a.weight_format) || a.b_scale != 0) &&
+         ((a.a_global_scale | a.b_global_scale) == 0 ||
+          moe::MoeGemmReadsGlobalScales(a.weight_format));
 }
 
 // The kernel's parameter struct for these arguments (kernels/moe_gemm_abi.h).
@@ -112,6 +114,14 @@ absl::Status ValidateMoeGemmArgs(const MoeGemmArgs& a) {
   if (!fp8_out && a.out_scale != 0) {
     return bad("out_scale is set but output_format is bf16 (bf16 output has no scale); "
                "leave out_scale 0, or ask for output_format fp8");
+  }
+  if ((a.a_global_scale != 0 || a.b_global_scale != 0) &&
+      !moe::MoeGemmReadsGlobalScales(a.weight_format)) {
+    return bad(absl::StrCat(a.a_global_scale != 0 ? "a_global_scale" : "b_global_scale",
+                            " is set, but ", Sv(DataFormatName(a.weight_format)), " x ",
+                            Sv(DataFormatName(a.activation_format)),
+                            " kernels read global scales only with fp8 or nvfp4 weights and "
+                            "would ignore it; leave it 0"));
   }
   if (a.a_row_map != 0 && (a.a_row_divisor < 1 || a.a_row_divisor > kInt32Max)) {
     return bad(absl::StrCat("a_row_divisor=", a.a_row_divisor, " is outside 1..", kInt32Max,

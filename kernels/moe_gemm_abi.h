@@ -243,6 +243,11 @@ CUBIST_HD constexpr int32_t FormatScaleBytes(MoeFormat f) {
 }
 // Whether the format carries an fp32 per-tensor (A) / per-expert (B) global scale.
 CUBIST_HD constexpr bool FormatHasGlobalScale(MoeFormat f) { return f == kFp8 || f == kNvfp4; }
+// Whether a kernel of weights w reads a_global_scale and b_global_scale: the epilogues
+// of fp8 and nvfp4 weights multiply by both when set (nvfp4 x bf16 by A's too: the
+// layer's decoded nvfp4 inputs); every other kernel ignores them, so a caller passing
+// one would not get the scaling it asks for (MoeGemmCheck refuses it).
+CUBIST_HD constexpr bool MoeGemmReadsGlobalScales(MoeFormat w) { return FormatHasGlobalScale(w); }
 CUBIST_HD constexpr int32_t MoeGemmKAlign(MoeFormat w, MoeFormat a) {
   const int32_t bits = FormatBits(w) < FormatBits(a) ? FormatBits(w) : FormatBits(a);
   int32_t align = 128 / bits;  // elements in 16 bytes

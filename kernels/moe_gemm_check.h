@@ -130,6 +130,14 @@ inline std::string CheckPointers(const MoeGemmParams& p, const MoeGemmKernelDesc
       Misaligned(p.bias, 4)) {
     return "moe_gemm: fp32 arrays (scales, alpha, beta, limit, bias) must be 4-byte aligned";
   }
+  if ((p.a_global_scale != nullptr || p.b_global_scale != nullptr) &&
+      !MoeGemmReadsGlobalScales(k.weight_format)) {
+    return "moe_gemm: " +
+           std::string(p.a_global_scale != nullptr ? "a_global_scale" : "b_global_scale") +
+           " is set, but " + PairName(k) + " kernels read global scales only with fp8 or "
+           "nvfp4 weights and would ignore it; leave it null (fold a per-tensor factor into "
+           "the block scales or the output)";
+  }
   if (Misaligned(p.out_scale, 4)) {
     return "moe_gemm: out_scale must be 4-byte aligned (one fp32); pass the address of an "
            "fp32 [1] array";

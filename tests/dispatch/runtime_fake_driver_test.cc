@@ -472,6 +472,38 @@ TEST_F(RuntimeFakeDriverTest, EmptyBatchLaunchesNothing) {
   EXPECT_TRUE(driver_.launches().empty());
 }
 
+// Global scales go with fp8 and nvfp4 weights, whose kernels read them (nvfp4 x bf16:
+// A's too, the layer's decoded nvfp4 inputs); any other kernel would ignore them, so a
+// call passing one is refused before any launch, whether through Run or CanImplement.
+TEST_F(RuntimeFakeDriverTest, GlobalScalesOnlyWhereTheKernelsReadThem) {
+  auto rt = Open();
+  ASSERT_NE(rt, nullptr);
+  auto gemm = MoeGemm::Create(*rt);
+  ASSERT_TRUE(gemm.ok());
+  MoeGemmArgs args = Args(8, 64, 1024, 512);  // bf16 x bf16
+  args.a_global_scale = 0x600000;
+  EXPECT_THAT(ValidateMoeGemmArgs(args),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a_global_scale is set, but bf16 x bf16 kernels read global "
+                                 "scales only with fp8 or nvfp4 weights and would ignore it; "
+                                 "leave it 0")));
+  EXPECT_THAT((*gemm)->Run(args, nullptr), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                    HasSubstr("a_global_scale is set")));
+  EXPECT_THAT((*gemm)->CanImplement(args), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                    HasSubstr("a_global_scale is set")));
+  args.a_global_scale = 0;
+  args.weight_format = DataFormat::kMxfp4;
+  args.b_scale = 0x700000;
+  args.b_global_scale = 0x600000;
+  EXPECT_THAT(ValidateMoeGemmArgs(args),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("b_global_scale is set, but mxfp4 x bf16 kernels")));
+  args.weight_format = DataFormat::kNvfp4;
+  args.a_global_scale = 0x600010;
+  CUBIST_EXPECT_OK(ValidateMoeGemmArgs(args));
+  EXPECT_TRUE(driver_.launches().empty());
+}
+
 // The output format of a call: out_scale exactly with fp8 output, fp8 only from kernels
 // that write it (this manifest has none), and no other format; refused before any launch.
 TEST_F(RuntimeFakeDriverTest, OutScaleGoesWithFp8OutputInTheArguments) {

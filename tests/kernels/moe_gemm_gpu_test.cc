@@ -178,6 +178,25 @@ TEST(MoeGemmCheckTest, OutScaleGoesWithFp8OutputOnly) {
               HasSubstr("the kernel writes nvfp4; moe_gemm kernels write bf16 or fp8"));
 }
 
+// Global scales go with fp8 and nvfp4 weights, whose epilogues read them; any other
+// kernel would ignore them.
+TEST(MoeGemmCheckTest, GlobalScalesOnlyWhereTheKernelsReadThem) {
+  MoeGemmParams p = ValidParams();
+  alignas(16) static const float kScale[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+  p.a_global_scale = kScale;
+  EXPECT_THAT(MoeGemmCheck(p, {kMxfp4, kBf16, kSwiglu, 64, 128}),
+              HasSubstr("a_global_scale is set, but mxfp4 x bf16 kernels read global scales "
+                        "only with fp8 or nvfp4 weights and would ignore it"));
+  EXPECT_EQ(MoeGemmCheck(p, {kNvfp4, kBf16, kSwiglu, 64, 128}), "");
+  EXPECT_EQ(MoeGemmCheck(p, {kFp8, kFp8, kSwiglu, 64, 128}), "");
+  p.a_global_scale = nullptr;
+  p.b_global_scale = kScale;
+  EXPECT_THAT(MoeGemmCheck(p, {kFp8Block, kFp8Block, kIdentity, 64, 128}),
+              HasSubstr("b_global_scale is set, but fp8-block x fp8-block kernels"));
+  EXPECT_THAT(MoeGemmCheck(p, {kBf16, kBf16, kIdentity, 64, 128}),
+              HasSubstr("b_global_scale is set, but bf16 x bf16 kernels"));
+}
+
 // Version 5: a_row_map goes with kernels that gather A, both ways, with a divisor and A's
 // rows of at least 1 and 4-byte alignment.
 TEST(MoeGemmCheckTest, RowMapGoesWithGatheringKernelsOnly) {
