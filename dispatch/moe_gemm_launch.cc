@@ -219,9 +219,11 @@ absl::Status PrepareMoeGemmLaunch(DriverApi& driver, const MoeGemmKernelInfo& k,
     out->params.g.a_row_divisor = 0;
     out->params.g.a_rows = 0;
   }
-  // A gathering kernel's A is [a_rows, K] (it reads A's rows without the map; the map
-  // stays valid for what it describes).
-  const int64_t a_rows = k.a_gather ? p.a_rows : p.num_tokens;
+  // A gathering kernel reads A's rows without the map (cp.async through a_row_map): it
+  // gets a one-row map at A, valid and the same whatever the batch, so that a batch of
+  // another size hits the cache instead of encoding a map nothing reads (MoeLayer passes
+  // the pass's token count as a_rows).
+  const int64_t a_rows = k.a_gather ? 1 : p.num_tokens;
   auto row_bytes = [&](moe::MoeFormat f) {
     return static_cast<uint64_t>(p.k) * moe::FormatBits(f) / 8;
   };

@@ -5,8 +5,8 @@
 //
 //   versions 2 to 5: the kernel takes MoeGemmParamsV2, whose TMA tensor maps of A and B
 //              are encoded here (cuTensorMapEncodeTiled); persistent grid
-//              MoeGemmPersistentGridFor(sm_count, ctas_per_sm). A's map spans a_rows rows
-//              for kernels that gather A (which read A without it), T otherwise.
+//              MoeGemmPersistentGridFor(sm_count, ctas_per_sm). Kernels that gather A
+//              read it without its map: theirs is one row at A, the same for any batch.
 //   version 1 (generation 1) is retired: MoeGemmKernelInfoOf refuses its entries.
 //
 // Cost: encoding a tensor map is a host call of about a microsecond; the maps of recent

@@ -223,10 +223,11 @@ TEST(MoeGemmLaunchTest, NoTokensStillEncodesAOneRowMap) {
   EXPECT_EQ(l.grid.x, 1u);
 }
 
-// A kernel that gathers A (version 5) gets its gather fields and A's map spans a_rows
-// rows (the hidden states, not the T routed rows); a kernel that does not gets them
-// zeroed, the padding its older struct had there, whatever the caller left in them.
-TEST(MoeGemmLaunchTest, GatheringKernelsGetTheRowMapAndAMapOfARowsRows) {
+// A kernel that gathers A (version 5) gets its gather fields, and a one-row map at A (it
+// reads A through the row map, never the tensor map: one map serves every batch size);
+// a kernel that does not gets them zeroed, the padding its older struct had there,
+// whatever the caller left in them.
+TEST(MoeGemmLaunchTest, GatheringKernelsGetTheRowMapAndAOneRowAMap) {
   MapRecordingDriver d;
   MoeGemmLaunch l;
   moe::MoeGemmParams p = Params(0xA1000, 0xB2000);
@@ -243,8 +244,12 @@ TEST(MoeGemmLaunchTest, GatheringKernelsGetTheRowMapAndAMapOfARowsRows) {
   EXPECT_EQ(l.params.g.a_row_divisor, 8);
   EXPECT_EQ(l.params.g.a_rows, 2048);
   ASSERT_EQ(d.calls.size(), 2u);
-  EXPECT_EQ(d.calls[0].dims[1], 2048u) << "A's rows: a_rows, not T";
+  EXPECT_EQ(d.calls[0].dims[1], 1u) << "a map nothing reads, the same for any a_rows";
   EXPECT_EQ(l.grid.x, 132u) << "the grid still covers the T routed rows";
+  p.a_rows = 4096;  // another batch: no new map
+  ASSERT_TRUE(PrepareMoeGemmLaunch(d, k, p, 132, &l).ok());
+  EXPECT_EQ(d.calls.size(), 2u);
+  EXPECT_EQ(l.params.g.a_rows, 4096);
 
   d.calls.clear();
   k.abi = moe::kMoeGemmAbiV3;
