@@ -414,16 +414,10 @@ SelectOptions MoeLayer::GemmSelectOptions() const {
   return so;
 }
 
-bool MoeLayer::ResolveFusion() const {
-  const std::string& mode = options_.fuse_intermediate_quantization;
-  const bool fp8_pair = options_.weight_format == DataFormat::kFp8 &&
-                        options_.activation_format == DataFormat::kFp8;
-  if (!fp8_pair || mode == "off") return false;
-  if (mode == "on") return true;
-  // auto: a kernel the selector would accept for GEMM1 writing fp8 - every row bucket
-  // poses the same problem but for its rows, which no kernel of the family limits.
-  MoeGemmArgs g = GemmArgs(MoeLayerArgs{}, 1, 0, LayoutForRows(options_, 1, 64));
-  g.output_format = DataFormat::kFp8;
+// Whether a manifest kernel the selector would accept serves GEMM1 posed as `g` (every
+// row bucket poses the same problem but for its rows, which no kernel of the family
+// limits): what "auto" of the fusion options resolves against.
+bool MoeLayer::Gemm1Serves(const MoeGemmArgs& g) const {
   const MoeProblem problem = gemm1_->ProblemOf(g);
   const SelectOptions so = GemmSelectOptions();
   for (const KernelEntry& k : runtime_->registry().kernels()) {
@@ -432,21 +426,28 @@ bool MoeLayer::ResolveFusion() const {
   return false;
 }
 
+bool MoeLayer::ResolveFusion() const {
+  const std::string& mode = options_.fuse_intermediate_quantization;
+  const bool fp8_pair = options_.weight_format == DataFormat::kFp8 &&
+                        options_.activation_format == DataFormat::kFp8;
+  if (!fp8_pair || mode == "off") return false;
+  if (mode == "on") return true;
+  // auto: a GEMM1 writing fp8.
+  MoeGemmArgs g = GemmArgs(MoeLayerArgs{}, 1, 0, LayoutForRows(options_, 1, 64));
+  g.output_format = DataFormat::kFp8;
+  return Gemm1Serves(g);
+}
+
 bool MoeLayer::ResolveGatherFusion() const {
   const std::string& mode = options_.fuse_gather;
   const bool bf16_pair = options_.weight_format == DataFormat::kBf16 &&
                          options_.activation_format == DataFormat::kBf16;
   if (!bf16_pair || options_.apply_weight_on_input || mode == "off") return false;
   if (mode == "on") return true;
-  // auto: as ResolveFusion, a kernel the selector would accept for GEMM1 gathering A.
+  // auto: a GEMM1 gathering A (any nonzero map makes the problem one that gathers).
   MoeGemmArgs g = GemmArgs(MoeLayerArgs{}, 1, 0, LayoutForRows(options_, 1, 64));
   g.a_row_map = 256;
-  const MoeProblem problem = gemm1_->ProblemOf(g);
-  const SelectOptions so = GemmSelectOptions();
-  for (const KernelEntry& k : runtime_->registry().kernels()) {
-    if (CheckKernel(k, problem, so).empty()) return true;
-  }
-  return false;
+  return Gemm1Serves(g);
 }
 
 // The glue kernels: for each op and function name, the first manifest kernel that runs on

@@ -262,6 +262,7 @@ class MoeLayer {
   bool ResolveFusion() const;
   // fuse_gather resolved against the manifest ("auto").
   bool ResolveGatherFusion() const;
+  bool Gemm1Serves(const MoeGemmArgs& gemm1) const;
   absl::Status LoadGlue();
   absl::Status RaiseSharedLimits();
   absl::Status ValidateArgs(const MoeLayerArgs& args, int64_t max_tokens) const;
