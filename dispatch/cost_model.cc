@@ -46,21 +46,37 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
   const int64_t tk = std::max(1, s.tile_k);
   CostEstimate c;
 
-  // Uniform routing: every expert with rows gets the average; the tail expert's rounding
-  // is ignored since it is the same for every candidate. Fewer rows than experts (a
-  // decode step: one token of Mixtral-8x7B is 2 rows over 8 experts) touch at most one
-  // expert per row: counting every expert's tiles there had the grid look full when a
-  // quarter of it ran (and kept the narrower tiles that fill it from winning).
-  const int64_t active = std::max<int64_t>(1, std::min(p.experts, p.tokens));
-  const double m = p.experts > 0 ? static_cast<double>(p.tokens) / active : 0;
-  const int64_t m_tiles_per_expert = static_cast<int64_t>(std::ceil(m / tm));
+  // The experts with rows (`active`), the mean rows of each, and the m tiles of all of
+  // them. Balanced (routed_top_k 0): every expert with rows gets the average; the tail
+  // expert's rounding is ignored since it is the same for every candidate. Fewer rows
+  // than experts (a decode step: one token of Mixtral-8x7B is 2 rows over 8 experts)
+  // touch at most one expert per row: counting every expert's tiles there had the grid
+  // look full when a quarter of it ran (and kept the narrower tiles that fill it from
+  // winning). Routed: each expert's rows are binomial (dispatch/routed_load.h), so the
+  // tiles are their expectation - an expert whose rows just pass a tile's run a second,
+  // nearly empty one, which a tile twice as tall would not.
+  double active = 0, m = 0, m_tiles = 0;
+  if (p.routed_top_k > 0) {
+    const RoutedLoad load = p.routed_load();
+    active = static_cast<double>(p.experts) * load.TouchedChance();
+    m = load.MeanRowsPerExpert();
+    m_tiles = static_cast<double>(p.experts) * load.ExpectedTilesPerExpert(tm);
+  } else {
+    const int64_t touched = std::max<int64_t>(1, std::min(p.experts, p.tokens));
+    active = static_cast<double>(touched);
+    m = p.experts > 0 ? static_cast<double>(p.tokens) / touched : 0;
+    m_tiles = static_cast<double>(touched * static_cast<int64_t>(std::ceil(m / tm)));
+  }
   const int64_t n_tiles = CeilDiv(p.n, tn);
   const int64_t k_iters = CeilDiv(p.k, tk);
   int64_t cluster = int64_t{s.cluster[0]} * s.cluster[1] * s.cluster[2];
   cluster = std::max<int64_t>(cluster, 1);
-  c.ctas = CeilDiv(active * m_tiles_per_expert * n_tiles, cluster) * cluster;
+  // (Routed: the expected count over all of them, then whole CTAs.)
+  const int64_t tiles =
+      static_cast<int64_t>(std::ceil(m_tiles * static_cast<double>(n_tiles) - 1e-6));
+  c.ctas = CeilDiv(tiles, cluster) * cluster;
 
-  c.efficiency_m = m_tiles_per_expert > 0 ? m / (m_tiles_per_expert * tm) : 1.0;
+  c.efficiency_m = m_tiles > 0 ? active * m / (m_tiles * tm) : 1.0;
   c.efficiency_n = static_cast<double>(p.n) / (n_tiles * tn);
   c.efficiency_k = static_cast<double>(p.k) / (k_iters * tk);
 
@@ -88,10 +104,13 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
   c.compute_us = static_cast<double>(per_sm) * cta_flops /
                  (peak_per_sm * tile_factor * kernel.mma_efficiency) * 1e6;
 
+  // Rows read and written: the offsets' total, which routed over a rank's share of the
+  // experts is that share of tokens.
+  const double rows = p.routed_top_k > 0 ? static_cast<double>(p.experts) * m
+                                         : static_cast<double>(p.tokens);
   const double bytes =
       active * static_cast<double>(p.n) * p.k * BitsPerElement(p.weight_format) / 8 +
-      static_cast<double>(p.tokens) * p.k * BitsPerElement(p.activation_format) / 8 +
-      static_cast<double>(p.tokens) * p.output_n() * 2.0;
+      rows * p.k * BitsPerElement(p.activation_format) / 8 + rows * p.output_n() * 2.0;
   const double busy = std::min(1.0, static_cast<double>(c.ctas) / device.sm_count);
   c.memory_us = c.ctas > 0 ? bytes / (device.memory_tbps * 1e12 * busy *
                                        kernel.memory_efficiency) * 1e6

@@ -3,6 +3,9 @@
 // For a kernel with tile (tm, tn, tk) and a problem of E experts, T tokens (m = T/E on
 // average, assumed even), N and K:
 //   m tiles   = E * ceil(m / tm)          n tiles = ceil(N / tn)
+//               (a routed problem, MoeProblem::routed_top_k: E * E[ceil(X / tm)] with X
+//               each expert's binomial rows, dispatch/routed_load.h; the weights read
+//               are those of the E * P(X >= 1) experts expected to have rows)
 //   CTAs      = m tiles * n tiles, rounded up to whole clusters
 //   CTAs/SM   = min(threads limit, shared memory limit, 32), at least 1
 //   waves     = ceil(CTAs / (SMs * CTAs/SM))

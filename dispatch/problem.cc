@@ -57,6 +57,22 @@ absl::Status ValidateProblem(const MoeProblem& p) {
                             ") needs an even n: the two halves are x0 and x1"));
   }
   if (p.sm_count < 0) return bad("sm_count must not be negative");
+  if (p.routed_experts < 0 || (p.routed_experts > 0 && p.routed_experts < p.experts)) {
+    return bad(absl::StrCat("routed_experts=", p.routed_experts,
+                            " must be 0 (the problem's experts) or at least experts=",
+                            p.experts, " (a rank serves some of the model's experts)"));
+  }
+  if (p.routed_experts > 0 && p.routed_top_k == 0) {
+    return bad(absl::StrCat("routed_experts=", p.routed_experts,
+                            " without routed_top_k: give the top-k the rows were routed "
+                            "with, or leave routed_experts 0"));
+  }
+  const int64_t routed = p.routed_experts > 0 ? p.routed_experts : p.experts;
+  if (p.routed_top_k < 0 || p.routed_top_k > routed) {
+    return bad(absl::StrCat("routed_top_k=", p.routed_top_k, " must be 0 (balanced rows) or 1..",
+                            routed, " (each token picks that many distinct experts of ",
+                            routed, ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -70,6 +86,10 @@ std::string ToString(const MoeProblem& p) {
   if (p.sm_count > 0) absl::StrAppend(&s, " sms=", p.sm_count);
   if (p.bias) absl::StrAppend(&s, " bias");
   if (p.gather_a) absl::StrAppend(&s, " gather_a");
+  if (p.routed_top_k > 0) {
+    absl::StrAppend(&s, " routed=top", p.routed_top_k, "of",
+                    p.routed_experts > 0 ? p.routed_experts : p.experts);
+  }
   if (p.output_format.has_value()) {
     absl::StrAppend(&s, " output=", Sv(DataFormatName(*p.output_format)));
   }

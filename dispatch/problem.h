@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "dispatch/moe_types.h"
+#include "dispatch/routed_load.h"
 #include "loader/compat.h"
 
 namespace cubist {
@@ -47,6 +48,25 @@ struct MoeProblem {
   // A's rows are read through a row map (MoeGemmArgs::a_row_map): only moe_gemm kernels
   // whose entry says "a_gather" (parameter struct version 5) serve it, and only it.
   bool gather_a = false;
+  // How the rows spread over the experts, which the cost model prices (dispatch/
+  // routed_load.h): 0 - evenly, tokens / experts each (the offsets MoeGemm's callers
+  // build themselves are assumed so); k >= 1 - as a router sends them: tokens / k
+  // tokens each pick k distinct experts of routed_experts uniformly at random, so an
+  // expert's rows are Binomial(ceil(tokens / k), k / routed_experts) and its last tile is
+  // partly empty (MoeLayer's GEMMs). routed_experts: the model's experts when this
+  // problem's are one rank's share of them (expert parallelism); 0 - experts.
+  int64_t routed_top_k = 0;
+  int64_t routed_experts = 0;
+
+  // The routing routed_top_k describes (ceil(tokens / k) tokens, k, routed_experts or
+  // experts); meaningful only when routed_top_k >= 1.
+  RoutedLoad routed_load() const {
+    RoutedLoad l;
+    l.top_k = routed_top_k > 0 ? routed_top_k : 1;
+    l.tokens = (tokens + l.top_k - 1) / l.top_k;
+    l.routed_experts = routed_experts > 0 ? routed_experts : experts;
+    return l;
+  }
 
   // Average rows per expert, rounded up (0 when there are no tokens).
   int64_t tokens_per_expert() const {
@@ -65,7 +85,8 @@ struct MoeProblem {
   friend H AbslHashValue(H h, const MoeProblem& p) {
     return H::combine(std::move(h), p.op, p.weight_format, p.activation_format,
                       p.activation, p.experts, p.tokens, p.n, p.k, p.sm.major, p.sm.minor,
-                      p.sm_count, p.output_format, p.bias, p.gather_a);
+                      p.sm_count, p.output_format, p.bias, p.gather_a, p.routed_top_k,
+                      p.routed_experts);
   }
 };
 
@@ -84,7 +105,9 @@ void CopyGemmShape(const From& from, To* to) {
 }
 
 // Checks what every kernel needs regardless of its tiles: experts >= 1, tokens >= 0,
-// n >= 1, k >= 1, gated activations with an even n. InvalidArgument naming the field.
+// n >= 1, k >= 1, gated activations with an even n, and a routing the experts can take
+// (routed_top_k 0 or at most the routed experts, routed_experts 0 or at least experts).
+// InvalidArgument naming the field.
 [[nodiscard]] absl::Status ValidateProblem(const MoeProblem& problem);
 
 // "moe_gemm{weights=mxfp4 activations=bf16 activation=swiglu experts=128 tokens=1024

@@ -1,6 +1,8 @@
 // Selection: filters, ranking, misses and pinning (dispatch/selector.h).
 #include "dispatch/selector.h"
 
+#include <cmath>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testlib/dispatch_manifests.h"
@@ -457,6 +459,121 @@ TEST_F(SelectTest, NoTokensStillSelects) {
   auto best = SelectKernel(*registry_, Bf16Swiglu(8, 0, 1024, 512));
   ASSERT_TRUE(best.ok()) << best.status();
   EXPECT_EQ(best->cost.ctas, 0);
+}
+
+// The cost estimate of the named candidate of `r` for `p`.
+CostEstimate CostOfIn(const Registry& r, std::string_view name, const MoeProblem& p) {
+  auto ranked = RankCandidates(r, p);
+  EXPECT_TRUE(ranked.ok()) << ranked.status();
+  if (ranked.ok()) {
+    for (const Candidate& c : *ranked) {
+      if (c.kernel->name() == name) return c.cost;
+    }
+  }
+  ADD_FAILURE() << "no candidate " << name;
+  return CostEstimate{};
+}
+
+// The family's bf16 64x256 and 128x256 tiles as scripts/build-artifacts publishes them
+// (threads, shared memory and calibration), identity epilogue.
+std::vector<testing::TestKernel> FamilyBf16WideTiles() {
+  testing::TestKernel short_tile;
+  short_tile.name = "bf16_identity_m64n256k64";
+  short_tile.activation = "identity";
+  short_tile.tile_n = 256;
+  short_tile.threads = 256;
+  short_tile.shared_mem_bytes = 223488;
+  short_tile.extras = "\"mma_efficiency\": 0.95, \"memory_efficiency\": 0.85";
+  testing::TestKernel tall = short_tile;
+  tall.name = "bf16_identity_m128n256k64";
+  tall.tile_m = 128;
+  tall.threads = 384;
+  tall.shared_mem_bytes = 224512;
+  tall.extras = "\"mma_efficiency\": 0.91, \"memory_efficiency\": 0.85";
+  return {short_tile, tall};
+}
+
+// Qwen3-30B-A3B's GEMM2 at 4,096 tokens (32,768 rows, 256 per expert): spread evenly, two
+// 128-row tiles fill each expert and the tall tile's reuse wins; routed by top-8, about
+// half the experts get more than 256 rows and run a third, nearly empty tall tile
+// (2.5 per expert against 2), where the 64-row tile runs a fifth of four (4.5 against 4):
+// the short tile wins.
+TEST(SelectRoutedTest, RoutedRowsPriceThePartlyEmptyLastTile) {
+  auto m = testing::ParseTestManifest(FamilyBf16WideTiles());
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto r = Registry::Create(*m);
+  ASSERT_TRUE(r.ok()) << r.status();
+  MoeProblem p = Problem(DataFormat::kBf16, DataFormat::kBf16, Activation::kIdentity, 128, 256,
+                         2048, 768);
+  auto balanced = SelectKernel(*r, p);
+  ASSERT_TRUE(balanced.ok()) << balanced.status();
+  EXPECT_EQ(balanced->kernel->name(), "bf16_identity_m128n256k64");
+  EXPECT_EQ(balanced->cost.ctas, 128 * 2 * 8);
+
+  p.routed_top_k = 8;
+  auto routed = SelectKernel(*r, p);
+  ASSERT_TRUE(routed.ok()) << routed.status();
+  EXPECT_EQ(routed->kernel->name(), "bf16_identity_m64n256k64");
+  const RoutedLoad load = p.routed_load();
+  EXPECT_EQ(load.tokens, 4096);
+  const double tiles = 128 * load.ExpectedTilesPerExpert(64);
+  EXPECT_GT(tiles, 128 * 4.45);
+  EXPECT_LT(tiles, 128 * 4.55);
+  EXPECT_EQ(routed->cost.ctas, static_cast<int64_t>(std::ceil(tiles * 8)));
+  EXPECT_NEAR(routed->cost.efficiency_m, 256.0 / (tiles / 128 * 64), 1e-12);
+  // Expert parallelism: a rank with 32 of the 128 experts gets the same 256 rows per
+  // expert on average - a quarter of its row bucket - not the bucket spread over its 32
+  // experts (1,024 each, as the balanced model reads it).
+  p.experts = 32;
+  p.routed_experts = 128;
+  auto rank = SelectKernel(*r, p);
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  EXPECT_EQ(rank->kernel->name(), "bf16_identity_m64n256k64");
+  EXPECT_EQ(rank->cost.ctas, static_cast<int64_t>(std::ceil(32 * tiles / 128 * 8)));
+  p.routed_top_k = 0;
+  p.routed_experts = 0;
+  EXPECT_EQ(CostOfIn(*r, "bf16_identity_m64n256k64", p).ctas, 32 * 16 * 8);
+}
+
+// One token routed to 8 of 128 experts touches 8 experts with one row each, as the
+// balanced model's fewer-rows-than-experts rule already says: the same grid either way.
+TEST(SelectRoutedTest, ADecodeStepPricesAsItDidSpreadEvenly) {
+  auto m = testing::ParseTestManifest(FamilyBf16WideTiles());
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto r = Registry::Create(*m);
+  ASSERT_TRUE(r.ok()) << r.status();
+  MoeProblem p = Problem(DataFormat::kBf16, DataFormat::kBf16, Activation::kIdentity, 128, 1,
+                         2048, 768);
+  p.tokens = 8;
+  auto balanced = SelectKernel(*r, p);
+  ASSERT_TRUE(balanced.ok()) << balanced.status();
+  p.routed_top_k = 8;
+  auto routed = SelectKernel(*r, p);
+  ASSERT_TRUE(routed.ok()) << routed.status();
+  EXPECT_EQ(routed->kernel->name(), balanced->kernel->name());
+  EXPECT_EQ(routed->cost.ctas, balanced->cost.ctas);
+  EXPECT_EQ(routed->cost.ctas, 8 * 8);
+  EXPECT_NEAR(routed->cost.time_us, balanced->cost.time_us, 1e-9 * balanced->cost.time_us);
+}
+
+TEST(SelectRoutedTest, ARoutingTheExpertsCannotTakeIsInvalid) {
+  MoeProblem p = Bf16Swiglu(8, 64, 1024, 512);
+  p.routed_top_k = 9;
+  EXPECT_THAT(ValidateProblem(p),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("routed_top_k=9 must be 0 (balanced rows) or 1..8")));
+  p.routed_top_k = 2;
+  p.routed_experts = 4;
+  EXPECT_THAT(ValidateProblem(p), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("routed_experts=4 must be 0 (the problem's "
+                                                     "experts) or at least experts=8")));
+  p.routed_top_k = 0;
+  p.routed_experts = 16;
+  EXPECT_THAT(ValidateProblem(p), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("routed_experts=16 without routed_top_k")));
+  p.routed_top_k = 2;
+  CUBIST_EXPECT_OK(ValidateProblem(p));
+  EXPECT_THAT(ToString(p), HasSubstr(" routed=top2of16}"));
 }
 
 TEST(ParseDeviceSmTest, AcceptsTheUsualSpellings) {
