@@ -47,6 +47,15 @@ inline void AddProblemFlags(CLI::App* cmd, report::ProblemSpec* f, bool sm_requi
   cmd->add_option("--sm-count", f->sm_count,
                   "Multiprocessors of the device (default: 132 for SM 90, 148 for SM 100)")
       ->type_name("N");
+  cmd->add_option("--routed-top-k", f->routed_top_k,
+                  "The rows come from a top-K router: TOTAL / K tokens each pick K distinct "
+                  "experts at random, so experts get uneven rows (as MoeLayer's GEMMs do); "
+                  "priced, and timed, on that spread (default 0: rows spread evenly)")
+      ->type_name("K");
+  cmd->add_option("--routed-experts", f->routed_experts,
+                  "The experts the router picks from when --experts is one rank's share of "
+                  "them (expert parallelism; default: --experts)")
+      ->type_name("R");
 }
 
 }  // namespace cubist::cli

@@ -88,10 +88,7 @@ absl::StatusOr<DeviceProblem> Upload(DriverApi& d, const MoeProblem& p,
   CUBIST_ASSIGN_OR_RETURN(dp.b_scale, AllocateFilled(d, bytes.b_scale, bv.scales));
   CUBIST_ASSIGN_OR_RETURN(dp.a_global, AllocateFilled(d, bytes.a_global_scale, av.global));
   CUBIST_ASSIGN_OR_RETURN(dp.b_global, AllocateFilled(d, bytes.b_global_scale, bv.global));
-  dp.offsets.resize(p.experts + 1);
-  for (int64_t e = 0; e <= p.experts; ++e) {
-    dp.offsets[e] = static_cast<int32_t>(e * p.tokens / p.experts);
-  }
+  dp.offsets = TimingOffsets(p);  // the offsets TimeKernel times on too
   CUBIST_ASSIGN_OR_RETURN(dp.offsets_buffer, DeviceBuffer::Allocate(d, dp.offsets.size() * 4));
   CUBIST_RETURN_IF_ERROR(dp.offsets_buffer.CopyFromHost(dp.offsets.data(), dp.offsets.size() * 4));
   CUBIST_ASSIGN_OR_RETURN(dp.out, DeviceBuffer::Allocate(d, static_cast<size_t>(bytes.out)));
@@ -236,10 +233,14 @@ int RunRun(const RunFlags& f) {
   to.warmup = f.warmup;
   auto us = (*gemm)->TimeKernel(kernel, p, to);
   if (!us.ok()) return PrintError(us.status());
-  const double tflops = *us > 0 ? p.flops() / (*us * 1e-6) / 1e12 : 0;
+  // The rows the offsets hold: tokens, or fewer where a routed problem's experts are a
+  // rank's share of the router's.
+  MoeProblem ran = p;
+  ran.tokens = TimingOffsets(p).back();
+  const double tflops = *us > 0 ? ran.flops() / (*us * 1e-6) / 1e12 : 0;
   // Elements of A and B and the output: what must move at least once.
   const moe::MoeGemmBytes sizes = moe::MoeGemmBytesFor(
-      p.weight_format, p.activation_format, p.activation, p.experts, p.tokens, p.n, p.k);
+      p.weight_format, p.activation_format, p.activation, p.experts, ran.tokens, p.n, p.k);
   const double bytes = static_cast<double>(sizes.a + sizes.b + sizes.out);
   const double tbps = *us > 0 ? bytes / (*us * 1e-6) / 1e12 : 0;
   if (f.json) {

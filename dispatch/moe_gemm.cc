@@ -205,6 +205,8 @@ MoeGemmArgs MoeGemmArgsFor(const MoeProblem& p) {
   CopyGemmShape(p, &a);
   a.tokens = p.tokens;
   a.output_format = p.output_format.value_or(DataFormat::kBf16);
+  a.routed_top_k = p.routed_top_k;
+  a.routed_experts = p.routed_experts;
   return a;
 }
 
@@ -217,6 +219,8 @@ MoeProblem MoeGemm::ProblemOf(const MoeGemmArgs& a) const {
   p.sm_count = runtime_->device_info().sm_count;
   p.bias = a.bias != 0;
   p.gather_a = a.a_row_map != 0;
+  p.routed_top_k = a.routed_top_k;
+  p.routed_experts = a.routed_experts;
   // bf16 output stays unset: every moe_gemm kernel without an output_format writes it
   // (the selector reads unset as bf16 for moe_gemm), and a bf16 problem keeps its key.
   if (a.output_format != DataFormat::kBf16) p.output_format = a.output_format;

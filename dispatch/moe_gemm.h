@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -64,6 +65,13 @@ struct MoeGemmArgs {
   // them and bounds the kernel's rows with them, while the kernel is chosen (and cached)
   // for tokens. -1 (or anything outside 1..tokens): tokens.
   int64_t routed_rows = -1;
+  // How the offsets spread the rows over the experts, for the cost model's choice of
+  // tiles (MoeProblem::routed_top_k, dispatch/routed_load.h): 0 - about evenly; k >= 1 -
+  // as a top-k router sends ceil(tokens / k) tokens to k of routed_experts experts each
+  // (0: experts), so each expert's rows vary and its last tile is partly empty.
+  // MoeLayer's GEMMs say so; the kernels read neither.
+  int64_t routed_top_k = 0;
+  int64_t routed_experts = 0;
   // Launch in plain stream order even where programmatic_dependent_launch is on: for a
   // caller that knows an early launch would crowd this grid's CTAs onto the SMs the
   // previous kernel frees first (MoeLayer's GEMM2 after a ragged GEMM1).
@@ -96,6 +104,11 @@ struct MoeGemmArgs {
   int64_t a_row_divisor = 1;
   int64_t a_rows = 0;
 };
+
+// The offsets [experts + 1] Tune, TimeKernel and `cubist run` run a problem on: tokens
+// spread evenly, or for a routed problem (routed_top_k >= 1) one fixed draw of its
+// routing, tokens / routed_top_k whole tokens (the same draw on every run and machine).
+std::vector<int32_t> TimingOffsets(const MoeProblem& problem);
 
 struct MoeGemmOptions {
   // Always use this kernel (debugging); CanImplement fails when it cannot serve.

@@ -13,12 +13,18 @@
 #include "base/strings.h"
 #include "dispatch/moe_gemm.h"
 #include "dispatch/operand_fill.h"
+#include "dispatch/routed_load.h"
 #include "dispatch/selector.h"
 #include "kernels/moe_gemm_abi.h"
 #include "loader/device_memory.h"
 
 namespace cubist {
 namespace {
+
+// The draw routed problems are timed on: one fixed draw, so that every candidate runs on
+// the same offsets. (A draw's tiles average out to the expectation the cost model prices
+// over hundreds of experts; over Mixtral-8x7B's eight they may differ by a tile or so.)
+constexpr uint64_t kRoutedOffsetsSeed = 0x5EED;
 
 moe::MoeGemmBytes SizesOf(const MoeProblem& p) {
   return moe::MoeGemmBytesFor(p.weight_format, p.activation_format, p.activation, p.experts,
@@ -38,6 +44,19 @@ class OpTimer : public CandidateTimer {
 };
 
 }  // namespace
+
+std::vector<int32_t> TimingOffsets(const MoeProblem& problem) {
+  if (problem.routed_top_k > 0) {
+    RoutedLoad load = problem.routed_load();
+    load.tokens = problem.tokens / problem.routed_top_k;  // whole tokens: at most `tokens` rows
+    return SampleRoutedOffsets(load, problem.experts, kRoutedOffsetsSeed);
+  }
+  std::vector<int32_t> offsets(problem.experts + 1);
+  for (int64_t e = 0; e <= problem.experts; ++e) {
+    offsets[e] = static_cast<int32_t>(e * problem.tokens / problem.experts);
+  }
+  return offsets;
+}
 
 // Random operands for timing one problem, kept across the candidates of one Tune.
 struct MoeGemm::TimingBuffers {
@@ -103,11 +122,7 @@ absl::Status MoeGemm::PrepareTimingBuffers(const MoeProblem& problem,
     CUBIST_RETURN_IF_ERROR(OperandPattern(DataFormat::kFp8, OperandKind::kGlobalScale, 9)
                                .Fill(driver, t->out_scale));
   }
-  // Tokens spread evenly over the experts, as the cost model assumes.
-  std::vector<int32_t> offsets(problem.experts + 1);
-  for (int64_t e = 0; e <= problem.experts; ++e) {
-    offsets[e] = static_cast<int32_t>(e * problem.tokens / problem.experts);
-  }
+  const std::vector<int32_t> offsets = TimingOffsets(problem);
   CUBIST_ASSIGN_OR_RETURN(t->offsets,
                           DeviceBuffer::Allocate(driver, offsets.size() * sizeof(int32_t)));
   CUBIST_RETURN_IF_ERROR(

@@ -72,10 +72,15 @@ bool SameKey(const nlohmann::json& e, const TuningRecord& r) {
 }  // namespace
 
 std::string ShapeBucket::ToString() const {
-  return absl::StrCat(Sv(DataFormatName(weight_format)), "/",
-                      Sv(DataFormatName(activation_format)), "/",
-                      Sv(ActivationName(activation)), "/e", experts, "/n", n, "/k", k,
-                      "/m", tokens_per_expert);
+  std::string s = absl::StrCat(Sv(DataFormatName(weight_format)), "/",
+                               Sv(DataFormatName(activation_format)), "/",
+                               Sv(ActivationName(activation)), "/e", experts, "/n", n, "/k", k,
+                               "/m", tokens_per_expert);
+  if (routed_top_k > 0) {
+    absl::StrAppend(&s, "/top", routed_top_k, "of",
+                    routed_experts > 0 ? routed_experts : experts);
+  }
+  return s;
 }
 
 std::ostream& operator<<(std::ostream& os, const ShapeBucket& bucket) {
@@ -88,6 +93,8 @@ ShapeBucket BucketOf(const MoeProblem& p) {
   CopyGemmShape(p, &b);
   const int64_t tpe = p.tokens_per_expert();
   b.tokens_per_expert = tpe <= 0 ? 0 : static_cast<int64_t>(std::bit_ceil(uint64_t(tpe)));
+  b.routed_top_k = p.routed_top_k;
+  b.routed_experts = p.routed_experts;
   return b;
 }
 
@@ -96,6 +103,8 @@ MoeProblem RepresentativeProblem(const ShapeBucket& b, DeviceSm sm, int sm_count
   p.op = b.op;
   CopyGemmShape(b, &p);
   p.tokens = b.experts * b.tokens_per_expert;
+  p.routed_top_k = b.routed_top_k;
+  p.routed_experts = b.routed_experts;
   p.sm = sm;
   p.sm_count = sm_count;
   return p;

@@ -44,14 +44,20 @@ struct ShapeBucket {
   int64_t n = 0;
   int64_t k = 0;
   int64_t tokens_per_expert = 0;  // the bucket's upper end
+  // Routed rows (MoeProblem::routed_top_k, routed_experts as given): timed on routed
+  // offsets, kept apart from the balanced bucket of the same shape.
+  int64_t routed_top_k = 0;
+  int64_t routed_experts = 0;
 
   bool operator==(const ShapeBucket&) const = default;
   template <typename H>
   friend H AbslHashValue(H h, const ShapeBucket& b) {
     return H::combine(std::move(h), b.op, b.weight_format, b.activation_format,
-                      b.activation, b.experts, b.n, b.k, b.tokens_per_expert);
+                      b.activation, b.experts, b.n, b.k, b.tokens_per_expert, b.routed_top_k,
+                      b.routed_experts);
   }
-  // "bf16/bf16/swiglu/e128/n5760/k2880/m8" (the op is keyed separately).
+  // "bf16/bf16/swiglu/e128/n5760/k2880/m8" (the op is keyed separately), routed ones
+  // with "/top8of128" after it.
   std::string ToString() const;
 };
 std::ostream& operator<<(std::ostream& os, const ShapeBucket& bucket);

@@ -46,6 +46,23 @@ absl::StatusOr<MoeProblem> ProblemSpec::ToProblem() const {
     p.sm = *s;
   }
   p.sm_count = sm_count;
+  const int64_t routed = routed_experts > 0 ? routed_experts : experts;
+  if (routed_top_k < 0 || (routed_top_k > routed && routed >= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--routed-top-k ", routed_top_k, ": give 0 (rows spread evenly) or the router's top-k, "
+        "1..", routed, " (the experts it picks from: --routed-experts, default --experts)"));
+  }
+  if (routed_experts < 0 || (routed_experts > 0 && routed_experts < experts)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--routed-experts ", routed_experts, ": give the model's experts, at least --experts ",
+        experts, " (this rank's share of them), or 0 for --experts"));
+  }
+  if (routed_experts > 0 && routed_top_k == 0) {
+    return absl::InvalidArgumentError(
+        "--routed-experts needs --routed-top-k: the top-k the router picks from them");
+  }
+  p.routed_top_k = routed_top_k;
+  p.routed_experts = routed_experts;
   CUBIST_RETURN_IF_ERROR(ValidateProblem(p));
   return p;
 }

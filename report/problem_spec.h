@@ -25,6 +25,10 @@ struct ProblemSpec {
   int64_t k = 0;
   std::string sm;  // empty: the device's (run, tune)
   int sm_count = 0;
+  // --routed-top-k / --routed-experts: the rows come from a top-k router
+  // (MoeProblem::routed_top_k); 0: spread evenly.
+  int64_t routed_top_k = 0;
+  int64_t routed_experts = 0;
 
   // Errors are InvalidArgument naming the flag (--weights, ...); a command exits with
   // its usage code on them.

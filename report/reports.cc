@@ -13,7 +13,7 @@ namespace cubist::report {
 namespace {
 
 nlohmann::json ProblemJson(const MoeProblem& p) {
-  return {{"op", OpName(p.op)},
+  nlohmann::json j = {{"op", OpName(p.op)},
           {"weights", DataFormatName(p.weight_format)},
           {"activations", DataFormatName(p.activation_format)},
           {"activation", ActivationName(p.activation)},
@@ -24,6 +24,11 @@ nlohmann::json ProblemJson(const MoeProblem& p) {
           {"k", p.k},
           {"sm", p.sm.number()},
           {"sm_count", DeviceForProblem(p).sm_count}};
+  if (p.routed_top_k > 0) {  // rows from a top-k router (the cost model prices their spread)
+    j["routed_top_k"] = p.routed_top_k;
+    j["routed_experts"] = p.routed_load().routed_experts;
+  }
+  return j;
 }
 
 nlohmann::json CostJson(const CostEstimate& c) {

@@ -453,15 +453,19 @@ def verify(manifest, cache_dir=None, deep=False, *, offline=False, threads=0,
 def select(manifest, *, weights, activations, experts, n, k, sm, activation="identity",
            tokens=None, tokens_per_expert=None, sm_count=0, op="moe_gemm", output_format=None,
            kernel=None, explain=False, allow_inexact=False, cache_dir=None, offline=False,
-           trusted_keys=(), trusted_keys_files=(), check=True):
+           trusted_keys=(), trusted_keys_files=(), check=True, routed_top_k=0,
+           routed_experts=0):
     """The kernel a manifest offers for a problem, without a GPU (`cubist select --json`'s
     report; `explain` adds every kernel's verdict). sm: "90", "90a", "100f", ...
     Give tokens (total) or tokens_per_expert. allow_inexact: kernels that round an operand
-    on purpose (manifest "exact": false) are candidates too (`--allow-inexact`). With
-    `check`, no kernel raises NotFoundError (with the report)."""
+    on purpose (manifest "exact": false) are candidates too (`--allow-inexact`).
+    routed_top_k: the rows come from a top-k router over routed_experts (default:
+    experts) experts, so each expert's rows vary (`--routed-top-k`, `--routed-experts`);
+    0: spread evenly. With `check`, no kernel raises NotFoundError (with the report)."""
     return _report(_cubist.select(
         str(manifest), str(cache_dir or ""), op, weights, activations, activation,
         int(experts), -1 if tokens is None else int(tokens),
         -1 if tokens_per_expert is None else int(tokens_per_expert), int(n), int(k), str(sm),
         int(sm_count), output_format or "", kernel or "", bool(explain), bool(allow_inexact),
-        bool(offline), _strs(trusted_keys), _strs(trusted_keys_files)), check)
+        bool(offline), _strs(trusted_keys), _strs(trusted_keys_files), int(routed_top_k),
+        int(routed_experts)), check)

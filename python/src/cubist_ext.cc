@@ -1087,7 +1087,8 @@ NB_MODULE(_cubist, m) {
            std::string activations, std::string activation, int64_t experts, int64_t tokens,
            int64_t tokens_per_expert, int64_t n, int64_t k, std::string sm, int sm_count,
            std::string output_format, std::string kernel, bool explain, bool allow_inexact,
-           bool offline, std::vector<std::string> keys, std::vector<std::string> key_files) {
+           bool offline, std::vector<std::string> keys, std::vector<std::string> key_files,
+           int64_t routed_top_k, int64_t routed_experts) {
           report::ProblemSpec p;
           p.op = std::move(op);
           p.weights = std::move(weights);
@@ -1101,6 +1102,8 @@ NB_MODULE(_cubist, m) {
           p.sm = std::move(sm);
           p.sm_count = sm_count;
           p.output_format = std::move(output_format);
+          p.routed_top_k = routed_top_k;
+          p.routed_experts = routed_experts;
           report::SelectRequest r;
           r.manifest = std::move(manifest);
           r.cache = std::move(cache);

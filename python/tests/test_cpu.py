@@ -708,6 +708,25 @@ def test_select_equals_the_cli_report(served_set, cli):
                       k=512, sm="90")
 
 
+def test_select_prices_routed_rows_as_the_cli_does(served_set, cli):
+    """routed_top_k / routed_experts are --routed-top-k / --routed-experts: the same
+    report, the same refusals."""
+    _, manifest = served_set
+    report = cubist.select(str(manifest), weights="bf16", activations="bf16",
+                           activation="swiglu", experts=8, tokens_per_expert=16, n=1024,
+                           k=512, sm="90", routed_top_k=2, routed_experts=32)
+    assert report["problem"]["routed_top_k"] == 2
+    assert report["problem"]["routed_experts"] == 32
+    assert cli_select(cli, manifest, "--routed-top-k", "2", "--routed-experts", "32") == report
+    assert "routed_top_k" not in cubist.select(
+        str(manifest), weights="bf16", activations="bf16", activation="swiglu", experts=8,
+        tokens_per_expert=16, n=1024, k=512, sm="90")["problem"]
+    with pytest.raises(cubist.InvalidArgumentError,
+                       match=r"--routed-top-k 9: give 0 \(rows spread evenly\)"):
+        cubist.select(str(manifest), weights="bf16", activations="bf16", activation="swiglu",
+                      experts=8, tokens_per_expert=16, n=1024, k=512, sm="90", routed_top_k=9)
+
+
 def test_without_libcurl_a_download_names_the_package_to_install(served_set, tmp_path):
     """Slim images have no libcurl: the first transfer, not the import, needs it, and the
     error says what to install (apt-get or dnf) or set."""

@@ -175,6 +175,43 @@ TEST_F(SelectCliTest, BadFlagValuesAreUsageErrors) {
   EXPECT_THAT(out, HasSubstr("--n is required"));
 }
 
+// --routed-top-k prices the rows as a top-k router spreads them (MoeProblem::
+// routed_top_k): Mixtral-8x7B's 16,384 rows routed top-2 leave about half the experts
+// a 17th, nearly empty 128-row tile, 28,672 CTAs spread evenly.
+TEST_F(SelectCliTest, RoutedRowsArePricedForTheRoutersSpread) {
+  std::string out;
+  ASSERT_EQ(Select(std::string(kPrefill) + " --routed-top-k 2", &out), 0) << out;
+  EXPECT_THAT(out, StartsWith("bf16_swiglu_m128n128k64\n"));
+  EXPECT_THAT(out, Not(HasSubstr("28672 CTAs")));
+  ASSERT_EQ(Select(std::string(kPrefill) + " --routed-top-k 2 --json", &out), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["problem"]["routed_top_k"], 2);
+  EXPECT_EQ(j["problem"]["routed_experts"], 8);
+  // 8,192 tokens to 2 of 8 experts: 2,048 rows each on average, 39 of spread; 16 or 17
+  // tiles of 128 rows, 16.5 on average, x 224 tiles of 128 columns x 8 experts.
+  const int ctas = j["estimate"]["ctas"];
+  EXPECT_GT(ctas, 8 * 224 * 16.4);
+  EXPECT_LT(ctas, 8 * 224 * 16.6);
+  ASSERT_EQ(Select(std::string(kPrefill) + " --json", &out), 0) << out;
+  EXPECT_FALSE(nlohmann::json::parse(out)["problem"].contains("routed_top_k"));
+
+  EXPECT_EQ(Select(std::string(kPrefill) + " --routed-top-k 9", &out), 2);
+  EXPECT_THAT(out, HasSubstr("--routed-top-k 9: give 0 (rows spread evenly) or the router's "
+                             "top-k, 1..8"));
+  EXPECT_EQ(Select(std::string(kPrefill) + " --routed-top-k 2 --routed-experts 4", &out), 2);
+  EXPECT_THAT(out, HasSubstr("--routed-experts 4: give the model's experts, at least "
+                             "--experts 8"));
+  EXPECT_EQ(Select(std::string(kPrefill) + " --routed-experts 16", &out), 2);
+  EXPECT_THAT(out, HasSubstr("--routed-experts needs --routed-top-k"));
+  // A rank of 8 of 32 experts: a quarter of the rows it would get from 8.
+  ASSERT_EQ(Select(std::string(kPrefill) + " --routed-top-k 2 --routed-experts 32 --json", &out),
+            0)
+      << out;
+  j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["problem"]["routed_experts"], 32);
+  EXPECT_LT(j["estimate"]["ctas"], 8 * 224 * 4.6);
+}
+
 TEST_F(SelectCliTest, PinnedKernel) {
   std::string out;
   ASSERT_EQ(Select(std::string(kPrefill) + " --kernel bf16_swiglu_m64n64k64", &out), 0)

@@ -88,6 +88,33 @@ TEST(ShapeBucketTest, ProblemBucketAndArgsCarryEveryFieldOfTheGemmShape) {
   EXPECT_EQ(args.k, p.k);
 }
 
+// A routed problem's bucket is its own ("/top8of128"): timings on a router's spread of
+// rows never stand in for balanced ones or the other way round. Its representative is
+// routed alike, and MoeGemmArgsFor keeps the routing.
+TEST(ShapeBucketTest, RoutedProblemsHaveBucketsOfTheirOwn) {
+  MoeProblem p;
+  p.experts = 32;
+  p.tokens = 32 * 64;
+  p.n = 2048;
+  p.k = 768;
+  const ShapeBucket balanced = BucketOf(p);
+  p.routed_top_k = 8;
+  p.routed_experts = 128;
+  const ShapeBucket routed = BucketOf(p);
+  EXPECT_NE(routed, balanced);
+  EXPECT_EQ(balanced.ToString(), "bf16/bf16/identity/e32/n2048/k768/m64");
+  EXPECT_EQ(routed.ToString(), "bf16/bf16/identity/e32/n2048/k768/m64/top8of128");
+  const MoeProblem rep = RepresentativeProblem(routed, {9, 0}, 132);
+  EXPECT_EQ(rep.routed_top_k, 8);
+  EXPECT_EQ(rep.routed_experts, 128);
+  EXPECT_EQ(BucketOf(rep), routed);
+  const MoeGemmArgs args = MoeGemmArgsFor(p);
+  EXPECT_EQ(args.routed_top_k, 8);
+  EXPECT_EQ(args.routed_experts, 128);
+  p.routed_experts = 0;  // the problem's own experts
+  EXPECT_EQ(BucketOf(p).ToString(), "bf16/bf16/identity/e32/n2048/k768/m64/top8of32");
+}
+
 TEST(TuningFileTest, MissingFileIsEmpty) {
   TempDir dir;
   auto t = LoadTuningFile(dir.Join("none.json"), kH200);
