@@ -678,6 +678,14 @@ MoeGemmArgs MoeLayer::GemmArgs(const MoeLayerArgs& a, int gemm, CUdeviceptr ws,
   g.experts = local_experts_;
   g.tokens = w.row_capacity;
   g.offsets = ws + w.offsets;
+  if (!masked_) {
+    // The router's rows: each expert's count varies, and the cost model picks tiles for
+    // that spread (an expert just past a tile's rows runs a second, nearly empty one)
+    // rather than for rows split evenly. The masked layout's counts come from the
+    // caller's all-to-all, whose spread nothing here knows.
+    g.routed_top_k = options_.top_k;
+    g.routed_experts = options_.num_experts;
+  }
   g.b = first ? a.w1 : a.w2;
   g.b_scale = first ? a.w1_scale : a.w2_scale;
   g.b_global_scale = first ? a.w1_global_scale : a.w2_global_scale;

@@ -32,8 +32,11 @@ using ::cubist::testing::StatusIs;
 using ::cubist::testing::TempDir;
 using ::cubist::testing::TestKernel;
 using ::cubist::testing::WriteFileOrDie;
+using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // The parameter struct of each kernel the layer launches, by its published name.
 size_t LayerParamBytes(std::string_view name) {
@@ -686,6 +689,71 @@ TEST_F(MoeLayerFakeDriverTest, FusedGatherFeedsGemm1TheHiddenStatesThroughTheRow
 // Without a gathering GEMM1, "auto" keeps the gather kernel and "on" fails CanImplement
 // naming the gather; "on" is refused up front where GEMM1 cannot read the rows as they
 // are (a quantized pair, weights on input), and an unknown mode names the three.
+// The layer's GEMMs are posed as routed problems (top_k of num_experts), so the cost
+// model prices each expert's binomial rows: with bf16 GEMM2 stubs of the family's 64x256
+// and 128x256 tiles, Qwen3-30B-A3B at 4,096 tokens (256 rows per expert on average)
+// takes the 64-row tile, where the same rows spread evenly - MoeGemm's own assumption -
+// take the 128-row one. Under expert parallelism the router's experts are the model's.
+TEST_F(MoeLayerFakeDriverTest, GemmsArePricedForTheRoutersSpreadOfRows) {
+  std::vector<TestKernel> kernels = LayerKernels();
+  for (TestKernel& k : kernels) {
+    if (k.name != "layer_bf16_bf16_identity") continue;
+    k.tile_n = 256;
+    k.threads = 256;
+    k.shared_mem_bytes = 223488;
+    k.extras = "\"pdl\": true, \"mma_efficiency\": 0.95, \"memory_efficiency\": 0.85";
+    TestKernel tall = k;
+    tall.name = "layer_bf16_bf16_identity_m128";
+    tall.artifact = kStubPath;
+    tall.tile_m = 128;
+    tall.threads = 384;
+    tall.shared_mem_bytes = 224512;
+    tall.extras = "\"pdl\": true, \"mma_efficiency\": 0.91, \"memory_efficiency\": 0.85";
+    kernels.push_back(tall);
+    break;
+  }
+  auto rt = OpenRuntime("repo-routed", kernels);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  runtime_ = std::move(*rt);
+  MoeLayerOptions o = Options(kPairs[0]);
+  o.num_experts = 128;
+  o.top_k = 8;
+  o.hidden = 2048;
+  o.intermediate = 768;
+  MoeLayerWorkspace w;
+  ASSERT_NO_FATAL_FAILURE(RunBatch(o, 4096, &w));
+  EXPECT_THAT(Names(driver_.launches()),
+              AllOf(Contains("layer_bf16_bf16_identity"),
+                    Not(Contains("layer_bf16_bf16_identity_m128"))));
+
+  auto gemm = MoeGemm::Create(*runtime_, {});
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  MoeProblem p;
+  p.activation = Activation::kIdentity;
+  p.experts = 128;
+  p.tokens = 4096 * 8;
+  p.n = 2048;
+  p.k = 768;
+  MoeGemmArgs g = MoeGemmArgsFor(p);
+  g.b = g.offsets = g.a = g.out = kWorkspace;
+  auto balanced = (*gemm)->KernelFor(g);
+  ASSERT_TRUE(balanced.ok()) << balanced.status();
+  EXPECT_EQ((*balanced)->kernel->name(), "layer_bf16_bf16_identity_m128");
+  g.routed_top_k = 8;
+  g.routed_experts = 128;
+  auto routed = (*gemm)->KernelFor(g);
+  ASSERT_TRUE(routed.ok()) << routed.status();
+  EXPECT_EQ((*routed)->kernel->name(), "layer_bf16_bf16_identity");
+
+  // A rank of 32 of the 128 experts: its GEMMs are priced on the router's 128.
+  driver_.Clear();
+  o.num_local_experts = 32;
+  ASSERT_NO_FATAL_FAILURE(RunBatch(o, 4096, &w));
+  EXPECT_THAT(Names(driver_.launches()),
+              AllOf(Contains("layer_bf16_bf16_identity"),
+                    Not(Contains("layer_bf16_bf16_identity_m128"))));
+}
+
 TEST_F(MoeLayerFakeDriverTest, FuseGatherIsValidatedAndOnNeedsTheKernel) {
   const Pair& bf16 = kPairs[0];
   MoeLayerOptions o = Options(bf16);
