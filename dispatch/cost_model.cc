@@ -55,16 +55,19 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
   // winning). Routed: each expert's rows are binomial (dispatch/routed_load.h), so the
   // tiles are their expectation - an expert whose rows just pass a tile's run a second,
   // nearly empty one, which a tile twice as tall would not.
-  double active = 0, m = 0, m_tiles = 0;
+  // `rows`: the rows read and written, the offsets' total - which, routed over a rank's
+  // share of the experts, is that share of tokens.
+  double active = 0, rows = 0, m_tiles = 0;
   if (p.routed_top_k > 0) {
     const RoutedLoad load = p.routed_load();
     active = static_cast<double>(p.experts) * load.TouchedChance();
-    m = load.MeanRowsPerExpert();
+    rows = static_cast<double>(p.experts) * load.MeanRowsPerExpert();
     m_tiles = static_cast<double>(p.experts) * load.ExpectedTilesPerExpert(tm);
   } else {
     const int64_t touched = std::max<int64_t>(1, std::min(p.experts, p.tokens));
+    const double m = p.experts > 0 ? static_cast<double>(p.tokens) / touched : 0;
     active = static_cast<double>(touched);
-    m = p.experts > 0 ? static_cast<double>(p.tokens) / touched : 0;
+    rows = static_cast<double>(p.tokens);
     m_tiles = static_cast<double>(touched * static_cast<int64_t>(std::ceil(m / tm)));
   }
   const int64_t n_tiles = CeilDiv(p.n, tn);
@@ -76,7 +79,7 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
       static_cast<int64_t>(std::ceil(m_tiles * static_cast<double>(n_tiles) - 1e-6));
   c.ctas = CeilDiv(tiles, cluster) * cluster;
 
-  c.efficiency_m = m_tiles > 0 ? active * m / (m_tiles * tm) : 1.0;
+  c.efficiency_m = m_tiles > 0 ? rows / (m_tiles * tm) : 1.0;
   c.efficiency_n = static_cast<double>(p.n) / (n_tiles * tn);
   c.efficiency_k = static_cast<double>(p.k) / (k_iters * tk);
 
@@ -104,10 +107,6 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
   c.compute_us = static_cast<double>(per_sm) * cta_flops /
                  (peak_per_sm * tile_factor * kernel.mma_efficiency) * 1e6;
 
-  // Rows read and written: the offsets' total, which routed over a rank's share of the
-  // experts is that share of tokens.
-  const double rows = p.routed_top_k > 0 ? static_cast<double>(p.experts) * m
-                                         : static_cast<double>(p.tokens);
   const double bytes =
       active * static_cast<double>(p.n) * p.k * BitsPerElement(p.weight_format) / 8 +
       rows * p.k * BitsPerElement(p.activation_format) / 8 + rows * p.output_n() * 2.0;

@@ -554,6 +554,8 @@ TEST(SelectRoutedTest, ADecodeStepPricesAsItDidSpreadEvenly) {
   EXPECT_EQ(routed->cost.ctas, balanced->cost.ctas);
   EXPECT_EQ(routed->cost.ctas, 8 * 8);
   EXPECT_NEAR(routed->cost.time_us, balanced->cost.time_us, 1e-9 * balanced->cost.time_us);
+  EXPECT_NEAR(routed->cost.efficiency_m, balanced->cost.efficiency_m, 1e-12);
+  EXPECT_DOUBLE_EQ(balanced->cost.efficiency_m, 1.0 / 64);
 }
 
 TEST(SelectRoutedTest, ARoutingTheExpertsCannotTakeIsInvalid) {
