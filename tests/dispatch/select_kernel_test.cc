@@ -35,6 +35,19 @@ MoeProblem Bf16Swiglu(int64_t e, int64_t tpe, int64_t n, int64_t k, DeviceSm sm 
   return Problem(DataFormat::kBf16, DataFormat::kBf16, Activation::kSwiglu, e, tpe, n, k, sm);
 }
 
+// The cost estimate of the named candidate of `r` for `p`.
+CostEstimate CostOfIn(const Registry& r, std::string_view name, const MoeProblem& p) {
+  auto ranked = RankCandidates(r, p);
+  EXPECT_TRUE(ranked.ok()) << ranked.status();
+  if (ranked.ok()) {
+    for (const Candidate& c : *ranked) {
+      if (c.kernel->name() == name) return c.cost;
+    }
+  }
+  ADD_FAILURE() << "no candidate " << name;
+  return CostEstimate{};
+}
+
 class SelectTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -55,17 +68,8 @@ class SelectTest : public ::testing::Test {
     return names;
   }
 
-  // The cost estimate of the named candidate.
   CostEstimate CostOf(std::string_view name, const MoeProblem& p) {
-    auto ranked = RankCandidates(*registry_, p);
-    EXPECT_TRUE(ranked.ok()) << ranked.status();
-    if (ranked.ok()) {
-      for (const Candidate& c : *ranked) {
-        if (c.kernel->name() == name) return c.cost;
-      }
-    }
-    ADD_FAILURE() << "no candidate " << name;
-    return CostEstimate{};
+    return CostOfIn(*registry_, name, p);
   }
 
   std::optional<Registry> registry_;
@@ -459,19 +463,6 @@ TEST_F(SelectTest, NoTokensStillSelects) {
   auto best = SelectKernel(*registry_, Bf16Swiglu(8, 0, 1024, 512));
   ASSERT_TRUE(best.ok()) << best.status();
   EXPECT_EQ(best->cost.ctas, 0);
-}
-
-// The cost estimate of the named candidate of `r` for `p`.
-CostEstimate CostOfIn(const Registry& r, std::string_view name, const MoeProblem& p) {
-  auto ranked = RankCandidates(r, p);
-  EXPECT_TRUE(ranked.ok()) << ranked.status();
-  if (ranked.ok()) {
-    for (const Candidate& c : *ranked) {
-      if (c.kernel->name() == name) return c.cost;
-    }
-  }
-  ADD_FAILURE() << "no candidate " << name;
-  return CostEstimate{};
 }
 
 // The family's bf16 64x256 and 128x256 tiles as scripts/build-artifacts publishes them
