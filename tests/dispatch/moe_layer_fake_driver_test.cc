@@ -744,6 +744,10 @@ TEST_F(MoeLayerFakeDriverTest, GemmsArePricedForTheRoutersSpreadOfRows) {
   auto routed = (*gemm)->KernelFor(g);
   ASSERT_TRUE(routed.ok()) << routed.status();
   EXPECT_EQ((*routed)->kernel->name(), "layer_bf16_bf16_identity");
+  g.routed_top_k = 200;
+  EXPECT_THAT((*gemm)->KernelFor(g).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("routed_top_k=200 must be 0 (balanced rows) or 1..128")));
 
   // A rank of 32 of the 128 experts: its GEMMs are priced on the router's 128.
   driver_.Clear();
