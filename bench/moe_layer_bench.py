@@ -372,12 +372,15 @@ def bench_model(rt, name, pair, args, flush):
         return lm
     layers = {mode: make_layer(mode) for mode in modes}
     layer = layers[modes[0]]
-    gemm = cubist.MoeGemm(rt, pdl=True)  # the baseline overlaps its two launches too
+    # The baseline's GEMMs: on the layer's routed rows, priced so (the tiles the layer's
+    # own GEMMs take); it overlaps its two launches too.
+    routed = dict(routed_top_k=k, routed_experts=e)
+    gemm = cubist.MoeGemm(rt, pdl=True, **routed)
     # --breakdown: the first mode's layer and the GEMMs again, launched without PDL.
     nopdl = make_layer(modes[0], pdl=False) if args.breakdown else None
     # The baseline's GEMM2 launched early can run slower than in stream order (its CTAs
     # crowd onto the SMs GEMM1 frees first): the baseline is the faster of the two.
-    gemm_nopdl = cubist.MoeGemm(rt, pdl=False)
+    gemm_nopdl = cubist.MoeGemm(rt, pdl=False, **routed)
     # Bytes per expert of both GEMMs' weights with their scales: the floor's unit.
     per_expert = sum(nbytes(t) for t in (*q1, *q2)) / e
     rows = []

@@ -189,6 +189,13 @@ MoeGemm::~MoeGemm() {
 
 absl::StatusOr<std::unique_ptr<MoeGemm>> MoeGemm::Create(Runtime& runtime,
                                                          MoeGemmOptions options) {
+  if (options.routed_top_k < 0 || options.routed_experts < 0 ||
+      (options.routed_experts > 0 && options.routed_top_k == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoeGemmOptions: routed_top_k=", options.routed_top_k, " routed_experts=",
+        options.routed_experts, ": give the router's top-k (>= 1) and optionally the experts it "
+        "picks from, or leave both 0 for rows spread evenly"));
+  }
   std::unique_ptr<MoeGemm> op(new MoeGemm(runtime, std::move(options)));
   if (!op->options_.pinned_kernel.empty() &&
       runtime.registry().Find(op->options_.pinned_kernel) == nullptr) {
@@ -219,8 +226,8 @@ MoeProblem MoeGemm::ProblemOf(const MoeGemmArgs& a) const {
   p.sm_count = runtime_->device_info().sm_count;
   p.bias = a.bias != 0;
   p.gather_a = a.a_row_map != 0;
-  p.routed_top_k = a.routed_top_k;
-  p.routed_experts = a.routed_experts;
+  p.routed_top_k = a.routed_top_k != 0 ? a.routed_top_k : options_.routed_top_k;
+  p.routed_experts = a.routed_top_k != 0 ? a.routed_experts : options_.routed_experts;
   // bf16 output stays unset: every moe_gemm kernel without an output_format writes it
   // (the selector reads unset as bf16 for moe_gemm), and a bf16 problem keeps its key.
   if (a.output_format != DataFormat::kBf16) p.output_format = a.output_format;

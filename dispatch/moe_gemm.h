@@ -125,6 +125,12 @@ struct MoeGemmOptions {
   // "exact": false; SelectOptions::allow_inexact). Off: results are exact whatever the
   // cost model or the timings say.
   bool allow_inexact = false;
+  // The routing every call's offsets come from, for calls whose args leave theirs 0
+  // (MoeGemmArgs::routed_top_k, routed_experts): an engine running a MoE layer's GEMMs
+  // itself on a top-k router's offsets says so once, and the tiles are priced for that
+  // spread of rows. 0: rows spread evenly.
+  int64_t routed_top_k = 0;
+  int64_t routed_experts = 0;
 };
 
 // What Run launches for one problem. Plain data, immutable once cached.

@@ -37,7 +37,8 @@ def route(x, router, top_k):
 
 class MoeLayer:
     def __init__(self, runtime, router, w1, w2, top_k):
-        self.gemm = cubist.MoeGemm(runtime)
+        # The offsets come from a top-k router: the tiles are priced for its spread.
+        self.gemm = cubist.MoeGemm(runtime, routed_top_k=top_k, routed_experts=router.shape[0])
         self.router, self.w1, self.w2, self.top_k = router, w1, w2, top_k
 
     def __call__(self, x):

@@ -155,16 +155,22 @@ class MoeGemm:
     allow_inexact: selection and tune may also choose kernels that round an operand on
     purpose (manifest "exact": false; MoeGemmOptions::allow_inexact). Off, results are
     exact whatever the cost model or the timings say; a pinned kernel is used either way.
+    routed_top_k, routed_experts: the offsets come from a top-k router over that many
+    experts (default: the call's), so each expert's rows vary and the tiles are priced
+    for that spread (MoeGemmOptions::routed_top_k; docs/kernels.md "Cost model"); 0:
+    rows spread evenly.
     """
 
     _next_handle = 1
 
-    def __init__(self, runtime, *, pinned_kernel=None, pdl=False, allow_inexact=False):
+    def __init__(self, runtime, *, pinned_kernel=None, pdl=False, allow_inexact=False,
+                 routed_top_k=0, routed_experts=0):
         if not isinstance(runtime, Runtime):
             raise _bad("runtime", f"expected cubist.Runtime, got {type(runtime).__name__}")
         self.runtime = runtime
         self._native = _cubist.MoeGemm(runtime._native, str(pinned_kernel or ""), bool(pdl),
-                                       bool(allow_inexact))
+                                       bool(allow_inexact), int(routed_top_k),
+                                       int(routed_experts))
         self._native_run = self._native.run
         self._native.set_device(self.runtime.device)
         self._fast_run = self._native.fast_run

@@ -487,11 +487,14 @@ bool ReadFastArgs(int64_t device, PyObject* const* v, MoeGemmArgs& args, uintptr
 
 class PyMoeGemm {
  public:
-  PyMoeGemm(PyRuntime& rt, std::string pinned_kernel, bool pdl, bool allow_inexact) {
+  PyMoeGemm(PyRuntime& rt, std::string pinned_kernel, bool pdl, bool allow_inexact,
+            int64_t routed_top_k, int64_t routed_experts) {
     MoeGemmOptions o;
     o.pinned_kernel = std::move(pinned_kernel);
     o.programmatic_dependent_launch = pdl;
     o.allow_inexact = allow_inexact;
+    o.routed_top_k = routed_top_k;
+    o.routed_experts = routed_experts;
     op_ = Check(MoeGemm::Create(rt.get(), std::move(o)));
   }
 
@@ -1001,7 +1004,8 @@ NB_MODULE(_cubist, m) {
   }
   nb::class_<PyMoeGemm> moe_gemm(m, "MoeGemm");
   RunState().native_type = reinterpret_cast<PyTypeObject*>(moe_gemm.ptr());
-  moe_gemm.def(nb::init<PyRuntime&, std::string, bool, bool>(), nb::keep_alive<1, 2>())
+  moe_gemm.def(nb::init<PyRuntime&, std::string, bool, bool, int64_t, int64_t>(),
+               nb::keep_alive<1, 2>())
       .def_static("_without_gpu", [](int64_t device) { return new PyMoeGemm(device); })
       .def("_last_launch", &PyMoeGemm::LastLaunch)
       .def("run", &PyMoeGemm::Run)

@@ -798,16 +798,19 @@ def test_moe_gemm_hands_allow_inexact_to_the_native_op(monkeypatch):
     RecordingNativeGemm.made.clear()
     cubist.MoeGemm(rt)
     cubist.MoeGemm(rt, allow_inexact=True, pinned_kernel="k", pdl=True)
-    assert RecordingNativeGemm.made == [("native runtime", "", False, False),
-                                        ("native runtime", "k", True, True)]
+    cubist.MoeGemm(rt, routed_top_k=8, routed_experts=256)
+    assert RecordingNativeGemm.made == [("native runtime", "", False, False, 0, 0),
+                                        ("native runtime", "k", True, True, 0, 0),
+                                        ("native runtime", "", False, False, 8, 256)]
     assert "allow_inexact" in inspect.signature(cubist.MoeGemm).parameters
 
 
-def test_native_moe_gemm_takes_allow_inexact():
+def test_native_moe_gemm_takes_allow_inexact_and_the_routing():
     # The native constructor's signature (nanobind's docstring): runtime, pinned kernel,
-    # pdl, allow_inexact - what cubist.MoeGemm passes above.
+    # pdl, allow_inexact, routed_top_k, routed_experts - what cubist.MoeGemm passes above.
     doc = cubist._cubist.MoeGemm.__init__.__doc__
     assert doc.count("bool") == 2, doc
+    assert doc.count(": int") == 2, doc
 
 
 def test_objects_alive_at_exit_are_not_reported_as_leaks():

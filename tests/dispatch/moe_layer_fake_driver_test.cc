@@ -748,6 +748,22 @@ TEST_F(MoeLayerFakeDriverTest, GemmsArePricedForTheRoutersSpreadOfRows) {
   EXPECT_THAT((*gemm)->KernelFor(g).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("routed_top_k=200 must be 0 (balanced rows) or 1..128")));
+  // An op told once that its callers' offsets come from the router (an engine running
+  // the layer's GEMMs itself) prices every call so, unless a call says otherwise.
+  MoeGemmOptions routed_op;
+  routed_op.routed_top_k = 8;
+  routed_op.routed_experts = 128;
+  auto engine_gemm = MoeGemm::Create(*runtime_, routed_op);
+  ASSERT_TRUE(engine_gemm.ok()) << engine_gemm.status();
+  g.routed_top_k = 0;
+  g.routed_experts = 0;
+  auto from_options = (*engine_gemm)->KernelFor(g);
+  ASSERT_TRUE(from_options.ok()) << from_options.status();
+  EXPECT_EQ((*from_options)->kernel->name(), "layer_bf16_bf16_identity");
+  routed_op.routed_top_k = 0;
+  EXPECT_THAT(MoeGemm::Create(*runtime_, routed_op).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("routed_top_k=0 routed_experts=128: give the router's top-k")));
 
   // A rank of 32 of the 128 experts: its GEMMs are priced on the router's 128.
   driver_.Clear();
