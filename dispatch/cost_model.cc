@@ -57,18 +57,27 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
   // nearly empty one, which a tile twice as tall would not.
   // `rows`: the rows read and written, the offsets' total - which, routed over a rank's
   // share of the experts, is that share of tokens.
-  double active = 0, rows = 0, m_tiles = 0;
+  // `m_work`: the tiles' worth of rows the tensor cores compute - m_tiles, less the steps
+  // of each expert's last tile that hold no row, for kernels computing rows in steps
+  // (KernelEntry::row_step).
+  const int64_t step = kernel.row_step > 0 && kernel.row_step < tm ? kernel.row_step : tm;
+  double active = 0, rows = 0, m_tiles = 0, m_work = 0;
   if (p.routed_top_k > 0) {
     const RoutedLoad load = p.routed_load();
     active = static_cast<double>(p.experts) * load.TouchedChance();
     rows = static_cast<double>(p.experts) * load.MeanRowsPerExpert();
     m_tiles = static_cast<double>(p.experts) * load.ExpectedTilesPerExpert(tm);
+    m_work = step == tm ? m_tiles
+                        : static_cast<double>(p.experts) * load.ExpectedTilesPerExpert(step) *
+                              static_cast<double>(step) / static_cast<double>(tm);
   } else {
     const int64_t touched = std::max<int64_t>(1, std::min(p.experts, p.tokens));
     const double m = p.experts > 0 ? static_cast<double>(p.tokens) / touched : 0;
     active = static_cast<double>(touched);
     rows = static_cast<double>(p.tokens);
     m_tiles = static_cast<double>(touched * static_cast<int64_t>(std::ceil(m / tm)));
+    m_work = static_cast<double>(touched * static_cast<int64_t>(std::ceil(m / step)) * step) /
+             static_cast<double>(tm);
   }
   const int64_t n_tiles = CeilDiv(p.n, tn);
   const int64_t k_iters = CeilDiv(p.k, tk);
@@ -79,7 +88,7 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
       static_cast<int64_t>(std::ceil(m_tiles * static_cast<double>(n_tiles) - 1e-6));
   c.ctas = CeilDiv(tiles, cluster) * cluster;
 
-  c.efficiency_m = m_tiles > 0 ? rows / (m_tiles * tm) : 1.0;
+  c.efficiency_m = m_work > 0 ? rows / (m_work * tm) : 1.0;
   c.efficiency_n = static_cast<double>(p.n) / (n_tiles * tn);
   c.efficiency_k = static_cast<double>(p.k) / (k_iters * tk);
 
@@ -104,7 +113,9 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
   // SMs cost as much as 264, and a tile that halves them look no faster.)
   const int64_t per_sm = c.ctas > slots ? static_cast<int64_t>(c.waves) * c.ctas_per_sm
                                         : CeilDiv(c.ctas, device.sm_count);
-  c.compute_us = static_cast<double>(per_sm) * cta_flops /
+  // (Tiles with empty steps take their share of the busiest SM's time: m_work / m_tiles.)
+  const double work_share = m_tiles > 0 ? m_work / m_tiles : 1.0;
+  c.compute_us = static_cast<double>(per_sm) * work_share * cta_flops /
                  (peak_per_sm * tile_factor * kernel.mma_efficiency) * 1e6;
 
   const double bytes =

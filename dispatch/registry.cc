@@ -172,6 +172,13 @@ absl::Status ReadEntryExtras(KernelEntry& e, const EntryErrors& err) {
   CUBIST_RETURN_IF_ERROR(ReadFraction(s, err, "mma_efficiency", &e.mma_efficiency));
   CUBIST_RETURN_IF_ERROR(ReadFraction(s, err, "memory_efficiency", &e.memory_efficiency));
   CUBIST_RETURN_IF_ERROR(ReadBool(s, err, "exact", &e.exact));
+  int64_t row_step = std::max(1, s.tile_m);
+  CUBIST_RETURN_IF_ERROR(ReadConstraint(s, err, "row_step", &row_step));
+  if (s.tile_m > 0 && (row_step > s.tile_m || s.tile_m % row_step != 0)) {
+    return err.Error("row_step", absl::StrCat(row_step, " does not divide tile_m ", s.tile_m,
+                                              "; a tile computes its rows in whole steps"));
+  }
+  e.row_step = static_cast<int>(row_step);
   return absl::OkStatus();
 }
 

@@ -82,6 +82,12 @@ struct KernelEntry {
   // and the selector leaves it out unless asked (SelectOptions::allow_inexact, or the
   // kernel pinned by name).
   bool exact = true;
+  // The rows a tile computes in one step (extras "row_step", a divisor of tile_m; tile_m
+  // when absent): a kernel whose tile holding fewer rows computes only the steps that
+  // hold any (say, a 128-row tile of two 64-row consumer warpgroups, one of which issues
+  // no MMA when it owns no row) says so, and the cost model prices an expert's last tile
+  // by its steps. The family's kernels compute whole tiles and carry none.
+  int row_step = 0;
 
   const std::string& name() const { return spec.name; }
 };

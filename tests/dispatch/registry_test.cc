@@ -152,6 +152,30 @@ TEST(RegistryTest, ExactFlagIsABoolean) {
   EXPECT_TRUE(r->kernels()[3].exact);
 }
 
+// "row_step" (KernelEntry::row_step) divides tile_m; tile_m when absent.
+TEST(RegistryTest, RowStepDividesTheTilesRows) {
+  auto kernels = SelectionKernels();
+  kernels[2].extras = "\"row_step\": 48";  // bf16_swiglu_m128n128k64
+  EXPECT_THAT(RegistryOf(kernels),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("kernels[2].row_step: 48 does not divide tile_m 128; a tile "
+                                 "computes its rows in whole steps")));
+  kernels[2].extras = "\"row_step\": 256";
+  EXPECT_THAT(RegistryOf(kernels),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("kernels[2].row_step: 256 does not divide tile_m 128")));
+  kernels[2].extras = "\"row_step\": 0";
+  EXPECT_THAT(RegistryOf(kernels),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("kernels[2].row_step: expected a positive integer, got 0")));
+  kernels[2].extras = "\"row_step\": 64";
+  auto r = RegistryOf(kernels);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->kernels()[2].row_step, 64);
+  EXPECT_EQ(r->kernels()[3].row_step, 128);  // absent: the whole tile
+  EXPECT_EQ(r->kernels()[1].row_step, 64);
+}
+
 TEST(RegistryTest, OneFunctionDescribedTwiceDifferentlyIsInconsistent) {
   auto kernels = SelectionKernels();
   TestKernel alias = kernels[1];

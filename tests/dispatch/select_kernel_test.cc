@@ -35,6 +35,13 @@ MoeProblem Bf16Swiglu(int64_t e, int64_t tpe, int64_t n, int64_t k, DeviceSm sm 
   return Problem(DataFormat::kBf16, DataFormat::kBf16, Activation::kSwiglu, e, tpe, n, k, sm);
 }
 
+// A registry of `kernels` (a test manifest).
+absl::StatusOr<Registry> RegistryOf(const std::vector<testing::TestKernel>& kernels) {
+  auto m = ParseTestManifest(kernels);
+  if (!m.ok()) return m.status();
+  return Registry::Create(*m);
+}
+
 // The cost estimate of the named candidate of `r` for `p`.
 CostEstimate CostOfIn(const Registry& r, std::string_view name, const MoeProblem& p) {
   auto ranked = RankCandidates(r, p);
@@ -188,9 +195,7 @@ TEST(SelectFp8BlockTest, APartialLastScaleBlockIsServed) {
   k.tile_k = 128;
   k.threads = 384;
   k.extras = "\"k_align\": 16, \"n_align\": 16, \"gated\": true";
-  auto m = ParseTestManifest(kernels);
-  ASSERT_TRUE(m.ok()) << m.status();
-  auto r = Registry::Create(*m);
+  auto r = RegistryOf(kernels);
   ASSERT_TRUE(r.ok()) << r.status();
   MoeProblem p = Problem(DataFormat::kFp8Block, DataFormat::kFp8Block, Activation::kSwiglu, 128,
                          128, 5760, 2880);
@@ -274,9 +279,7 @@ TEST_F(SelectTest, InexactKernelOnlyWhenAllowedOrPinned) {
       testing::InexactCopy(kernels, "bf16_swiglu_m128n128k64", "a_inexact_swiglu_m128n128k64");
   ASSERT_TRUE(inexact.has_value());
   kernels.push_back(*inexact);
-  auto m = ParseTestManifest(kernels);
-  ASSERT_TRUE(m.ok()) << m.status();
-  auto reg = Registry::Create(*m);
+  auto reg = RegistryOf(kernels);
   ASSERT_TRUE(reg.ok()) << reg.status();
   const MoeProblem p = Bf16Swiglu(8, 2048, 28672, 4096);
 
@@ -319,9 +322,7 @@ TEST_F(SelectTest, AbiOutsideTheBuildRejects) {
   testing::TestKernel k;
   k.name = "abi2_m64n128k64";
   k.abi = 2;
-  auto m = ParseTestManifest({k});
-  ASSERT_TRUE(m.ok()) << m.status();
-  auto reg = Registry::Create(*m);
+  auto reg = RegistryOf({k});
   ASSERT_TRUE(reg.ok()) << reg.status();
   auto best = SelectKernel(*reg, Bf16Swiglu(8, 64, 1024, 512), o);
   ASSERT_TRUE(best.ok()) << best.status();
@@ -345,9 +346,7 @@ TEST_F(SelectTest, Fp8OutputKernelsServeOnlyProblemsThatAskForThem) {
                          512);
   SelectOptions o;
   o.abi = moe::kMoeGemmAbi;
-  auto m = ParseTestManifest({fused, plain});
-  ASSERT_TRUE(m.ok()) << m.status();
-  auto reg = Registry::Create(*m);
+  auto reg = RegistryOf({fused, plain});
   ASSERT_TRUE(reg.ok()) << reg.status();
   auto best = SelectKernel(*reg, p, o);
   ASSERT_TRUE(best.ok()) << best.status();
@@ -357,9 +356,7 @@ TEST_F(SelectTest, Fp8OutputKernelsServeOnlyProblemsThatAskForThem) {
   ASSERT_TRUE(best.ok()) << best.status();
   EXPECT_EQ(best->kernel->name(), "fp8_swiglu_m64n128k128_ofp8");
 
-  m = ParseTestManifest({fused});
-  ASSERT_TRUE(m.ok()) << m.status();
-  reg = Registry::Create(*m);
+  reg = RegistryOf({fused});
   ASSERT_TRUE(reg.ok()) << reg.status();
   p.output_format.reset();
   EXPECT_THAT(SelectKernel(*reg, p, o),
@@ -382,9 +379,7 @@ TEST_F(SelectTest, GatheringKernelsServeOnlyProblemsThatGather) {
   MoeProblem p = Bf16Swiglu(8, 2048, 1024, 512);
   SelectOptions o;
   o.abi = moe::kMoeGemmAbi;
-  auto m = ParseTestManifest({gather, plain});
-  ASSERT_TRUE(m.ok()) << m.status();
-  auto reg = Registry::Create(*m);
+  auto reg = RegistryOf({gather, plain});
   ASSERT_TRUE(reg.ok()) << reg.status();
   auto best = SelectKernel(*reg, p, o);
   ASSERT_TRUE(best.ok()) << best.status();
@@ -402,9 +397,7 @@ TEST_F(SelectTest, GatheringKernelsServeOnlyProblemsThatGather) {
                                  "gathers them through a_row_map")));
   o.abi = moe::kMoeGemmAbi;
 
-  m = ParseTestManifest({gather});
-  ASSERT_TRUE(m.ok()) << m.status();
-  reg = Registry::Create(*m);
+  reg = RegistryOf({gather});
   ASSERT_TRUE(reg.ok()) << reg.status();
   p.gather_a = false;
   EXPECT_THAT(SelectKernel(*reg, p, o),
@@ -423,9 +416,7 @@ TEST_F(SelectTest, RetiredVersionOneKernelsAreRejectedWithTheFix) {
   old.tile_m = 128;
   testing::TestKernel current;
   current.name = "gen2_m64n128k64";
-  auto m = ParseTestManifest({old, current});
-  ASSERT_TRUE(m.ok()) << m.status();
-  auto reg = Registry::Create(*m);
+  auto reg = RegistryOf({old, current});
   ASSERT_TRUE(reg.ok()) << reg.status();
   const MoeProblem prefill = Bf16Swiglu(8, 2048, 28672, 4096);
   for (int abi : {0, moe::kMoeGemmAbi}) {
@@ -466,7 +457,7 @@ TEST_F(SelectTest, NoTokensStillSelects) {
 }
 
 // The family's bf16 64x256 and 128x256 tiles as scripts/build-artifacts publishes them
-// (threads, shared memory and calibration), identity epilogue.
+// (threads, shared memory and calibration), identity epilogue: both compute whole tiles.
 std::vector<testing::TestKernel> FamilyBf16WideTiles() {
   testing::TestKernel short_tile;
   short_tile.name = "bf16_identity_m64n256k64";
@@ -490,9 +481,7 @@ std::vector<testing::TestKernel> FamilyBf16WideTiles() {
 // (2.5 per expert against 2), where the 64-row tile runs a fifth of four (4.5 against 4):
 // the short tile wins.
 TEST(SelectRoutedTest, RoutedRowsPriceThePartlyEmptyLastTile) {
-  auto m = testing::ParseTestManifest(FamilyBf16WideTiles());
-  ASSERT_TRUE(m.ok()) << m.status();
-  auto r = Registry::Create(*m);
+  auto r = RegistryOf(FamilyBf16WideTiles());
   ASSERT_TRUE(r.ok()) << r.status();
   MoeProblem p = Problem(DataFormat::kBf16, DataFormat::kBf16, Activation::kIdentity, 128, 256,
                          2048, 768);
@@ -526,12 +515,49 @@ TEST(SelectRoutedTest, RoutedRowsPriceThePartlyEmptyLastTile) {
   EXPECT_EQ(CostOfIn(*r, "bf16_identity_m64n256k64", p).ctas, 32 * 16 * 8);
 }
 
+// A 128-row tile computing in 64-row steps (two consumer warpgroups, one of which issues
+// no wgmma when it owns no row of the tile) says "row_step": 64. The same routed problem:
+// an expert's nearly empty third tile costs the tall tile one step, not a whole tile, so
+// it computes the rows the 64-row tile does, with its better reuse - and wins again. Its
+// grid is still whole tiles.
+TEST(SelectRoutedTest, ATileComputingInStepsPricesOnlyItsStepsWithRows) {
+  std::vector<testing::TestKernel> kernels = FamilyBf16WideTiles();
+  kernels[1].extras += ", \"row_step\": 64";
+  auto r = RegistryOf(kernels);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto whole = RegistryOf(FamilyBf16WideTiles());
+  ASSERT_TRUE(whole.ok()) << whole.status();
+
+  MoeProblem p = Problem(DataFormat::kBf16, DataFormat::kBf16, Activation::kIdentity, 128, 256,
+                         2048, 768);
+  // Spread evenly, 256 rows fill whole tiles: the steps change nothing.
+  const CostEstimate even = CostOfIn(*r, "bf16_identity_m128n256k64", p);
+  const CostEstimate even_whole = CostOfIn(*whole, "bf16_identity_m128n256k64", p);
+  EXPECT_EQ(even.ctas, even_whole.ctas);
+  EXPECT_DOUBLE_EQ(even.compute_us, even_whole.compute_us);
+  EXPECT_DOUBLE_EQ(even.efficiency_m, 1.0);
+
+  p.routed_top_k = 8;
+  auto routed = SelectKernel(*r, p);
+  ASSERT_TRUE(routed.ok()) << routed.status();
+  EXPECT_EQ(routed->kernel->name(), "bf16_identity_m128n256k64");
+  const RoutedLoad load = p.routed_load();
+  const double tiles = load.ExpectedTilesPerExpert(128), steps = load.ExpectedTilesPerExpert(64);
+  EXPECT_EQ(routed->cost.ctas, static_cast<int64_t>(std::ceil(128 * tiles * 8)));
+  EXPECT_NEAR(routed->cost.efficiency_m, 256.0 / (steps * 64), 1e-12);
+  const CostEstimate routed_whole = CostOfIn(*whole, "bf16_identity_m128n256k64", p);
+  EXPECT_EQ(routed_whole.ctas, routed->cost.ctas);
+  EXPECT_NEAR(routed->cost.compute_us, routed_whole.compute_us * (steps / 2) / tiles,
+              1e-9 * routed_whole.compute_us);
+  // The 64-row tile: one consumer, its steps are its tiles; its price is unchanged.
+  EXPECT_DOUBLE_EQ(CostOfIn(*r, "bf16_identity_m64n256k64", p).time_us,
+                   CostOfIn(*whole, "bf16_identity_m64n256k64", p).time_us);
+}
+
 // One token routed to 8 of 128 experts touches 8 experts with one row each, as the
 // balanced model's fewer-rows-than-experts rule already says: the same grid either way.
 TEST(SelectRoutedTest, ADecodeStepPricesAsItDidSpreadEvenly) {
-  auto m = testing::ParseTestManifest(FamilyBf16WideTiles());
-  ASSERT_TRUE(m.ok()) << m.status();
-  auto r = Registry::Create(*m);
+  auto r = RegistryOf(FamilyBf16WideTiles());
   ASSERT_TRUE(r.ok()) << r.status();
   MoeProblem p = Problem(DataFormat::kBf16, DataFormat::kBf16, Activation::kIdentity, 128, 1,
                          2048, 768);
