@@ -61,23 +61,27 @@ CostEstimate EstimateCost(const KernelEntry& kernel, const MoeProblem& p,
   // of each expert's last tile that hold no row, for kernels computing rows in steps
   // (KernelEntry::row_step).
   const int64_t step = kernel.row_step > 0 && kernel.row_step < tm ? kernel.row_step : tm;
+  const double step_share = static_cast<double>(step) / static_cast<double>(tm);
   double active = 0, rows = 0, m_tiles = 0, m_work = 0;
   if (p.routed_top_k > 0) {
     const RoutedLoad load = p.routed_load();
     active = static_cast<double>(p.experts) * load.TouchedChance();
     rows = static_cast<double>(p.experts) * load.MeanRowsPerExpert();
-    m_tiles = static_cast<double>(p.experts) * load.ExpectedTilesPerExpert(tm);
-    m_work = step == tm ? m_tiles
-                        : static_cast<double>(p.experts) * load.ExpectedTilesPerExpert(step) *
-                              static_cast<double>(step) / static_cast<double>(tm);
+    auto tiles_of = [&](int64_t size) {  // all experts' tiles of `size` rows
+      return static_cast<double>(p.experts) * load.ExpectedTilesPerExpert(size);
+    };
+    m_tiles = tiles_of(tm);
+    m_work = step == tm ? m_tiles : tiles_of(step) * step_share;
   } else {
     const int64_t touched = std::max<int64_t>(1, std::min(p.experts, p.tokens));
     const double m = p.experts > 0 ? static_cast<double>(p.tokens) / touched : 0;
     active = static_cast<double>(touched);
     rows = static_cast<double>(p.tokens);
-    m_tiles = static_cast<double>(touched * static_cast<int64_t>(std::ceil(m / tm)));
-    m_work = static_cast<double>(touched * static_cast<int64_t>(std::ceil(m / step)) * step) /
-             static_cast<double>(tm);
+    auto tiles_of = [&](int64_t size) {
+      return static_cast<double>(touched * static_cast<int64_t>(std::ceil(m / size)));
+    };
+    m_tiles = tiles_of(tm);
+    m_work = step == tm ? m_tiles : tiles_of(step) * step_share;
   }
   const int64_t n_tiles = CeilDiv(p.n, tn);
   const int64_t k_iters = CeilDiv(p.k, tk);
