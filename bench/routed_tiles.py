@@ -4,7 +4,7 @@ rows against priced as if spread evenly, both timed on the routed rows (GPU).
 
     python3 bench/routed_tiles.py --cubist BUILD/cli/cubist --manifest ART/manifest.json \\
         [--models qwen3,gptoss,deepseek,mixtral] [--tokens 64,256,1024,4096] \\
-        [--pairs bf16,fp8,mxfp4,nvfp4] [--all] [--csv out.csv]
+        [--pairs bf16,fp8,mxfp4,nvfp4] [--all] [--csv out.csv] [--timings out.jsonl]
 
 For each model, batch size T and weight pair, the layer's two GEMM problems (GEMM1 SwiGLU
 H -> 2I, GEMM2 I -> H, on the row bucket: the power of two >= T x k rows, as MoeLayer
@@ -12,8 +12,10 @@ poses them): `cubist select` gives the choice with the rows routed (--routed-top
 the layer asks for) and spread evenly (what MoeGemm assumes of its callers' offsets).
 Where the two differ (every problem with --all), `cubist tune --top 0 --dry-run
 --routed-top-k k` times every candidate on one fixed draw of that routing (L2 flushed,
-medians), and the row says each choice's time over the fastest. No GPU is needed for the
-select step: `--select-only` prints where the choices differ.
+medians), and the row says each choice's time over the fastest. `--timings` keeps every
+candidate's time, one JSON line per timed problem written as it is timed (the data a
+calibration of the cost model is fitted on). No GPU is needed for the select step:
+`--select-only` prints where the choices differ.
 """
 import argparse
 import csv
@@ -55,6 +57,7 @@ def main():
     ap.add_argument("--select-only", action="store_true", help="no GPU: list where the choices differ")
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--csv", help="also write the rows here")
+    ap.add_argument("--timings", help="write every timed candidate here (JSON lines)")
     args = ap.parse_args()
     for flag, given, known in (("--models", args.models, MODELS), ("--pairs", args.pairs, PAIRS)):
         bad = [x for x in given.split(",") if x not in known]
@@ -68,6 +71,7 @@ def main():
         sys.exit(f"routed_tiles: --cubist {args.cubist}: not an executable; build it (scripts/build)")
 
     rows_out = []
+    timings = open(args.timings, "w") if args.timings else None
     print("| model | T | pair | GEMM | routed choice | even choice | fastest (us) | routed / fastest "
           "| even / fastest |")
     print("| --- | ---: | --- | --- | --- | --- | ---: | ---: | ---: |")
@@ -94,6 +98,12 @@ def main():
                         times = {c["kernel"]: c["measured_us"] for c in tune["timings"]
                                  if "measured_us" in c}
                         best = min(times.values())
+                        if timings:
+                            timings.write(json.dumps(dict(
+                                model=model, tokens=t, rows=rows, pair=pair, gemm=gemm,
+                                experts=e, top_k=k, n=n, k=kk, routed=routed, even=even,
+                                times_us=times)) + "\n")
+                            timings.flush()
                         row.update(fastest_us=f"{best:.1f}",
                                    routed_ratio=f"{times[routed] / best:.3f}",
                                    even_ratio=f"{times[even] / best:.3f}")
