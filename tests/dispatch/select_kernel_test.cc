@@ -554,6 +554,59 @@ TEST(SelectRoutedTest, ATileComputingInStepsPricesOnlyItsStepsWithRows) {
                    CostOfIn(*whole, "bf16_identity_m64n256k64", p).time_us);
 }
 
+// The family's fp8 128-row tiles as scripts/build-artifacts publishes them (threads,
+// shared memory, calibration), identity epilogue.
+std::vector<testing::TestKernel> FamilyFp8TallTiles() {
+  testing::TestKernel square;
+  square.name = "fp8_identity_m128n128k128";
+  square.weight_format = square.activation_format = "fp8";
+  square.activation = "identity";
+  square.tile_m = 128;
+  square.tile_k = 128;
+  square.threads = 384;
+  square.shared_mem_bytes = 224512;
+  square.extras = "\"mma_efficiency\": 0.82, \"memory_efficiency\": 0.85";
+  testing::TestKernel wide = square;
+  wide.name = "fp8_identity_m128n192k128";
+  wide.tile_n = 192;
+  wide.shared_mem_bytes = 191744;
+  wide.extras = "\"mma_efficiency\": 0.84, \"memory_efficiency\": 0.85";
+  return {square, wide};
+}
+
+// Qwen3-30B-A3B's GEMM2 at 4,096 tokens routed top-8 (32,768 rows) and Mixtral-8x7B's at
+// 4,096 tokens routed top-2 (8,192 rows): the 128x192 tile ran them in 1/1.16 and 1/1.20
+// of the 128x128 tile's time. With the 128x128 tile's calibration the model priced the
+// 128x128 tile at most 2.5% cheaper there (on Qwen3's GEMM1 the two tied exactly: 29 waves
+// of 128 columns against 20 of 192) and took it; the 128x192 tile's own calibration
+// picks it.
+TEST(SelectRoutedTest, Fp8WideTileWinsTheRoutedPrefillGemms) {
+  auto r = RegistryOf(FamilyFp8TallTiles());
+  ASSERT_TRUE(r.ok()) << r.status();
+  MoeProblem qwen3 = Problem(DataFormat::kFp8, DataFormat::kFp8, Activation::kIdentity, 128, 256,
+                             2048, 768);
+  qwen3.routed_top_k = 8;
+  MoeProblem mixtral = Problem(DataFormat::kFp8, DataFormat::kFp8, Activation::kIdentity, 8,
+                               1024, 4096, 14336);
+  mixtral.routed_top_k = 2;
+  for (const MoeProblem& p : {qwen3, mixtral}) {
+    SCOPED_TRACE(ToString(p));
+    auto best = SelectKernel(*r, p);
+    ASSERT_TRUE(best.ok()) << best.status();
+    EXPECT_EQ(best->kernel->name(), "fp8_identity_m128n192k128");
+  }
+  std::vector<testing::TestKernel> equal = FamilyFp8TallTiles();
+  equal[1].extras = equal[0].extras;
+  auto tied = RegistryOf(equal);
+  ASSERT_TRUE(tied.ok()) << tied.status();
+  for (const MoeProblem& p : {qwen3, mixtral}) {
+    SCOPED_TRACE(ToString(p));
+    auto best = SelectKernel(*tied, p);
+    ASSERT_TRUE(best.ok()) << best.status();
+    EXPECT_EQ(best->kernel->name(), "fp8_identity_m128n128k128");
+  }
+}
+
 // One token routed to 8 of 128 experts touches 8 experts with one row each, as the
 // balanced model's fewer-rows-than-experts rule already says: the same grid either way.
 TEST(SelectRoutedTest, ADecodeStepPricesAsItDidSpreadEvenly) {
