@@ -2,7 +2,9 @@
 #include "dispatch/selector.h"
 
 #include <cmath>
+#include <string>
 
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testlib/dispatch_manifests.h"
@@ -456,23 +458,28 @@ TEST_F(SelectTest, NoTokensStillSelects) {
   EXPECT_EQ(best->cost.ctas, 0);
 }
 
-// The family's bf16 64x256 and 128x256 tiles as scripts/build-artifacts publishes them
-// (threads, shared memory and calibration), identity epilogue: both compute whole tiles.
+// A tile of the family, identity epilogue, as scripts/build-artifacts publishes it
+// (threads, shared memory, calibration).
+testing::TestKernel FamilyTile(const std::string& format, int tile_m, int tile_n, int tile_k,
+                               int threads, int shared_mem_bytes, double mma_efficiency) {
+  testing::TestKernel k;
+  k.name = absl::StrFormat("%s_identity_m%dn%dk%d", format, tile_m, tile_n, tile_k);
+  k.weight_format = k.activation_format = format;
+  k.activation = "identity";
+  k.tile_m = tile_m;
+  k.tile_n = tile_n;
+  k.tile_k = tile_k;
+  k.threads = threads;
+  k.shared_mem_bytes = shared_mem_bytes;
+  k.extras = absl::StrFormat("\"mma_efficiency\": %g, \"memory_efficiency\": 0.85",
+                             mma_efficiency);
+  return k;
+}
+
+// The family's bf16 64x256 and 128x256 tiles: both compute whole tiles.
 std::vector<testing::TestKernel> FamilyBf16WideTiles() {
-  testing::TestKernel short_tile;
-  short_tile.name = "bf16_identity_m64n256k64";
-  short_tile.activation = "identity";
-  short_tile.tile_n = 256;
-  short_tile.threads = 256;
-  short_tile.shared_mem_bytes = 223488;
-  short_tile.extras = "\"mma_efficiency\": 0.95, \"memory_efficiency\": 0.85";
-  testing::TestKernel tall = short_tile;
-  tall.name = "bf16_identity_m128n256k64";
-  tall.tile_m = 128;
-  tall.threads = 384;
-  tall.shared_mem_bytes = 224512;
-  tall.extras = "\"mma_efficiency\": 0.91, \"memory_efficiency\": 0.85";
-  return {short_tile, tall};
+  return {FamilyTile("bf16", 64, 256, 64, 256, 223488, 0.95),
+          FamilyTile("bf16", 128, 256, 64, 384, 224512, 0.91)};
 }
 
 // Qwen3-30B-A3B's GEMM2 at 4,096 tokens (32,768 rows, 256 per expert): spread evenly, two
@@ -554,24 +561,10 @@ TEST(SelectRoutedTest, ATileComputingInStepsPricesOnlyItsStepsWithRows) {
                    CostOfIn(*whole, "bf16_identity_m64n256k64", p).time_us);
 }
 
-// The family's fp8 128-row tiles as scripts/build-artifacts publishes them (threads,
-// shared memory, calibration), identity epilogue.
+// The family's fp8 128-row tiles.
 std::vector<testing::TestKernel> FamilyFp8TallTiles() {
-  testing::TestKernel square;
-  square.name = "fp8_identity_m128n128k128";
-  square.weight_format = square.activation_format = "fp8";
-  square.activation = "identity";
-  square.tile_m = 128;
-  square.tile_k = 128;
-  square.threads = 384;
-  square.shared_mem_bytes = 224512;
-  square.extras = "\"mma_efficiency\": 0.82, \"memory_efficiency\": 0.85";
-  testing::TestKernel wide = square;
-  wide.name = "fp8_identity_m128n192k128";
-  wide.tile_n = 192;
-  wide.shared_mem_bytes = 191744;
-  wide.extras = "\"mma_efficiency\": 0.84, \"memory_efficiency\": 0.85";
-  return {square, wide};
+  return {FamilyTile("fp8", 128, 128, 128, 384, 224512, 0.82),
+          FamilyTile("fp8", 128, 192, 128, 384, 191744, 0.84)};
 }
 
 // Qwen3-30B-A3B's GEMM2 at 4,096 tokens routed top-8 (32,768 rows) and Mixtral-8x7B's at
@@ -589,22 +582,20 @@ TEST(SelectRoutedTest, Fp8WideTileWinsTheRoutedPrefillGemms) {
   MoeProblem mixtral = Problem(DataFormat::kFp8, DataFormat::kFp8, Activation::kIdentity, 8,
                                1024, 4096, 14336);
   mixtral.routed_top_k = 2;
-  for (const MoeProblem& p : {qwen3, mixtral}) {
-    SCOPED_TRACE(ToString(p));
-    auto best = SelectKernel(*r, p);
-    ASSERT_TRUE(best.ok()) << best.status();
-    EXPECT_EQ(best->kernel->name(), "fp8_identity_m128n192k128");
-  }
+  auto expect_choice = [&](const Registry& registry, const std::string& name) {
+    for (const MoeProblem& p : {qwen3, mixtral}) {
+      SCOPED_TRACE(ToString(p));
+      auto best = SelectKernel(registry, p);
+      ASSERT_TRUE(best.ok()) << best.status();
+      EXPECT_EQ(best->kernel->name(), name);
+    }
+  };
+  expect_choice(*r, "fp8_identity_m128n192k128");
   std::vector<testing::TestKernel> equal = FamilyFp8TallTiles();
   equal[1].extras = equal[0].extras;
   auto tied = RegistryOf(equal);
   ASSERT_TRUE(tied.ok()) << tied.status();
-  for (const MoeProblem& p : {qwen3, mixtral}) {
-    SCOPED_TRACE(ToString(p));
-    auto best = SelectKernel(*tied, p);
-    ASSERT_TRUE(best.ok()) << best.status();
-    EXPECT_EQ(best->kernel->name(), "fp8_identity_m128n128k128");
-  }
+  expect_choice(*tied, "fp8_identity_m128n128k128");
 }
 
 // One token routed to 8 of 128 experts touches 8 experts with one row each, as the
