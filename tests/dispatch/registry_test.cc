@@ -1,6 +1,9 @@
 // Registry: a manifest's kernels validated and indexed (dispatch/registry.h).
 #include "dispatch/registry.h"
 
+#include <string>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testlib/dispatch_manifests.h"
@@ -134,13 +137,19 @@ TEST(RegistryTest, GatedFlagContradictingActivationIsInconsistent) {
   EXPECT_TRUE(RegistryOf(kernels).ok());
 }
 
+// The registry refuses kernels[i] with these extras, saying `message`.
+void ExpectExtrasRefused(std::vector<TestKernel> kernels, int i, const std::string& extras,
+                         const std::string& message) {
+  kernels[i].extras = extras;
+  EXPECT_THAT(RegistryOf(kernels),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)));
+}
+
 // "exact" (KernelEntry::exact) is a JSON boolean, true when absent.
 TEST(RegistryTest, ExactFlagIsABoolean) {
   auto kernels = SelectionKernels();
-  kernels[3].extras = "\"exact\": \"no\"";
-  EXPECT_THAT(RegistryOf(kernels),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("kernels[3].exact: expected true or false, got \"no\"")));
+  ExpectExtrasRefused(kernels, 3, "\"exact\": \"no\"",
+                      "kernels[3].exact: expected true or false, got \"no\"");
   kernels[3].extras = "\"exact\": false";
   auto r = RegistryOf(kernels);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -155,19 +164,14 @@ TEST(RegistryTest, ExactFlagIsABoolean) {
 // "row_step" (KernelEntry::row_step) divides tile_m; tile_m when absent.
 TEST(RegistryTest, RowStepDividesTheTilesRows) {
   auto kernels = SelectionKernels();
-  kernels[2].extras = "\"row_step\": 48";  // bf16_swiglu_m128n128k64
-  EXPECT_THAT(RegistryOf(kernels),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("kernels[2].row_step: 48 does not divide tile_m 128; a tile "
-                                 "computes its rows in whole steps")));
-  kernels[2].extras = "\"row_step\": 256";
-  EXPECT_THAT(RegistryOf(kernels),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("kernels[2].row_step: 256 does not divide tile_m 128")));
-  kernels[2].extras = "\"row_step\": 0";
-  EXPECT_THAT(RegistryOf(kernels),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("kernels[2].row_step: expected a positive integer, got 0")));
+  // kernels[2]: bf16_swiglu_m128n128k64
+  ExpectExtrasRefused(kernels, 2, "\"row_step\": 48",
+                      "kernels[2].row_step: 48 does not divide tile_m 128; a tile computes "
+                      "its rows in whole steps");
+  ExpectExtrasRefused(kernels, 2, "\"row_step\": 256",
+                      "kernels[2].row_step: 256 does not divide tile_m 128");
+  ExpectExtrasRefused(kernels, 2, "\"row_step\": 0",
+                      "kernels[2].row_step: expected a positive integer, got 0");
   kernels[2].extras = "\"row_step\": 64";
   auto r = RegistryOf(kernels);
   ASSERT_TRUE(r.ok()) << r.status();

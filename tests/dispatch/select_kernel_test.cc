@@ -571,6 +571,17 @@ std::vector<testing::TestKernel> FamilyFp8TallTiles() {
           FamilyTile("fp8", 128, 192, 128, 384, 191744, 0.84)};
 }
 
+// Every problem selects `name` from the registry.
+void ExpectEachTakes(const Registry& registry, const std::vector<MoeProblem>& problems,
+                     const std::string& name) {
+  for (const MoeProblem& p : problems) {
+    SCOPED_TRACE(ToString(p));
+    auto best = SelectKernel(registry, p);
+    ASSERT_TRUE(best.ok()) << best.status();
+    EXPECT_EQ(best->kernel->name(), name);
+  }
+}
+
 // Qwen3-30B-A3B's GEMM2 at 4,096 tokens routed top-8 (32,768 rows) and Mixtral-8x7B's at
 // 4,096 tokens routed top-2 (8,192 rows): the 128x192 tile ran them in 1/1.16 and 1/1.20
 // of the 128x128 tile's time. With the 128x128 tile's calibration the model priced the
@@ -586,20 +597,12 @@ TEST(SelectRoutedTest, Fp8WideTileWinsTheRoutedPrefillGemms) {
   MoeProblem mixtral = Problem(DataFormat::kFp8, DataFormat::kFp8, Activation::kIdentity, 8,
                                1024, 4096, 14336);
   mixtral.routed_top_k = 2;
-  auto expect_choice = [&](const Registry& registry, const std::string& name) {
-    for (const MoeProblem& p : {qwen3, mixtral}) {
-      SCOPED_TRACE(ToString(p));
-      auto best = SelectKernel(registry, p);
-      ASSERT_TRUE(best.ok()) << best.status();
-      EXPECT_EQ(best->kernel->name(), name);
-    }
-  };
-  expect_choice(*r, "fp8_identity_m128n192k128");
+  ExpectEachTakes(*r, {qwen3, mixtral}, "fp8_identity_m128n192k128");
   std::vector<testing::TestKernel> equal = FamilyFp8TallTiles();
   equal[1].extras = equal[0].extras;
   auto tied = RegistryOf(equal);
   ASSERT_TRUE(tied.ok()) << tied.status();
-  expect_choice(*tied, "fp8_identity_m128n128k128");
+  ExpectEachTakes(*tied, {qwen3, mixtral}, "fp8_identity_m128n128k128");
 }
 
 // The family's bf16 calibration: on the layer's routed prefill GEMMs the 64x256 tile
@@ -612,17 +615,15 @@ TEST(SelectRoutedTest, Bf16TallTileWinsTheRoutedPrefillGemms) {
   ASSERT_TRUE(r.ok()) << r.status();
   // (experts, rows per expert, N, K): Qwen3's GEMM1 and GEMM2, DeepSeek-V3's GEMM1 and
   // GEMM2, each at 4,096 tokens routed top-8.
+  std::vector<MoeProblem> problems;
   for (const auto& [e, tpe, n, k] : std::vector<std::array<int64_t, 4>>{
            {128, 256, 1536, 2048}, {128, 256, 2048, 768}, {256, 128, 4096, 7168},
            {256, 128, 7168, 2048}}) {
-    MoeProblem p = Problem(DataFormat::kBf16, DataFormat::kBf16, Activation::kIdentity, e, tpe,
-                           n, k);
-    p.routed_top_k = 8;
-    SCOPED_TRACE(ToString(p));
-    auto best = SelectKernel(*r, p);
-    ASSERT_TRUE(best.ok()) << best.status();
-    EXPECT_EQ(best->kernel->name(), "bf16_identity_m128n256k64");
+    problems.push_back(
+        Problem(DataFormat::kBf16, DataFormat::kBf16, Activation::kIdentity, e, tpe, n, k));
+    problems.back().routed_top_k = 8;
   }
+  ExpectEachTakes(*r, problems, "bf16_identity_m128n256k64");
 }
 
 // One token routed to 8 of 128 experts touches 8 experts with one row each, as the
