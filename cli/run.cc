@@ -319,6 +319,10 @@ void RegisterRun(CLI::App& app, Globals& g) {
                   "on (GEMM1 reads the token rows through the row map) or off (a gather "
                   "kernel copies them first)")
       ->type_name("MODE");
+  cmd->add_option("--pdl", f->layer.pdl,
+                  "moe: on (default: each kernel launched to overlap the previous one's tail, "
+                  "programmatic dependent launch) or off (plain stream order)")
+      ->type_name("on|off");
   cmd->add_option("--check-tokens", f->layer.check_tokens,
                   "moe: tokens checked against the CPU reference (default 16)");
   cmd->add_option("--kernel", f->pin, "Use this kernel (debugging)")->type_name("NAME");

@@ -386,6 +386,11 @@ absl::StatusOr<MoeLayerOptions> MoeLayerOptionsFromFlags(const MoeLayerRunFlags&
   o.fuse_intermediate_quantization = f.fuse_intermediate_quantization;
   o.nvfp4_gemm_inputs = f.nvfp4_gemm_inputs;
   o.fuse_gather = f.fuse_gather;
+  if (f.pdl != "on" && f.pdl != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pdl: '", f.pdl, "' is not on or off"));
+  }
+  o.programmatic_dependent_launch = f.pdl == "on";
   if (o.input_layout == "expert_major_masked") {
     if (f.tokens >= 0) {
       return absl::InvalidArgumentError(

@@ -40,6 +40,9 @@ struct MoeLayerRunFlags {
   // bf16 x bf16: GEMM1 reads the token rows through the row map itself ("on"), a gather
   // kernel copies them first ("off"), or whichever the manifest serves ("auto").
   std::string fuse_gather = "auto";
+  // "on": each kernel's launch overlaps the previous one's tail (programmatic dependent
+  // launch, MoeLayerOptions' default); "off": plain stream order.
+  std::string pdl = "on";
   int check_tokens = 16;   // tokens compared with the reference
   int iterations = 20;
   int warmup = 3;

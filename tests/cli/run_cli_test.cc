@@ -92,6 +92,14 @@ TEST_F(RunCliTest, FuseIntermediateQuantizationIsCheckedBeforeTheRuntimeOpens) {
   EXPECT_THAT(out, ::testing::Not(HasSubstr("moe layer:")));
 }
 
+// --pdl: on or off, refused before the runtime opens (no manifest is read).
+TEST_F(RunCliTest, PdlModeIsCheckedBeforeTheRuntimeOpens) {
+  std::string out;
+  EXPECT_EQ(Run(std::string(kLayer) + "--top-k 2 --tokens 4 --pdl maybe", &out), 2);
+  EXPECT_THAT(out, HasSubstr("--pdl: 'maybe' is not on or off"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("manifest")));
+}
+
 // --fuse-gather: a known mode, "on" for the bf16 x bf16 pair only.
 TEST_F(RunCliTest, FuseGatherIsCheckedBeforeTheRuntimeOpens) {
   std::string out;
