@@ -15,6 +15,8 @@ namespace {
 
 constexpr size_t kAlign = 256;  // every workspace array starts on a 256-byte boundary
 constexpr int64_t kInt32Max = 0x7FFFFFFF;
+// fuse_gather "auto" keeps the gather kernel from this GEMM1 width (N) on (ResolveGatherFusion).
+constexpr int64_t kGatherKernelFromGemm1N = 8192;
 
 size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -444,7 +446,19 @@ bool MoeLayer::ResolveGatherFusion() const {
                          options_.activation_format == DataFormat::kBf16;
   if (!bf16_pair || options_.apply_weight_on_input || mode == "off") return false;
   if (mode == "on") return true;
-  // auto: a GEMM1 gathering A (any nonzero map makes the problem one that gathers).
+  // auto: the gather kernel where GEMM1 is wide. The gathering GEMM1 loads A's rows one
+  // by one for every N tile; from kGatherKernelFromGemm1N columns on that measured slower
+  // than the gather kernel's single pass over the rows (the layer at 4,096 and 16,384
+  // tokens, H100 and H200: 3-22% slower fused at 8,192 to 28,672 columns, Mixtral-8x7B's
+  // 28,672 6-15%; one exception, 14,336 columns over 128 experts at 4,096 tokens, 9%
+  // faster fused), and below it faster or even (gpt-oss-120b's 5,760: 3-11% faster fused;
+  // Qwen3-30B-A3B, DeepSeek-V3: within 3% at 4,096 tokens, 2-5% faster at 16,384; docs/
+  // benchmarks.md "Gather in GEMM1").
+  const int64_t gemm1_n =
+      IsGated(options_.activation) ? 2 * options_.intermediate : options_.intermediate;
+  if (gemm1_n >= kGatherKernelFromGemm1N) return false;
+  // Otherwise fused where a GEMM1 gathering A serves the layer (any nonzero map makes the
+  // problem one that gathers).
   MoeGemmArgs g = GemmArgs(MoeLayerArgs{}, 1, 0, LayoutForRows(options_, 1, 64));
   g.a_row_map = 256;
   return Gemm1Serves(g);

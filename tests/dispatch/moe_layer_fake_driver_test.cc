@@ -774,6 +774,29 @@ TEST_F(MoeLayerFakeDriverTest, GemmsArePricedForTheRoutersSpreadOfRows) {
                     Not(Contains("layer_bf16_bf16_identity_m128"))));
 }
 
+// "auto" keeps the gather kernel once GEMM1 is 8,192 columns wide (gated: 2I), where it
+// measured faster than the gathering GEMM1 (Mixtral-8x7B's 28,672); "on" still fuses.
+TEST_F(MoeLayerFakeDriverTest, AutoKeepsTheGatherKernelForAWideGemm1) {
+  ASSERT_NO_FATAL_FAILURE(UseKernelsAnd("repo-gather-wide", GatherGemm1Stub()));
+  MoeLayerOptions o = Options(kPairs[0]);
+  ASSERT_TRUE(IsGated(o.activation));
+  struct Case {
+    int64_t intermediate;
+    const char* mode;
+    bool fused;
+  };
+  for (const Case& c : {Case{4064, "auto", true}, Case{4096, "auto", false},
+                        Case{14336, "auto", false}, Case{14336, "on", true},
+                        Case{128, "auto", true}}) {
+    SCOPED_TRACE(absl::StrCat(c.intermediate, " ", c.mode));
+    o.intermediate = c.intermediate;
+    o.fuse_gather = c.mode;
+    auto layer = MoeLayer::Create(*runtime_, o);
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    EXPECT_EQ((*layer)->fuses_gather(), c.fused);
+  }
+}
+
 TEST_F(MoeLayerFakeDriverTest, FuseGatherIsValidatedAndOnNeedsTheKernel) {
   const Pair& bf16 = kPairs[0];
   MoeLayerOptions o = Options(bf16);
