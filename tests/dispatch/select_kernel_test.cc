@@ -605,6 +605,35 @@ TEST(SelectRoutedTest, Fp8WideTileWinsTheRoutedPrefillGemms) {
   ExpectEachTakes(*tied, {qwen3, mixtral}, "fp8_identity_m128n128k128");
 }
 
+// fp8 1x128 blocks, the same tie: routed, the model took the 128x128 tile on Qwen3-30B-A3B's
+// GEMM1 and GEMM2 at 4,096 tokens (32,768 rows) and on Mixtral-8x7B's GEMM2 at 4,096 tokens
+// (8,192 rows), where the 128x192 tile ran 1.11x, 1.11x and 1.09x faster (H100,
+// bench/routed_tiles.py); at Mixtral's 512 rows the 128x128 tile stays (1.20x faster).
+// The family calibrates 128x192 at 0.78 (was the 128x128 tile's 0.76).
+TEST(SelectRoutedTest, Fp8BlockWideTileWinsTheRoutedPrefillGemms) {
+  auto tiles = [](double wide) {
+    return std::vector<testing::TestKernel>{
+        FamilyTile("fp8-block", 128, 128, 128, 384, 224512, 0.76),
+        FamilyTile("fp8-block", 128, 192, 128, 384, 193152, wide)};
+  };
+  auto r = RegistryOf(tiles(0.78));
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto routed = [](int64_t e, int64_t tpe, int64_t n, int64_t k, int top_k) {
+    MoeProblem p = Problem(DataFormat::kFp8Block, DataFormat::kFp8Block,
+                           Activation::kIdentity, e, tpe, n, k);
+    p.routed_top_k = top_k;
+    return p;
+  };
+  const std::vector<MoeProblem> wide = {routed(128, 256, 1536, 2048, 8),
+                                        routed(128, 256, 2048, 768, 8),
+                                        routed(8, 1024, 4096, 14336, 2)};
+  ExpectEachTakes(*r, wide, "fp8-block_identity_m128n192k128");
+  ExpectEachTakes(*r, {routed(8, 64, 4096, 14336, 2)}, "fp8-block_identity_m128n128k128");
+  auto tied = RegistryOf(tiles(0.76));
+  ASSERT_TRUE(tied.ok()) << tied.status();
+  ExpectEachTakes(*tied, wide, "fp8-block_identity_m128n128k128");
+}
+
 // The family's bf16 calibration: on the layer's routed prefill GEMMs the 64x256 tile
 // measured slower than the 128x256 one (H100, 32,768 rows routed top-8: Qwen3-30B-A3B's
 // GEMM1 528.5 against 432.1 us, GEMM2 261.6 against 239.7; DeepSeek-V3's layer at 4,096
