@@ -496,7 +496,7 @@ TEST(MoeKernelPtxasTest, Fp4NarrowTilesNeitherSpillNorSerialize) {
 // consumer thread; their block scales go through shared memory (kernels/moe_gemm_tma.cu
 // StagedScaleLoop) because per-thread scales spilled there. ptxas must report no spill
 // and keep their wgmma asynchronous; their entries carry the scale slots' shared memory
-// and the provisional calibration (the 128x128 tile's until measured).
+// and the calibration fitted on routed prefill rows (0.78; the 128x128 tile's is 0.76).
 TEST(MoeKernelPtxasTest, Fp8Block192NeitherSpillsNorSerializes) {
   if (!HaveNvcc()) GTEST_SKIP() << "nvcc not found (NVCC, PATH, /usr/local/cuda)";
   TempDir dir;
@@ -506,7 +506,7 @@ TEST(MoeKernelPtxasTest, Fp8Block192NeitherSpillsNorSerializes) {
     EXPECT_EQ(k.tile_n, 192);
     EXPECT_EQ(k.shared_mem_bytes, 193152);
     EXPECT_EQ(k.extras.at("spill_bytes"), "0");
-    EXPECT_EQ(k.extras.at("mma_efficiency"), "0.76");
+    EXPECT_EQ(k.extras.at("mma_efficiency"), "0.78");
   }
 }
 
