@@ -6,6 +6,7 @@ same layer, on an H200, in one process (docs/benchmarks.md, "The MoE layer").
         [--pairs bf16,fp8,fp8-block,mxfp4,mxfp4-mxfp8,nvfp4]
         [--tokens 1,16,64,256,4096,16384] [--iters 30] [--json OUT] [--plot OUT.png]
         [--fuse-intermediate on,off] [--fuse-gather on,off] [--breakdown]
+        [--shape NAME=E,K,H,I --models NAME]
 
 For each model and batch size T (uniform random routing logits from a fixed seed; router
 logits are an input, the router GEMM is the engine's):
@@ -262,9 +263,22 @@ def main():
     ap.add_argument("--breakdown", action="store_true",
                     help="also list each kernel's device time (no PDL) for the layer and the "
                          "two GEMMs")
+    ap.add_argument("--shape", action="append", default=[], metavar="NAME=E,K,H,I",
+                    help="a model shape of your own (renormalize routing, plain SwiGLU), "
+                         "then usable in --models; repeatable")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     args = ap.parse_args()
+    for spec in args.shape:
+        name, _, dims = spec.partition("=")
+        try:
+            e, k, h, i = (int(v) for v in dims.split(","))
+        except ValueError:
+            ap.error(f"--shape: {spec!r} is not NAME=E,K,H,I (four integers)")
+        if not name or name in MODELS or min(e, k, h, i) <= 0 or k > e:
+            ap.error(f"--shape: {spec!r}: give a new name and positive E, K <= E, H, I")
+        MODELS[name] = dict(e=e, k=k, h=h, i=i, routing="renormalize")
+        TITLES[name] = name
     modes = [v for v in args.fuse_intermediate.split(",") if v]
     if not modes or any(v not in ("auto", "on", "off") for v in modes):
         ap.error(f"--fuse-intermediate: {args.fuse_intermediate!r} is not a list of auto, on, off")
