@@ -15,7 +15,8 @@ namespace {
 
 constexpr size_t kAlign = 256;  // every workspace array starts on a 256-byte boundary
 constexpr int64_t kInt32Max = 0x7FFFFFFF;
-// fuse_gather "auto" keeps the gather kernel from this GEMM1 width (N) on (ResolveGatherFusion).
+// fuse_gather "auto" keeps the gather kernel from this GEMM1 width (N) on
+// (ResolveGatherFusion).
 constexpr int64_t kGatherKernelFromGemm1N = 8192;
 
 size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }

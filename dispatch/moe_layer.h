@@ -145,9 +145,10 @@ struct MoeLayerOptions {
   // cubist_moe_gather_bf16 writes the rows in expert order and GEMM1 reads them; "auto":
   // on where the manifest has a gathering GEMM1 kernel for the layer's shape on this
   // device and GEMM1 is narrower than 8,192 columns (N = 2I gated, I otherwise): from
-  // there the gather kernel measured faster (docs/benchmarks.md, "Gather in GEMM1"). The same bits either way (the same products; only where A's rows come
-  // from differs). Quantized pairs gather inside their quantize kernel and take "auto"
-  // and "off"; so does apply_weight_on_input, whose rows are scaled before GEMM1.
+  // there the gather kernel measured faster (docs/benchmarks.md, "Gather in GEMM1"). The
+  // same bits either way (the same products; only where A's rows come from differs).
+  // Quantized pairs gather inside their quantize kernel and take "auto" and "off"; so
+  // does apply_weight_on_input, whose rows are scaled before GEMM1.
   std::string fuse_gather = "auto";
   MoeGemmOptions gemm;  // for both GEMMs (pinning, inexact kernels)
 };
