@@ -455,12 +455,10 @@ bool MoeLayer::ResolveGatherFusion() const {
   // faster fused), and below it faster or even (gpt-oss-120b's 5,760: 3-11% faster fused;
   // Qwen3-30B-A3B, DeepSeek-V3: within 3% at 4,096 tokens, 2-5% faster at 16,384; docs/
   // benchmarks.md "Gather in GEMM1").
-  const int64_t gemm1_n =
-      IsGated(options_.activation) ? 2 * options_.intermediate : options_.intermediate;
-  if (gemm1_n >= kGatherKernelFromGemm1N) return false;
+  MoeGemmArgs g = GemmArgs(MoeLayerArgs{}, 1, 0, LayoutForRows(options_, 1, 64));
+  if (g.n >= kGatherKernelFromGemm1N) return false;
   // Otherwise fused where a GEMM1 gathering A serves the layer (any nonzero map makes the
   // problem one that gathers).
-  MoeGemmArgs g = GemmArgs(MoeLayerArgs{}, 1, 0, LayoutForRows(options_, 1, 64));
   g.a_row_map = 256;
   return Gemm1Serves(g);
 }

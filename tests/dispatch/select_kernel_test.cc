@@ -582,6 +582,15 @@ void ExpectEachTakes(const Registry& registry, const std::vector<MoeProblem>& pr
   }
 }
 
+// An identity GEMM of `format` x `format` (E experts, tpe rows each on average, N x K)
+// whose rows a top-k router spread.
+MoeProblem RoutedProblem(DataFormat format, int64_t e, int64_t tpe, int64_t n, int64_t k,
+                         int top_k) {
+  MoeProblem p = Problem(format, format, Activation::kIdentity, e, tpe, n, k);
+  p.routed_top_k = top_k;
+  return p;
+}
+
 // Qwen3-30B-A3B's GEMM2 at 4,096 tokens routed top-8 (32,768 rows) and Mixtral-8x7B's at
 // 4,096 tokens routed top-2 (8,192 rows): the 128x192 tile ran them in 1/1.16 and 1/1.20
 // of the 128x128 tile's time. With the 128x128 tile's calibration the model priced the
@@ -591,12 +600,8 @@ void ExpectEachTakes(const Registry& registry, const std::vector<MoeProblem>& pr
 TEST(SelectRoutedTest, Fp8WideTileWinsTheRoutedPrefillGemms) {
   auto r = RegistryOf(FamilyFp8TallTiles());
   ASSERT_TRUE(r.ok()) << r.status();
-  MoeProblem qwen3 = Problem(DataFormat::kFp8, DataFormat::kFp8, Activation::kIdentity, 128, 256,
-                             2048, 768);
-  qwen3.routed_top_k = 8;
-  MoeProblem mixtral = Problem(DataFormat::kFp8, DataFormat::kFp8, Activation::kIdentity, 8,
-                               1024, 4096, 14336);
-  mixtral.routed_top_k = 2;
+  const MoeProblem qwen3 = RoutedProblem(DataFormat::kFp8, 128, 256, 2048, 768, 8);
+  const MoeProblem mixtral = RoutedProblem(DataFormat::kFp8, 8, 1024, 4096, 14336, 2);
   ExpectEachTakes(*r, {qwen3, mixtral}, "fp8_identity_m128n192k128");
   std::vector<testing::TestKernel> equal = FamilyFp8TallTiles();
   equal[1].extras = equal[0].extras;
@@ -619,10 +624,7 @@ TEST(SelectRoutedTest, Fp8BlockWideTileWinsTheRoutedPrefillGemms) {
   auto r = RegistryOf(tiles(0.78));
   ASSERT_TRUE(r.ok()) << r.status();
   auto routed = [](int64_t e, int64_t tpe, int64_t n, int64_t k, int top_k) {
-    MoeProblem p = Problem(DataFormat::kFp8Block, DataFormat::kFp8Block,
-                           Activation::kIdentity, e, tpe, n, k);
-    p.routed_top_k = top_k;
-    return p;
+    return RoutedProblem(DataFormat::kFp8Block, e, tpe, n, k, top_k);
   };
   const std::vector<MoeProblem> wide = {routed(128, 256, 1536, 2048, 8),
                                         routed(128, 256, 2048, 768, 8),
@@ -648,9 +650,7 @@ TEST(SelectRoutedTest, Bf16TallTileWinsTheRoutedPrefillGemms) {
   for (const auto& [e, tpe, n, k] : std::vector<std::array<int64_t, 4>>{
            {128, 256, 1536, 2048}, {128, 256, 2048, 768}, {256, 128, 4096, 7168},
            {256, 128, 7168, 2048}}) {
-    problems.push_back(
-        Problem(DataFormat::kBf16, DataFormat::kBf16, Activation::kIdentity, e, tpe, n, k));
-    problems.back().routed_top_k = 8;
+    problems.push_back(RoutedProblem(DataFormat::kBf16, e, tpe, n, k, 8));
   }
   ExpectEachTakes(*r, problems, "bf16_identity_m128n256k64");
 }
