@@ -28,7 +28,9 @@
 //     per stage by the converters); with TMA-copied bf16 they are byte lane % 4 of each
 //     of the block's four words (a 16-byte load, three prmt, DecodeE2m1x8: about 3; nvfp4
 //     weights take each 16-element half's scale, both exact in bf16);
-//   - the scale bytes of its two rows come from global memory as words, one k-tile ahead;
+//   - the scale bytes of its two rows: where converters run, staged by them in shared
+//     memory with the stage (one load per row and k-tile); else from global memory as
+//     words, one k-tile ahead;
 //   - the epilogue goes through shared memory to put x0 next to x1 (gated) and to store
 //     16 bytes of a token's row at a time; nvfp4's global scales are applied there.
 // Scheduling is generation 2's persistent one (kernels/moe_gemm_tma_common.cuh) over
@@ -61,6 +63,30 @@ __device__ __forceinline__ void PinRegs(uint32_t (&a)[4], uint32_t (&b)[4], uint
 }
 __device__ __forceinline__ void StShared8(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// A row's k-tile of weight scale words as the converters staged them (kWords 2 or 4).
+template <int kWords>
+__device__ __forceinline__ void LdSharedWords(uint32_t addr, uint32_t (&out)[kWords]) {
+  static_assert(kWords == 2 || kWords == 4, "8 or 16 bytes");
+  if constexpr (kWords == 2) {
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(out[0]), "=r"(out[1]) : "r"(addr));
+  } else {
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
+                 : "r"(addr));
+  }
+}
+template <int kWords>
+__device__ __forceinline__ void StSharedWords(uint32_t addr, const uint32_t (&v)[kWords]) {
+  static_assert(kWords == 2 || kWords == 4, "8 or 16 bytes");
+  if constexpr (kWords == 2) {
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(addr), "r"(v[0]), "r"(v[1])
+                 : "memory");
+  } else {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]),
+                 "r"(v[2]), "r"(v[3])
+                 : "memory");
+  }
 }
 __device__ __forceinline__ uint32_t LdShared32(uint32_t addr) {
   uint32_t v;
@@ -187,6 +213,11 @@ struct MoeGemmFp4 {
   // 2^0, so the converters flag every stage whose weight scales hold a larger byte
   // (kScaleFlags), and the consumers decode those stages with two multiplies as before.
   static constexpr bool kScaleFlags = kPermuted && !kNv;
+  // The converters stage each k-tile's weight scale words in shared memory (MakeFp4Layout),
+  // and the consumers read them there instead of from global memory.
+  static constexpr bool kStageScales = L.wscale_stage_bytes > 0;
+  static_assert(!kStageScales || (kPermuted && L.wscale_row_bytes == 4 * kScaleWords),
+                "staged scales: a row's k-tile of scale words per converter store");
   // Registers moved from the producer warpgroup to the consumers (MakeFp4Layout).
   static constexpr bool kShiftRegs = L.consumer_regs > 0;
   // nvfp4's one-multiply decodes (permuted tiles) give the weights and nvfp4 activations
@@ -313,12 +344,15 @@ struct MoeGemmFp4 {
     StageRing<ST> ring;
     float acc[kRegs];
     // The number of M tiles (the tile prefix's last entry) is read from shared memory
-    // every tile: kept in a register, ptxas spilled it, and the reload at each tile's
-    // start missed L1 (3% of the consumers' stall samples on gpt-oss-120b decode).
+    // every tile, and the tile count derived from it and N: kept in registers, ptxas
+    // spilled them, and the reload at each tile's start missed L1 (3% of the consumers'
+    // stall samples on gpt-oss-120b decode).
     const uint32_t m_tiles_addr = SmemAddr(c.pre + c.experts);
-    for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
+    for (int64_t tile = blockIdx.x;; tile += gridDim.x) {
       const int64_t m_tiles = static_cast<int>(LdShared32(m_tiles_addr));
-      const MoeTile t = TileAt(tile, m_tiles, c.n_tiles, c.experts, TT, c.off, c.pre);
+      const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, W);
+      if (tile >= m_tiles * n_tiles) break;
+      const MoeTile t = TileAt(tile, m_tiles, n_tiles, c.experts, TT, c.off, c.pre);
       // This thread's two weight rows in B and their scale rows (rows past the last
       // expert are clamped: their outputs are never stored).
       auto scale_row = [&](int r) {
@@ -329,8 +363,10 @@ struct MoeGemmFp4 {
       // The scale bytes of k-tile 0 (as words), then each k-tile loads the next one's.
       const int row_bytes = kNv ? kb16 : kb;
       uint32_t sa[kScaleWords], sb[kScaleWords];
-      LoadScaleWords(sc_a, 0, row_bytes, sa);
-      LoadScaleWords(sc_b, 0, row_bytes, sb);
+      if constexpr (!kStageScales) {
+        LoadScaleWords(sc_a, 0, row_bytes, sa);
+        LoadScaleWords(sc_b, 0, row_bytes, sb);
+      }
       MainLoop(c, w, sc_a, sc_b, kb, row_bytes, signals, sa, sb, ring, acc);
       Epilogue(p, t, ep, acc, lane, w);
     }
@@ -353,12 +389,19 @@ struct MoeGemmFp4 {
     for (int kt = 0; kt < c.num_kt; ++kt) {
       // Past the last k-tile nothing is read (the row has ended). Aligned after this
       // k-tile's wgmma, by when the loads have landed.
-      const ScaleWords<kScaleWords> na =
-          ScaleWordsLoad<kScaleWords>(sc_a, (kt + 1) * 4 * kScaleWords, row_bytes);
-      const ScaleWords<kScaleWords> nb =
-          ScaleWordsLoad<kScaleWords>(sc_b, (kt + 1) * 4 * kScaleWords, row_bytes);
+      ScaleWords<kScaleWords> na{}, nb{};
+      if constexpr (!kStageScales) {
+        na = ScaleWordsLoad<kScaleWords>(sc_a, (kt + 1) * 4 * kScaleWords, row_bytes);
+        nb = ScaleWordsLoad<kScaleWords>(sc_b, (kt + 1) * 4 * kScaleWords, row_bytes);
+      }
       MbarWait(c.full_bar + 8 * ring.s, ring.phase);
       if constexpr (kRawBoxes > 0) MbarWait(c.conv_bar + 8 * ring.s, ring.phase);
+      if constexpr (kStageScales) {
+        // This k-tile's scale words of the two rows, staged by the converters (`conv`).
+        const uint32_t ws = c.smem_base + L.wscale_offset + ring.s * L.wscale_stage_bytes;
+        LdSharedWords<kScaleWords>(ws + w.r_a * L.wscale_row_bytes, sa);
+        LdSharedWords<kScaleWords>(ws + w.r_b * L.wscale_row_bytes, sb);
+      }
       // The stage's flag is the same word for every consumer thread, so both KTile bodies
       // (each with its own wgmma) are taken by whole warpgroups.
       const int blocks = kb - kt * 8;
@@ -378,8 +421,10 @@ struct MoeGemmFp4 {
       WgmmaWait<0>();
       prev = ring.s;
       ring.Advance();
-      ScaleWordsAlign(na, sa);
-      ScaleWordsAlign(nb, sb);
+      if constexpr (!kStageScales) {
+        ScaleWordsAlign(na, sa);
+        ScaleWordsAlign(nb, sb);
+      }
     }
     WgmmaWait<0>();
     FenceRegs(acc);
@@ -618,6 +663,17 @@ struct MoeGemmFp4 {
   // K are not decoded (the consumers skip them). Per stage: waits on `full` (the
   // producer's copies have landed), arrives on `conv` once the panels are written and
   // fenced for wgmma.
+  // The tile rows whose weight scales converter ct stages: row ct in the first pass and,
+  // where the converters are fewer than the rows (96 of 128), the rest in a second pass
+  // by the last warps, which have the fewest activation items (none at 8 tokens: 64
+  // items, one per thread from the first). -1: none.
+  static constexpr int kScaleRows = kConverters > 0 ? (W + kConverters - 1) / kConverters : 1;
+  static_assert(kScaleRows <= 2, "two passes of converters cover a tile's weight rows");
+  __device__ __forceinline__ static int ScaleRow(int pass, int ct) {
+    if (pass == 0) return ct < W ? ct : -1;
+    const int r = ct + W - kConverters;  // rows kConverters .. W - 1 for the last threads
+    return r >= kConverters ? r : -1;
+  }
   __device__ __forceinline__ static void Convert(const Cta& c, int ct) {
     const MoeGemmParams& p = c.pv.g;
     constexpr int kScaleBlock = AF == kMxfp8 ? 32 : 16;
@@ -630,23 +686,21 @@ struct MoeGemmFp4 {
       const MoeTile t = TileAt(tile, c.m_tiles, c.n_tiles, p.num_experts, TT, c.off, c.pre);
       for (int kt = 0; kt < c.num_kt; ++kt) {
         const int k_rem = p.k - kt * kMoeGemmFp4KTile;
-        // mxfp4: the words holding the k-tile's weight scale bytes of tile rows ct, ct +
-        // kConverters, ..., as the consumers load them (the same words: every byte a
-        // consumer's aligned words hold is among them), OR-ed after the wait below: a
-        // byte of 128 or more (a scale above 2^0, or NaN) flags the stage. The rows'
-        // addresses are recomputed each k-tile: kept across the k-tile loop, the two
-        // pointers spilled the converters (64 registers at 8 and 16 tokens).
-        constexpr int kFlagRows = kScaleFlags ? (W + kConverters - 1) / kConverters : 0;
-        ScaleWords<2> sw[kFlagRows > 0 ? kFlagRows : 1];
-        if constexpr (kScaleFlags) {
+        // The words holding the k-tile's weight scale bytes of this thread's tile rows
+        // (ScaleRow), loaded before the wait below, aligned and stored after it for the
+        // consumers. mxfp4: a byte of 128 or more among the k-tile's (a scale above 2^0,
+        // or NaN) flags the stage. The rows' addresses are recomputed each k-tile: kept
+        // across the k-tile loop, the two pointers spilled the converters (64 registers
+        // at 8 and 16 tokens).
+        const int row_bytes = kNv ? p.k / 16 : p.k / 32;
+        ScaleWords<kScaleWords> sw[kScaleRows];
 #pragma unroll
-          for (int i = 0; i < kFlagRows; ++i) {
-            const int r = i * kConverters + ct;
-            sw[i] = r < W ? ScaleWordsLoad<2>(
-                                WeightScaleRow(p, t, r, b_scale, p.k / 32, weight_rows),
-                                kt * 8, p.k / 32)
-                          : ScaleWords<2>{};
-          }
+        for (int i = 0; i < kScaleRows; ++i) {
+          const int r = ScaleRow(i, ct);
+          sw[i] = r >= 0 ? ScaleWordsLoad<kScaleWords>(
+                              WeightScaleRow(p, t, r, b_scale, row_bytes, weight_rows),
+                              kt * 4 * kScaleWords, row_bytes)
+                        : ScaleWords<kScaleWords>{};
         }
         uint32_t sc[kConvItems];
 #pragma unroll
@@ -662,13 +716,23 @@ struct MoeGemmFp4 {
           }
         }
         MbarWait(c.full_bar + 8 * ring.s, ring.phase);
-        if constexpr (kScaleFlags) {
-          // One byte per checking warp. The consumers read the stage's previous flag before
-          // releasing it, which was before the producer refilled it: writing after `full`
-          // is safe, and `conv` publishes it.
-          uint32_t wide = 0;
+        // The stage's scale slots (and its flag) were last read by the consumers before
+        // they released the stage, which was before the producer refilled it: writing
+        // after `full` is safe, and `conv` publishes them.
+        const uint32_t ws = c.smem_base + L.wscale_offset + ring.s * L.wscale_stage_bytes;
+        uint32_t wide = 0;  // mxfp4: the k-tile's scale bytes of this thread's rows, OR-ed
 #pragma unroll
-          for (int i = 0; i < kFlagRows; ++i) wide |= sw[i].w[0] | sw[i].w[1] | sw[i].w[2];
+        for (int i = 0; i < kScaleRows; ++i) {
+          const int r = ScaleRow(i, ct);
+          if (r >= 0) {
+            uint32_t aligned[kScaleWords];
+            ScaleWordsAlign(sw[i], aligned);
+            if constexpr (kScaleFlags) wide |= aligned[0] | aligned[1];
+            StSharedWords<kScaleWords>(ws + r * L.wscale_row_bytes, aligned);
+          }
+        }
+        if constexpr (kScaleFlags) {
+          // One byte per checking warp.
           const bool flagged = __any_sync(0xFFFFFFFFu, (wide & 0x80808080u) != 0);
           if (ct < W && ct % 32 == 0) {
             StShared8(c.smem_base + L.flag_offset + 4 * ring.s + ct / 32, flagged ? 1u : 0u);

@@ -149,10 +149,15 @@ CUBIST_HD constexpr MoeGemmTmaLayout MakeTmaLayout(MoeFormat w, MoeFormat a, int
 // into the bf16 panels, signalling a third barrier per stage.
 //   [stages x (weights W x 128 B, bf16 activations 4 x TT x 128 B, raw activations)]
 //   [mbarriers: full, empty, converted (raw activations only)] [scale flags: a word per
-//   stage (raw activations only)] [offsets, tile prefix] [epilogue min(TT, 64) x W fp32]
-// (The weights' block scales are read from global memory, one k-tile ahead. The
-// converters also read the mxfp4 ones and flag the stages whose scales exceed 2^0, which
-// the consumers decode with two multiplies instead of one.)
+//   stage (raw activations only)] [offsets, tile prefix] [weight scales: stages x W x
+//   8 B (mxfp4) or 16 B (nvfp4), raw activations only] [epilogue min(TT, 64) x W fp32]
+// (Where converters run (raw activations), they also stage each k-tile's weight scale
+// bytes, aligned, for the consumers, who read them from shared memory with one load per
+// row instead of three to five unaligned global loads each: on decode shapes those loads
+// were the consumers' largest stall (long scoreboard) and the four lanes of a row loaded
+// the same words. The converters flag the mxfp4 stages whose scales exceed 2^0, which
+// the consumers decode with two multiplies instead of one. Kernels without converters
+// read the scales from global memory, one k-tile ahead.)
 inline constexpr int kMoeGemmFp4KTile = 256;
 
 // bf16 activations of tiles with at most this many tokens also go through the converter,
@@ -183,6 +188,8 @@ struct MoeGemmFp4Layout {
   int consumer_regs = 0, producer_regs = 0;
   int w_stage_bytes = 0, a_stage_bytes = 0, raw_stage_bytes = 0, stage_bytes = 0;
   int barrier_offset = 0, flag_offset = 0, sched_offset = 0, epilogue_offset = 0;
+  // The converters' weight scale bytes per stage (0: the consumers read global memory).
+  int wscale_offset = 0, wscale_row_bytes = 0, wscale_stage_bytes = 0;
   int epilogue_tokens = 0;  // tokens the epilogue stages at a time (at most 64, or 32)
   int smem_bytes = 0;
   const char* error = nullptr;
@@ -205,7 +212,11 @@ CUBIST_HD constexpr MoeGemmFp4Layout MakeFp4Layout(MoeFormat w, MoeFormat a, int
   const bool raw = l.raw_stage_bytes > 0;
   l.flag_offset = l.barrier_offset + (raw ? 3 : 2) * stages * 8;
   l.sched_offset = l.barrier_offset + RoundUp((raw ? 3 * 8 + 4 : 2 * 8) * stages, 128);
-  l.epilogue_offset = l.sched_offset + kMoeGemmTmaSchedBytes;
+  l.wscale_offset = RoundUp(l.sched_offset + kMoeGemmTmaSchedBytes, 128);
+  l.wscale_row_bytes = raw ? kMoeGemmFp4KTile / (w == kNvfp4 ? 16 : 32) : 0;
+  l.wscale_stage_bytes = tile_n * l.wscale_row_bytes;
+  l.epilogue_offset = raw ? l.wscale_offset + stages * l.wscale_stage_bytes
+                          : l.sched_offset + kMoeGemmTmaSchedBytes;
   // At most 64 tokens at a time; 32 where raw activations take stage space (a third
   // pipeline stage for 64 tokens of mxfp8).
   const int ep_max = l.raw_stage_bytes > 0 ? 32 : 64;

@@ -162,6 +162,38 @@ TEST(MoeGemmFp4LayoutTest, ScaleFlagsLieBetweenTheBarriersAndTheScheduler) {
   }
 }
 
+// Where converters run (raw activations), each stage has a slot of the k-tile's weight
+// scale bytes per tile row (256 / 32 = 8 for mxfp4, 256 / 16 = 16 for nvfp4), 16-byte
+// aligned, after the scheduler's arrays and before the epilogue; without converters the
+// consumers read global memory and the layout has no slots. 8-token mxfp4 x bf16 tiles
+// keep two CTAs per SM with 3 stages (4 held them before the slots: 4 KB more pass the
+// 113 KB a CTA may take).
+TEST(MoeGemmFp4LayoutTest, ConvertersStageTheWeightScales) {
+  struct Case {
+    MoeFormat w, a;
+    int tm, stages, row_bytes;
+  };
+  for (const Case& c : {Case{kMxfp4, kBf16, 8, 3, 8}, Case{kMxfp4, kMxfp8, 32, 4, 8},
+                        Case{kNvfp4, kNvfp4, 128, 2, 16}, Case{kNvfp4, kBf16, 8, 3, 16},
+                        Case{kMxfp4, kBf16, 16, 3, 0}, Case{kNvfp4, kBf16, 128, 2, 0}}) {
+    SCOPED_TRACE(testing::Message() << c.tm << " tokens, " << c.stages << " stages");
+    const MoeGemmFp4Layout l = MakeFp4Layout(c.w, c.a, c.tm, 128, c.stages);
+    ASSERT_EQ(l.error, nullptr);
+    EXPECT_EQ(l.wscale_row_bytes, c.row_bytes);
+    EXPECT_EQ(l.wscale_stage_bytes, 128 * c.row_bytes);
+    EXPECT_EQ(c.row_bytes > 0, l.raw_stage_bytes > 0);
+    if (c.row_bytes > 0) {
+      EXPECT_EQ(l.wscale_offset % 16, 0);
+      EXPECT_GE(l.wscale_offset, l.sched_offset + kMoeGemmTmaSchedBytes);
+      EXPECT_EQ(l.epilogue_offset, l.wscale_offset + c.stages * 128 * c.row_bytes);
+    } else {
+      EXPECT_EQ(l.epilogue_offset, l.sched_offset + kMoeGemmTmaSchedBytes);
+    }
+  }
+  EXPECT_EQ(MakeFp4Layout(kMxfp4, kBf16, 8, 128, 3).ctas_per_sm, 2);
+  EXPECT_EQ(MakeFp4Layout(kMxfp4, kBf16, 8, 128, 4).ctas_per_sm, 1);
+}
+
 // Two CTAs per SM launch with 80 registers a thread (65536 / (2 x 384), rounded down to 8);
 // the consumer warpgroups take 88 of them from the producer warpgroup's 64, exactly the
 // CTA's pool (setmaxnreg.inc past it would wait forever). A CTA alone on its SM with a
@@ -172,7 +204,7 @@ TEST(MoeGemmFp4LayoutTest, TwoCtasPerSmMoveRegistersToTheConsumers) {
     MoeFormat w, a;
     int tm, stages, ctas_per_sm;
   };
-  for (const Case& c : {Case{kMxfp4, kBf16, 8, 4, 2}, Case{kMxfp4, kMxfp8, 16, 3, 2},
+  for (const Case& c : {Case{kMxfp4, kBf16, 8, 3, 2}, Case{kMxfp4, kMxfp8, 16, 3, 2},
                         Case{kNvfp4, kNvfp4, 8, 4, 2}, Case{kMxfp4, kBf16, 16, 3, 2},
                         Case{kMxfp4, kBf16, 64, 3, 1}, Case{kNvfp4, kNvfp4, 128, 2, 1},
                         Case{kMxfp4, kMxfp8, 64, 3, 1}}) {
