@@ -168,24 +168,29 @@ TEST(MoeGemmFp4LayoutTest, ScaleFlagsLieBetweenTheBarriersAndTheScheduler) {
 // consumers read global memory and the layout has no slots. 8-token mxfp4 x bf16 tiles
 // keep two CTAs per SM with 3 stages (4 held them before the slots: 4 KB more pass the
 // 113 KB a CTA may take).
+// An fp4 layout of 128 weight rows and what a test expects of it.
+struct Fp4Case {
+  MoeFormat w, a;
+  int tm, stages, expected;
+  MoeGemmFp4Layout Layout() const { return MakeFp4Layout(w, a, tm, 128, stages); }
+};
+
 TEST(MoeGemmFp4LayoutTest, ConvertersStageTheWeightScales) {
-  struct Case {
-    MoeFormat w, a;
-    int tm, stages, row_bytes;
-  };
-  for (const Case& c : {Case{kMxfp4, kBf16, 8, 3, 8}, Case{kMxfp4, kMxfp8, 32, 4, 8},
-                        Case{kNvfp4, kNvfp4, 128, 2, 16}, Case{kNvfp4, kBf16, 8, 3, 16},
-                        Case{kMxfp4, kBf16, 16, 3, 0}, Case{kNvfp4, kBf16, 128, 2, 0}}) {
+  // expected: the slot bytes per row (0: no slots).
+  for (const Fp4Case& c : {Fp4Case{kMxfp4, kBf16, 8, 3, 8}, Fp4Case{kMxfp4, kMxfp8, 32, 4, 8},
+                           Fp4Case{kNvfp4, kNvfp4, 128, 2, 16}, Fp4Case{kNvfp4, kBf16, 8, 3, 16},
+                           Fp4Case{kMxfp4, kBf16, 16, 3, 0}, Fp4Case{kNvfp4, kBf16, 128, 2, 0}}) {
     SCOPED_TRACE(testing::Message() << c.tm << " tokens, " << c.stages << " stages");
-    const MoeGemmFp4Layout l = MakeFp4Layout(c.w, c.a, c.tm, 128, c.stages);
+    const MoeGemmFp4Layout l = c.Layout();
+    const int row_bytes = c.expected;
     ASSERT_EQ(l.error, nullptr);
-    EXPECT_EQ(l.wscale_row_bytes, c.row_bytes);
-    EXPECT_EQ(l.wscale_stage_bytes, 128 * c.row_bytes);
-    EXPECT_EQ(c.row_bytes > 0, l.raw_stage_bytes > 0);
-    if (c.row_bytes > 0) {
+    EXPECT_EQ(l.wscale_row_bytes, row_bytes);
+    EXPECT_EQ(l.wscale_stage_bytes, 128 * row_bytes);
+    EXPECT_EQ(row_bytes > 0, l.raw_stage_bytes > 0);
+    if (row_bytes > 0) {
       EXPECT_EQ(l.wscale_offset % 16, 0);
       EXPECT_GE(l.wscale_offset, l.sched_offset + kMoeGemmTmaSchedBytes);
-      EXPECT_EQ(l.epilogue_offset, l.wscale_offset + c.stages * 128 * c.row_bytes);
+      EXPECT_EQ(l.epilogue_offset, l.wscale_offset + c.stages * 128 * row_bytes);
     } else {
       EXPECT_EQ(l.epilogue_offset, l.sched_offset + kMoeGemmTmaSchedBytes);
     }
@@ -200,19 +205,16 @@ TEST(MoeGemmFp4LayoutTest, ConvertersStageTheWeightScales) {
 // warpgroup of converters (512 threads, 128 a thread) gives its consumers 160 and both
 // other warpgroups 96; one CTA of 384 threads keeps its launch registers (168).
 TEST(MoeGemmFp4LayoutTest, TwoCtasPerSmMoveRegistersToTheConsumers) {
-  struct Case {
-    MoeFormat w, a;
-    int tm, stages, ctas_per_sm;
-  };
-  for (const Case& c : {Case{kMxfp4, kBf16, 8, 3, 2}, Case{kMxfp4, kMxfp8, 16, 3, 2},
-                        Case{kNvfp4, kNvfp4, 8, 4, 2}, Case{kMxfp4, kBf16, 16, 3, 2},
-                        Case{kMxfp4, kBf16, 64, 3, 1}, Case{kNvfp4, kNvfp4, 128, 2, 1},
-                        Case{kMxfp4, kMxfp8, 64, 3, 1}}) {
+  // expected: CTAs per SM.
+  for (const Fp4Case& c : {Fp4Case{kMxfp4, kBf16, 8, 3, 2}, Fp4Case{kMxfp4, kMxfp8, 16, 3, 2},
+                           Fp4Case{kNvfp4, kNvfp4, 8, 4, 2}, Fp4Case{kMxfp4, kBf16, 16, 3, 2},
+                           Fp4Case{kMxfp4, kBf16, 64, 3, 1}, Fp4Case{kNvfp4, kNvfp4, 128, 2, 1},
+                           Fp4Case{kMxfp4, kMxfp8, 64, 3, 1}}) {
     SCOPED_TRACE(testing::Message() << c.tm << " tokens, " << c.stages << " stages");
-    const MoeGemmFp4Layout l = MakeFp4Layout(c.w, c.a, c.tm, 128, c.stages);
+    const MoeGemmFp4Layout l = c.Layout();
     ASSERT_EQ(l.error, nullptr);
-    ASSERT_EQ(l.ctas_per_sm, c.ctas_per_sm);
-    if (c.ctas_per_sm == 2) {
+    ASSERT_EQ(l.ctas_per_sm, c.expected);
+    if (c.expected == 2) {
       EXPECT_EQ(l.threads, 384);
       EXPECT_EQ(l.consumer_regs, 88);
       EXPECT_EQ(l.producer_regs, 64);
