@@ -360,7 +360,8 @@ struct MoeGemmFp4 {
       };
       const uint8_t* sc_a = scale_row(w.r_a);
       const uint8_t* sc_b = scale_row(w.r_b);
-      // The scale bytes of k-tile 0 (as words), then each k-tile loads the next one's.
+      // Without converters, the scale bytes of k-tile 0 (as words), then each k-tile loads
+      // the next one's.
       const int row_bytes = kNv ? kb16 : kb;
       uint32_t sa[kScaleWords], sb[kScaleWords];
       if constexpr (!kStageScales) {
@@ -652,17 +653,6 @@ struct MoeGemmFp4 {
     }
   }
 
-  // The converters (warps 1-3 of the producer warpgroup, plus a warpgroup of their own in
-  // large one-per-SM tiles; ct = 0 .. kConverters - 1): for every stage the producer
-  // fills, decode the raw activations (mxfp8: e4m3 x ue8m0 per 32; nvfp4: e2m1 x e4m3 per
-  // 16) into the bf16 panels the consumers' wgmma reads, in the permuted k order
-  // (kPermuted): within each 32-element block, 8-element chunk m (m = 0..3) holds the
-  // pairs (element 8c + m, element 8c + m + 4) for c = 0..3. Each thread owns fixed (row,
-  // block) items of the tile; the scale bytes are loaded before waiting for the stage.
-  // Rows past T read the last row's scales (their outputs are never stored); blocks past
-  // K are not decoded (the consumers skip them). Per stage: waits on `full` (the
-  // producer's copies have landed), arrives on `conv` once the panels are written and
-  // fenced for wgmma.
   // The tile rows whose weight scales converter ct stages: row ct in the first pass and,
   // where the converters are fewer than the rows (96 of 128), the rest in a second pass
   // by the last warps, which have the fewest activation items (none at 8 tokens: 64
@@ -674,6 +664,17 @@ struct MoeGemmFp4 {
     const int r = ct + W - kConverters;  // rows kConverters .. W - 1 for the last threads
     return r >= kConverters ? r : -1;
   }
+  // The converters (warps 1-3 of the producer warpgroup, plus a warpgroup of their own in
+  // large one-per-SM tiles; ct = 0 .. kConverters - 1): for every stage the producer
+  // fills, decode the raw activations (mxfp8: e4m3 x ue8m0 per 32; nvfp4: e2m1 x e4m3 per
+  // 16) into the bf16 panels the consumers' wgmma reads, in the permuted k order
+  // (kPermuted): within each 32-element block, 8-element chunk m (m = 0..3) holds the
+  // pairs (element 8c + m, element 8c + m + 4) for c = 0..3. Each thread owns fixed (row,
+  // block) items of the tile; the scale bytes are loaded before waiting for the stage.
+  // Rows past T read the last row's scales (their outputs are never stored); blocks past
+  // K are not decoded (the consumers skip them). Per stage: waits on `full` (the
+  // producer's copies have landed), arrives on `conv` once the panels and the weight
+  // scale slots (ScaleRow) are written and fenced for wgmma.
   __device__ __forceinline__ static void Convert(const Cta& c, int ct) {
     const MoeGemmParams& p = c.pv.g;
     constexpr int kScaleBlock = AF == kMxfp8 ? 32 : 16;
