@@ -64,16 +64,16 @@ __device__ __forceinline__ void PinRegs(uint32_t (&a)[4], uint32_t (&b)[4], uint
 __device__ __forceinline__ void StShared8(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
-// A row's k-tile of weight scale words as the converters staged them (kWords 2 or 4).
+// A row's k-tile of weight scale words as the converters staged them (kWords 2 or 4; the
+// 16-byte case is LdShared128 / StShared128).
 template <int kWords>
 __device__ __forceinline__ void LdSharedWords(uint32_t addr, uint32_t (&out)[kWords]) {
   static_assert(kWords == 2 || kWords == 4, "8 or 16 bytes");
   if constexpr (kWords == 2) {
     asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(out[0]), "=r"(out[1]) : "r"(addr));
   } else {
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
-                 : "r"(addr));
+    const uint4 v = LdShared128(addr);
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
   }
 }
 template <int kWords>
@@ -83,9 +83,7 @@ __device__ __forceinline__ void StSharedWords(uint32_t addr, const uint32_t (&v)
     asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(addr), "r"(v[0]), "r"(v[1])
                  : "memory");
   } else {
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]),
-                 "r"(v[2]), "r"(v[3])
-                 : "memory");
+    StShared128(addr, make_uint4(v[0], v[1], v[2], v[3]));
   }
 }
 __device__ __forceinline__ uint32_t LdShared32(uint32_t addr) {
