@@ -70,6 +70,7 @@ inline moe::MoeGemmParams ParamsOf(const MoeGemmArgs& args) {
   p.out = reinterpret_cast<void*>(args.out);
   p.bias = reinterpret_cast<const float*>(args.bias);
   p.out_scale = reinterpret_cast<const float*>(args.out_scale);
+  if (args.settled_inputs) p.flags |= moe::kMoeGemmFlagSettledInputs;
   if (args.a_row_map != 0) {
     p.a_row_map = reinterpret_cast<const int32_t*>(args.a_row_map);
     p.a_row_divisor = static_cast<int32_t>(args.a_row_divisor);

@@ -76,6 +76,13 @@ struct MoeGemmArgs {
   // caller that knows an early launch would crowd this grid's CTAs onto the SMs the
   // previous kernel frees first (MoeLayer's GEMM2 after a ragged GEMM1).
   bool stream_order = false;
+  // The offsets and every weight-side input (b, b_scale, b_global_scale, alpha, beta,
+  // limit, bias) were complete before the kernel launched just before this one returned
+  // from its grid-dependency wait (kernels/moe_gemm_abi.h, kMoeGemmFlagSettledInputs):
+  // the kernel may read them before its own wait, and only A waits for that kernel.
+  // MoeLayer's GEMMs say so where it holds; a caller that cannot vouch for it leaves it
+  // false (a wrong true may read offsets or weights before their writer has finished).
+  bool settled_inputs = false;
   int64_t n = 0;        // B rows per expert (both halves when gated)
   int64_t k = 0;
   // Device pointers (0 = absent), as kernels/moe_gemm_abi.h's MoeGemmParams.

@@ -732,6 +732,11 @@ MoeGemmArgs MoeLayer::GemmArgs(const MoeLayerArgs& a, int gemm, CUdeviceptr ws,
     g.a_global_scale = ws + w.global_scales + (first ? 0 : 4);
   }
   if (decoded) g.a = ws + (first ? w.rows : w.quantized);  // bf16 values, not nvfp4 bytes
+  // The sort wrote the offsets two launches before GEMM1 (a gather or quantize kernel in
+  // between, which waits for the sort before it lets GEMM1 launch) and before GEMM2; the
+  // weights are the caller's, complete before the layer's first kernel waited. A GEMM1
+  // that gathers itself follows the sort directly: its offsets are not settled.
+  g.settled_inputs = !(first && gather_fused_);
   if (first && gather_fused_) {
     // GEMM1 reads hidden_states' rows through the sort's row map (a is the pass's
     // hidden states and a_rows its rows: RunExperts sets both; the layout's row capacity

@@ -133,6 +133,15 @@ CUBIST_HD constexpr bool MoeGemmEncodes(MoeActivation a) {
 // The one kernel parameter, passed by value (cuLaunchKernel's kernelParams[0] points
 // at it). All pointers are device pointers; "null" marks an optional input.
 // Layout is fixed: 8-byte fields are 8-byte aligned, sizeof == 136 (checked below).
+// MoeGemmParams::flags. kMoeGemmFlagSettledInputs: offsets, B and its scales (and the
+// per-expert parameters) were complete before the kernel that precedes this launch in the
+// stream returned from its grid-dependency wait - true where that kernel waits before it
+// lets this one launch and reads nothing the writer of those inputs did not finish (the
+// MoE layer's GEMMs after a gather or quantize kernel, and GEMM2). The kernel may then
+// read them before its own wait: only A (with its scales and row map) waits for the
+// previous kernel. Kernels that predate the bit ignore it, which is always correct.
+inline constexpr int32_t kMoeGemmFlagSettledInputs = 1;
+
 struct MoeGemmParams {
   int32_t abi;          // kMoeGemmAbi as the caller fills it (MoeGemmParamsInit); the
                         // launcher sets the kernel's version inside MoeGemmParamsV2
@@ -140,7 +149,7 @@ struct MoeGemmParams {
   int32_t num_tokens;   // T >= 0: rows of A and of out
   int32_t n;            // N: rows of each expert's B, both halves when gated
   int32_t k;            // K >= 1
-  int32_t flags;        // reserved, 0
+  int32_t flags;        // kMoeGemmFlag* bits; 0 for a plain call
   const void* a;        // [T, K] activations, activation format
   const void* b;        // [E, N, K] weights, weight format
   const void* a_scale;  // block scales of A (formats above), else null

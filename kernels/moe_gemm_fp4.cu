@@ -264,8 +264,13 @@ struct MoeGemmFp4 {
         }
       }
     }
+    // Settled inputs: the first tile's weights for the first stages go out before the
+    // wait for the previous kernel (PipelinePrologue); Produce then adds the activations.
+    auto pre_wait = [&](int64_t m_tiles) {
+      PreIssueWeights(pv, m_tiles, off, pre, full_bar, smem_base);
+    };
     const int64_t m_tiles =
-        PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers, TT, off, pre);
+        PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers, TT, off, pre, 1, pre_wait);
     const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, W);
     const Cta c{pv, smem, smem_base, full_bar, empty_bar, conv_bar, off, pre, E, m_tiles, n_tiles,
                 m_tiles * n_tiles, (p.k + kMoeGemmFp4KTile - 1) / kMoeGemmFp4KTile};
@@ -286,9 +291,11 @@ struct MoeGemmFp4 {
   }
 
   // The producer (thread 0): per stage, waits for `empty` (the consumers released it) and
-  // issues its TMA copies (IssueStage), which complete on `full`.
+  // issues its TMA copies (IssueStage), which complete on `full`. With settled inputs the
+  // first tile's first stages have their weights in flight already (Run's pre_wait).
   __device__ __forceinline__ static void Produce(const Cta& c) {
     const MoeGemmParams& p = c.pv.g;
+    const bool settled = SettledInputs(p);
     StageRing<ST> ring;
     for (int64_t tile = blockIdx.x; tile < c.tiles; tile += gridDim.x) {
       const MoeTile t = TileAt(tile, c.m_tiles, c.n_tiles, c.experts, TT, c.off, c.pre);
@@ -297,7 +304,8 @@ struct MoeGemmFp4 {
       for (int kt = 0; kt < c.num_kt; ++kt) {
         MbarWait(c.empty_bar + 8 * ring.s, ring.phase ^ 1);
         IssueStage(c.pv, t, w_row, kt, c.full_bar + 8 * ring.s,
-                   c.smem_base + ring.s * L.stage_bytes);
+                   c.smem_base + ring.s * L.stage_bytes,
+                   settled && tile == blockIdx.x && kt < ST);
         ring.Advance();
       }
     }
@@ -608,9 +616,40 @@ struct MoeGemmFp4 {
   // The producer's copies of one stage: expect its bytes on `full`, then the weights (128
   // bytes = 256 elements of K per row; the gate half N/2 rows down) and the activations.
   // w_row: the tile's first weight row (t.e * N + t.n_tile * kWRows).
+  // Settled inputs (PipelinePrologue's pre_wait, thread 0): the weights of the first
+  // tile's first stages, their bytes expected without an arrival. Not inlined, so that
+  // its registers do not weigh on the rest of the kernel (moe_gemm_tma.cu's PreIssueB).
+  __device__ __noinline__ static void PreIssueWeights(const MoeGemmParamsV2& pv,
+                                                      int64_t m_tiles, const int* off,
+                                                      const int* pre, uint32_t full_bar,
+                                                      uint32_t smem_base) {
+    const MoeGemmParams& p = pv.g;
+    const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, W);
+    if (blockIdx.x >= m_tiles * n_tiles) return;
+    const MoeTile t = TileAt(blockIdx.x, m_tiles, n_tiles, p.num_experts, TT, off, pre);
+    const int num_kt = (p.k + kMoeGemmFp4KTile - 1) / kMoeGemmFp4KTile;
+    for (int kt = 0; kt < ST && kt < num_kt; ++kt) {
+      MbarExpectTx(full_bar + 8 * kt, L.w_stage_bytes);
+      IssueWeights(pv, t.e * p.n + t.n_tile * kWRows, kt, full_bar + 8 * kt,
+                   smem_base + kt * L.stage_bytes);
+    }
+  }
+
+  // Weights: 128 bytes (256 elements) of K per row; the gate half N/2 rows down.
+  __device__ __forceinline__ static void IssueWeights(const MoeGemmParamsV2& pv, int w_row,
+                                                      int kt, uint32_t full, uint32_t w_dst) {
+    TmaLoad2d(w_dst, &pv.b_map, kt * kMoeGemmTmaBoxBytes, w_row, full);
+    if constexpr (kGated) {
+      TmaLoad2d(w_dst + kWRows * kMoeGemmTmaBoxBytes, &pv.b_map, kt * kMoeGemmTmaBoxBytes,
+                w_row + pv.g.n / 2, full);
+    }
+  }
+
+  // weights_issued: the stage's weights are in flight already (Run's pre_wait, their
+  // bytes expected): only the activations are issued, with the stage's arrival.
   __device__ __forceinline__ static void IssueStage(const MoeGemmParamsV2& pv, const MoeTile& t,
                                                     int w_row, int kt, uint32_t full,
-                                                    uint32_t w_dst) {
+                                                    uint32_t w_dst, bool weights_issued) {
     const MoeGemmParams& p = pv.g;
     const uint32_t a_dst = w_dst + L.w_stage_bytes;
     const int k_rem = p.k - kt * kMoeGemmFp4KTile;
@@ -623,12 +662,12 @@ struct MoeGemmFp4 {
       constexpr int kElems = kMoeGemmFp4KTile / kRawBoxes;
       boxes = min(kRawBoxes, (k_rem + kElems - 1) / kElems);
     }
-    MbarArriveExpectTx(full, L.w_stage_bytes + boxes * TT * kMoeGemmTmaBoxBytes);
-    // Weights: 128 bytes (256 elements) of K per row; the gate half N/2 rows down.
-    TmaLoad2d(w_dst, &pv.b_map, kt * kMoeGemmTmaBoxBytes, w_row, full);
-    if constexpr (kGated) {
-      TmaLoad2d(w_dst + kWRows * kMoeGemmTmaBoxBytes, &pv.b_map,
-                kt * kMoeGemmTmaBoxBytes, w_row + p.n / 2, full);
+    const uint32_t a_bytes = boxes * TT * kMoeGemmTmaBoxBytes;
+    if (weights_issued) {
+      MbarArriveExpectTx(full, a_bytes);
+    } else {
+      MbarArriveExpectTx(full, L.w_stage_bytes + a_bytes);
+      IssueWeights(pv, w_row, kt, full, w_dst);
     }
     if constexpr (kRawBoxes == 0) {
 #pragma unroll

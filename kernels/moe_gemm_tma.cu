@@ -127,9 +127,15 @@ struct MoeGemmTma {
     if (E < 1 || E > kMoeGemmTmaMaxExperts) return;
 
     // Clusters schedule pairs of M tiles (TM * CL rows); the CTA of rank r takes the r-th.
+    // Settled inputs: single CTAs issue their first tile's B for the first stages before
+    // the wait for the previous kernel (PipelinePrologue); Produce then adds A. (A cluster
+    // peer's barriers are not known to be initialised before ClusterSync.)
+    auto pre_wait = [&](int64_t m_tiles) {
+      if constexpr (CL == 1 && !GA) PreIssueB(pv, m_tiles, off, pre, full_bar, smem_base);
+    };
     const int64_t m_tiles = PipelinePrologue<ST>(pv, full_bar, empty_bar, kConsumers * CL,
                                                  TM * CL, off, pre,
-                                                 GA ? 1 + 32 * kGatherWarps : 1);
+                                                 GA ? 1 + 32 * kGatherWarps : 1, pre_wait);
     const uint32_t rank = CL > 1 ? ClusterRank() : 0;
     // The peer's barriers are initialised before any multicast or remote arrival.
     if constexpr (CL > 1) ClusterSync();
@@ -150,6 +156,35 @@ struct MoeGemmTma {
     Consume(c, wg - 1);
   }
 
+  // Settled inputs (PipelinePrologue's pre_wait, thread 0): B of the first tile's first
+  // stages, their bytes expected without an arrival. Not inlined: inlined, its registers
+  // made ptxas spill the consumers' tile bounds (fp8 128x128, 20 bytes).
+  __device__ __noinline__ static void PreIssueB(const MoeGemmParamsV2& pv, int64_t m_tiles,
+                                                const int* off, const int* pre,
+                                                uint32_t full_bar, uint32_t smem_base) {
+    const MoeGemmParams& p = pv.g;
+    const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, TN);
+    if (blockIdx.x >= m_tiles * n_tiles) return;
+    const Tile t = TileAt(blockIdx.x, m_tiles, n_tiles, p.num_experts, TM, off, pre);
+    const int num_kt = (p.k + kBoxElems - 1) / kBoxElems;
+    for (int kt = 0; kt < ST && kt < num_kt; ++kt) {
+      MbarExpectTx(full_bar + 8 * kt, kBStageTx);
+      IssueB(pv, t.e * p.n + t.n_tile * kBRows, kt, full_bar + 8 * kt,
+             smem_base + kt * L.stage_bytes + L.a_stage_bytes);
+    }
+  }
+
+  // B's rows of k-tile kt for a single CTA (both halves when gated: the gate half N/2
+  // rows further down the expert's B).
+  __device__ __forceinline__ static void IssueB(const MoeGemmParamsV2& pv, int b_row, int kt,
+                                                uint32_t full, uint32_t b_dst) {
+    TmaLoad2d(b_dst, &pv.b_map, kt * kBoxElems, b_row, full);
+    if constexpr (kGated) {
+      TmaLoad2d(b_dst + kBRows * kMoeGemmTmaBoxBytes, &pv.b_map, kt * kBoxElems,
+                b_row + pv.g.n / 2, full);
+    }
+  }
+
   // The producer warpgroup: one thread issues every stage's TMA loads (A's rows, B's rows
   // or, in a cluster, this CTA's share of them multicast to both); the others leave.
   __device__ __forceinline__ static void Produce(const Cta& c) {
@@ -160,6 +195,8 @@ struct MoeGemmTma {
       if constexpr (CL > 1) ClusterSync();
       return;
     }
+    // Settled inputs: the first tile's first stages have B in flight (Run's pre_wait).
+    const bool settled = CL == 1 && SettledInputs(p);
     StageRing<ST> ring;
     for (int64_t tile = blockIdx.x / CL; tile < c.tiles; tile += gridDim.x / CL) {
       Tile t = TileAt(tile, c.m_tiles, c.n_tiles, c.num_experts, TM * CL, c.off, c.pre);
@@ -172,15 +209,11 @@ struct MoeGemmTma {
         const uint32_t full = c.full_bar + 8 * ring.s;
         const uint32_t a_dst = c.smem_base + ring.s * L.stage_bytes;
         const uint32_t b_dst = a_dst + L.a_stage_bytes;
-        MbarArriveExpectTx(full, kStageTx);
+        const bool b_issued = settled && tile == blockIdx.x && kt < ST;
+        MbarArriveExpectTx(full, b_issued ? kStageTx - kBStageTx : kStageTx);
         TmaLoad2d(a_dst, &c.pv.a_map, kt * kBoxElems, t.row_begin, full);
         if constexpr (CL == 1) {
-          TmaLoad2d(b_dst, &c.pv.b_map, kt * kBoxElems, b_row, full);
-          if constexpr (kGated) {
-            // The gate half: rows N/2 further down the expert's B.
-            TmaLoad2d(b_dst + kBRows * kMoeGemmTmaBoxBytes, &c.pv.b_map, kt * kBoxElems,
-                      b_row + p.n / 2, full);
-          }
+          if (!b_issued) IssueB(c.pv, b_row, kt, full, b_dst);
         } else {
           const uint32_t share = c.rank * kBShare;
           TmaLoad2dMulticast(b_dst + share * kMoeGemmTmaBoxBytes, &c.pv.b_map, kt * kBoxElems,

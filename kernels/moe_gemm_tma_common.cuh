@@ -26,6 +26,13 @@ __device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
 __device__ __forceinline__ void MbarArrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// Raises the phase's expected bytes without arriving: for copies issued before the
+// stage's one arrival, which MbarArriveExpectTx then makes with the rest of the bytes.
+__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
 __device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
                "r"(bytes)
@@ -123,13 +130,20 @@ struct MoeTile {
   int n_tile;
 };
 
+__device__ __forceinline__ bool SettledInputs(const MoeGemmParams& p) {
+  return (p.flags & kMoeGemmFlagSettledInputs) != 0;
+}
+
 // off[0..E] = offsets clamped to [0, T]; pre[e] = M tiles (of tm rows) of experts < e.
 // Every thread of the CTA calls it; it ends with a barrier.
 __device__ __forceinline__ void BuildTilePrefix(const MoeGemmParams& p, int tm, int* off,
                                                 int* pre) {
   const int E = p.num_experts, T = p.num_tokens;
+  // From the L2 (ld.global.cg), never the SM's L1: with settled inputs this read comes
+  // before the grid-dependency wait, and a line an earlier kernel left in this SM's L1
+  // may hold the previous step's offsets.
   for (int i = threadIdx.x; i <= E; i += blockDim.x) {
-    off[i] = min(max(__ldg(p.offsets + i), 0), T);
+    off[i] = min(max(__ldcg(p.offsets + i), 0), T);
   }
   __syncthreads();
   if (threadIdx.x < 32) {
@@ -193,10 +207,21 @@ __device__ __forceinline__ MoeTile TileAt(int64_t tile, int64_t m_tiles, int64_t
 // with its writes visible. The trigger then lets the next kernel's CTAs be scheduled as
 // this grid's CTAs exit: it waits for this grid's completion before its own reads, as
 // every kernel launched with the attribute must. Without the attribute both are no-ops.
-template <int kStages>
+//
+// With kMoeGemmFlagSettledInputs (the MoE layer's GEMMs; kernels/moe_gemm_abi.h) the
+// offsets and the weights were complete before the previous kernel's own wait returned,
+// so they may be read before this one's: the CTA builds the tile prefix first, and
+// thread 0 calls pre_wait(M tiles), where the producer issues its first tile's weight
+// copies. Only the activations then wait for the previous kernel. At one token that
+// takes the offsets' round trip and the first weights' off the step's critical path.
+struct NoPreWait {
+  __device__ void operator()(int64_t) const {}
+};
+template <int kStages, class PreWait = NoPreWait>
 __device__ __forceinline__ int64_t PipelinePrologue(const MoeGemmParamsV2& pv, uint32_t full_bar,
                                                     uint32_t empty_bar, int consumers, int tm,
-                                                    int* off, int* pre, int fills = 1) {
+                                                    int* off, int* pre, int fills = 1,
+                                                    PreWait pre_wait = {}) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       MbarInit(full_bar + 8 * s, fills);
@@ -206,10 +231,19 @@ __device__ __forceinline__ int64_t PipelinePrologue(const MoeGemmParamsV2& pv, u
     TmaPrefetchMap(&pv.a_map);
     TmaPrefetchMap(&pv.b_map);
   }
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  const bool settled = SettledInputs(pv.g);
+  if (!settled) {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  }
   BuildTilePrefix(pv.g, tm, off, pre);
-  return pre[pv.g.num_experts];
+  const int64_t m_tiles = pre[pv.g.num_experts];
+  if (settled) {
+    if (threadIdx.x == 0) pre_wait(m_tiles);
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  }
+  return m_tiles;
 }
 
 // A consumer's (or the producer's) position in the ring of `stages` stages.

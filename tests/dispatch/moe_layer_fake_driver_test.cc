@@ -381,6 +381,9 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
                                   : pair.a == DataFormat::kNvfp4 ? ws + pass->global_scales
                                                                  : 0;
     EXPECT_EQ(Addr(g1.a_global_scale), a1_global);
+    // A gather or quantize kernel sits between the sort and GEMM1: its offsets and
+    // weights may be read before its grid-dependency wait.
+    EXPECT_EQ(g1.flags, moe::kMoeGemmFlagSettledInputs);
 
     // GEMM2's input: GEMM1's output, quantized into its own array first.
     const size_t gemm2_at = quantized ? 4 : 3;
@@ -413,6 +416,7 @@ TEST_F(MoeLayerFakeDriverTest, EveryPairWiresEachStepToTheNext) {
                                       : 0;
     EXPECT_EQ(Addr(g2.a_global_scale), a2_global);
     EXPECT_EQ(g2.alpha, nullptr) << "GEMM2 is identity";
+    EXPECT_EQ(g2.flags, moe::kMoeGemmFlagSettledInputs);
 
     const auto f = launches.back().As<moe::MoeFinalizeParams>();
     EXPECT_EQ(f.num_tokens, 5);
@@ -635,6 +639,7 @@ TEST_F(MoeLayerFakeDriverTest, FusedGatherFeedsGemm1TheHiddenStatesThroughTheRow
       EXPECT_EQ(Addr(g1.a), ws + w->gathered);
       EXPECT_EQ(g1.a_row_map, nullptr);
       EXPECT_EQ(g1.a_row_divisor, 0) << "a version-3 kernel's padding stays zero";
+      EXPECT_EQ(g1.flags, moe::kMoeGemmFlagSettledInputs);
       continue;
     }
     ASSERT_THAT(Names(launches), ElementsAre("cubist_moe_route_sort",
@@ -651,6 +656,9 @@ TEST_F(MoeLayerFakeDriverTest, FusedGatherFeedsGemm1TheHiddenStatesThroughTheRow
     EXPECT_EQ(Addr(g1.out), ws + w->activated);
     EXPECT_EQ(Addr(g2.a), ws + w->activated);
     EXPECT_EQ(g2.a_row_map, nullptr) << "GEMM2 reads GEMM1's rows in order";
+    // GEMM1 follows the sort directly: its offsets are not settled before its wait.
+    EXPECT_EQ(g1.flags, 0);
+    EXPECT_EQ(g2.flags, moe::kMoeGemmFlagSettledInputs);
   }
 
   // Weights applied on input scale the rows in the gather kernel: "auto" keeps it.

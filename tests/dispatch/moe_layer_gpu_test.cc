@@ -769,6 +769,34 @@ TEST(MoeLayerGpuTest, ExpertParallelPreRoutedWithDroppedIds) {
   for (int i = 0; i < 256; ++i) ASSERT_EQ(r.out[i], 0) << "token 0, column " << i;
 }
 
+// Decode-sized expert parallelism: up to 32 slots are sorted by one warp (WarpSort),
+// reached through the route-and-sort kernel (routing from logits: experts of other ranks)
+// and through the fused sort (pre-routed ids, some of no expert at all).
+TEST(MoeLayerGpuTest, ExpertParallelAtDecode) {
+  CUBIST_REQUIRE_GPU();
+  for (int t : {1, 3, 8}) {
+    for (bool pre_routed : {false, true}) {
+      Case c;
+      c.options = Small();
+      c.options.local_expert_offset = 4;
+      c.options.num_local_experts = 8;  // experts 4..11 live here
+      c.tokens = t;
+      c.pre_routed = pre_routed;
+      if (pre_routed) {
+        std::mt19937_64 rng(40 + t);
+        std::uniform_int_distribution<int> id(-3, 19);
+        for (int i = 0; i < t * 4; ++i) c.ids.push_back(id(rng));
+        c.ids[1] = -1;  // dropped
+        c.ids[2] = 16;  // past the last expert: dropped
+        c.ids[3] = 2;   // another rank's
+      }
+      SCOPED_TRACE(absl::StrCat("T=", t, pre_routed ? " pre-routed" : " routed"));
+      const Result r = RunAndCheck(c, 600 + t + (pre_routed ? 50 : 0));
+      if (pre_routed) EXPECT_GE(r.dropped, 2);
+    }
+  }
+}
+
 TEST(MoeLayerGpuTest, AccumulatesIntoOut) {
   CUBIST_REQUIRE_GPU();
   Case c;

@@ -303,6 +303,21 @@ TEST_F(RuntimeFakeDriverTest, ProgrammaticLaunchOnlyForKernelsThatWait) {
   EXPECT_EQ(attrs_of("bf16_swiglu_m64n64", true), 0u);
 }
 
+// MoeGemmArgs::settled_inputs is the kernel's kMoeGemmFlagSettledInputs bit; a plain call
+// leaves the flags 0, so that no kernel reads its offsets or weights before its wait.
+TEST_F(RuntimeFakeDriverTest, SettledInputsReachTheKernelOnlyWhenSaid) {
+  auto rt = Open();
+  ASSERT_NE(rt, nullptr);
+  auto gemm = MoeGemm::Create(*rt, MoeGemmOptions{});
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  MoeGemmArgs args = Args(128, 128 * 8, 5760, 2880);
+  ASSERT_TRUE((*gemm)->Run(args, nullptr).ok());
+  EXPECT_EQ(driver_.launches().back().gemm().flags, 0);
+  args.settled_inputs = true;
+  ASSERT_TRUE((*gemm)->Run(args, nullptr).ok());
+  EXPECT_EQ(driver_.launches().back().gemm().flags, moe::kMoeGemmFlagSettledInputs);
+}
+
 // The expert counts generation 1 alone served before generation 2 ran groups of experts:
 // a multiple of 1,024 runs as that many full groups, and 1,024 as one launch.
 TEST_F(RuntimeFakeDriverTest, ExpertCountsThatAreMultiplesOfAGroupRunFullGroups) {
