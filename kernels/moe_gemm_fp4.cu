@@ -613,9 +613,6 @@ struct MoeGemmFp4 {
     wb = LdShared32(addr + 1024);
   }
 
-  // The producer's copies of one stage: expect its bytes on `full`, then the weights (128
-  // bytes = 256 elements of K per row; the gate half N/2 rows down) and the activations.
-  // w_row: the tile's first weight row (t.e * N + t.n_tile * kWRows).
   // Settled inputs (PipelinePrologue's pre_wait, thread 0): the weights of the first
   // tile's first stages, their bytes expected without an arrival. Not inlined, so that
   // its registers do not weigh on the rest of the kernel (moe_gemm_tma.cu's PreIssueB).
@@ -624,15 +621,12 @@ struct MoeGemmFp4 {
                                                       const int* pre, uint32_t full_bar,
                                                       uint32_t smem_base) {
     const MoeGemmParams& p = pv.g;
-    const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, W);
-    if (blockIdx.x >= m_tiles * n_tiles) return;
-    const MoeTile t = TileAt(blockIdx.x, m_tiles, n_tiles, p.num_experts, TT, off, pre);
-    const int num_kt = (p.k + kMoeGemmFp4KTile - 1) / kMoeGemmFp4KTile;
-    for (int kt = 0; kt < ST && kt < num_kt; ++kt) {
-      MbarExpectTx(full_bar + 8 * kt, L.w_stage_bytes);
-      IssueWeights(pv, t.e * p.n + t.n_tile * kWRows, kt, full_bar + 8 * kt,
-                   smem_base + kt * L.stage_bytes);
-    }
+    PreIssueFirstTile<ST>(p, m_tiles, MoeGemmNTiles(p.n, ACT, W), TT, off, pre,
+                          (p.k + kMoeGemmFp4KTile - 1) / kMoeGemmFp4KTile, full_bar,
+                          L.w_stage_bytes, [&](const MoeTile& t, int kt, uint32_t full) {
+                            IssueWeights(pv, t.e * p.n + t.n_tile * kWRows, kt, full,
+                                         smem_base + kt * L.stage_bytes);
+                          });
   }
 
   // Weights: 128 bytes (256 elements) of K per row; the gate half N/2 rows down.
@@ -645,8 +639,10 @@ struct MoeGemmFp4 {
     }
   }
 
-  // weights_issued: the stage's weights are in flight already (Run's pre_wait, their
-  // bytes expected): only the activations are issued, with the stage's arrival.
+  // The producer's copies of one stage: expect its bytes on `full`, then the weights
+  // (IssueWeights) and the activations. w_row: the tile's first weight row (t.e * N +
+  // t.n_tile * kWRows). weights_issued: the stage's weights are in flight already (Run's
+  // pre_wait, their bytes expected): only the activations are issued, with the arrival.
   __device__ __forceinline__ static void IssueStage(const MoeGemmParamsV2& pv, const MoeTile& t,
                                                     int w_row, int kt, uint32_t full,
                                                     uint32_t w_dst, bool weights_issued) {

@@ -163,15 +163,12 @@ struct MoeGemmTma {
                                                 const int* off, const int* pre,
                                                 uint32_t full_bar, uint32_t smem_base) {
     const MoeGemmParams& p = pv.g;
-    const int64_t n_tiles = MoeGemmNTiles(p.n, ACT, TN);
-    if (blockIdx.x >= m_tiles * n_tiles) return;
-    const Tile t = TileAt(blockIdx.x, m_tiles, n_tiles, p.num_experts, TM, off, pre);
-    const int num_kt = (p.k + kBoxElems - 1) / kBoxElems;
-    for (int kt = 0; kt < ST && kt < num_kt; ++kt) {
-      MbarExpectTx(full_bar + 8 * kt, kBStageTx);
-      IssueB(pv, t.e * p.n + t.n_tile * kBRows, kt, full_bar + 8 * kt,
-             smem_base + kt * L.stage_bytes + L.a_stage_bytes);
-    }
+    PreIssueFirstTile<ST>(p, m_tiles, MoeGemmNTiles(p.n, ACT, TN), TM, off, pre,
+                          (p.k + kBoxElems - 1) / kBoxElems, full_bar, kBStageTx,
+                          [&](const Tile& t, int kt, uint32_t full) {
+                            IssueB(pv, t.e * p.n + t.n_tile * kBRows, kt, full,
+                                   smem_base + kt * L.stage_bytes + L.a_stage_bytes);
+                          });
   }
 
   // B's rows of k-tile kt for a single CTA (both halves when gated: the gate half N/2

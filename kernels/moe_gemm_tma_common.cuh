@@ -246,6 +246,23 @@ __device__ __forceinline__ int64_t PipelinePrologue(const MoeGemmParamsV2& pv, u
   return m_tiles;
 }
 
+// Settled inputs, the producer's part of pre_wait (thread 0): for the CTA's first tile
+// (if it has one), each of its first stages' weight bytes expected on `full` without an
+// arrival and issue(tile, kt, full) issuing that stage's weight copies.
+template <int kStages, class IssueWeights>
+__device__ __forceinline__ void PreIssueFirstTile(const MoeGemmParams& p, int64_t m_tiles,
+                                                  int64_t n_tiles, int tm, const int* off,
+                                                  const int* pre, int num_kt,
+                                                  uint32_t full_bar, uint32_t bytes,
+                                                  IssueWeights issue) {
+  if (blockIdx.x >= m_tiles * n_tiles) return;
+  const MoeTile t = TileAt(blockIdx.x, m_tiles, n_tiles, p.num_experts, tm, off, pre);
+  for (int kt = 0; kt < kStages && kt < num_kt; ++kt) {
+    MbarExpectTx(full_bar + 8 * kt, bytes);
+    issue(t, kt, full_bar + 8 * kt);
+  }
+}
+
 // A consumer's (or the producer's) position in the ring of `stages` stages.
 template <int kStages>
 struct StageRing {
