@@ -302,7 +302,8 @@ __device__ __forceinline__ void RouteToken(const MoeRouteParams& p, int64_t t, f
   const int method = p.method;
   const bool ds = method == kRouteDeepSeekV3;
   if (ds) {
-    p.logits_bf16 ? StageScores<true, true>(p, t, a, lane) : StageScores<false, true>(p, t, a, lane);
+    p.logits_bf16 ? StageScores<true, true>(p, t, a, lane)
+                  : StageScores<false, true>(p, t, a, lane);
   } else {
     p.logits_bf16 ? StageScores<true, false>(p, t, a, lane)
                   : StageScores<false, false>(p, t, a, lane);
