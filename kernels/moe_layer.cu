@@ -129,10 +129,18 @@ __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-
 // A NaN logit counts as -inf in softmax sums and maxima.
 __device__ __forceinline__ float NanToNegInf(float x) { return x != x ? -INFINITY : x; }
 
+// Logit `at` (= t x E + i) of the kBf16 or fp32 logits.
+template <bool kBf16>
+__device__ __forceinline__ float LogitAt(const MoeRouteParams& p, int64_t at) {
+  if constexpr (kBf16) {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(p.logits)[at]);
+  } else {
+    return static_cast<const float*>(p.logits)[at];
+  }
+}
 __device__ __forceinline__ float Logit(const MoeRouteParams& p, int64_t t, int i) {
   const int64_t at = t * p.num_experts + i;
-  return p.logits_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.logits)[at])
-                       : static_cast<const float*>(p.logits)[at];
+  return p.logits_bf16 ? LogitAt<true>(p, at) : LogitAt<false>(p, at);
 }
 // The score deepseek_v3 selects on; the other methods select on the logit itself.
 __device__ __forceinline__ float Score(const MoeRouteParams& p, int64_t t, int i, bool ds) {
@@ -277,11 +285,7 @@ __device__ __forceinline__ void StageScores(const MoeRouteParams& p, int64_t t, 
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
       const int i = min(base + lane + 32 * u, E - 1);
-      if constexpr (kBf16) {
-        x[u] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.logits)[row + i]);
-      } else {
-        x[u] = static_cast<const float*>(p.logits)[row + i];
-      }
+      x[u] = LogitAt<kBf16>(p, row + i);
       b[u] = bias != nullptr ? bias[i] : 0.0f;
     }
 #pragma unroll
