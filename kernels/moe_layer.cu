@@ -162,7 +162,7 @@ __device__ __forceinline__ uint64_t LaneBest(const float* a, int n, int stride, 
 // Top-k of a[i * stride], i < n, in selection order: lane j < min(k, 32) returns the
 // index of slot j (-1 elsewhere). Each chosen entry is overwritten with kRemovedBits.
 // Stops early, leaving -1, when only removed entries are left (k > n).
-__device__ int WarpTopK(float* a, int n, int stride, int k, int lane) {
+__device__ __noinline__ int WarpTopK(float* a, int n, int stride, int k, int lane) {
   uint64_t best = LaneBest(a, n, stride, lane);
   int mine = -1;
   for (int j = 0; j < k; ++j) {
@@ -221,7 +221,8 @@ __device__ int WarpTopKInRegisters(const float* a, int n, int k, int lane) {
 // deepseek_v3's group limit on the staged scores a[0..E): a group's score is the sum of
 // its two largest scores (its only one when groups have one expert); the topk_group
 // best groups stay, every entry of the others is removed.
-__device__ void KeepBestGroups(const MoeRouteParams& p, int64_t t, float* a, int lane) {
+__device__ __noinline__ void KeepBestGroups(const MoeRouteParams& p, int64_t t, float* a,
+                                            int lane) {
   const int E = p.num_experts, groups = p.n_group;
   const int size = E / groups;
   // Each lane scores its groups and parks the score in the group's first entry: the
@@ -296,6 +297,15 @@ __device__ __forceinline__ void StageScores(const MoeRouteParams& p, int64_t t, 
   }
 }
 
+// deepseek_v3's staging (a sigmoid per entry, unrolled: 600 instructions) out of line,
+// as the group limit and the many-expert top-k are: at one token route-and-sort is bound
+// by instruction fetch, and the other methods' path then runs through fewer cache lines.
+__device__ __noinline__ void StageDeepSeekScores(const MoeRouteParams& p, int64_t t, float* a,
+                                                 int lane) {
+  p.logits_bf16 ? StageScores<true, true>(p, t, a, lane)
+                : StageScores<false, true>(p, t, a, lane);
+}
+
 // Routes token t with the calling warp: its selection scores staged in a[0..E), its ids
 // and weights written to topk_ids/topk_weights[t * k ...] (and the ids to
 // ids_shared[t * k ...] when given). The whole warp calls it.
@@ -306,8 +316,7 @@ __device__ __forceinline__ void RouteToken(const MoeRouteParams& p, int64_t t, f
   const int method = p.method;
   const bool ds = method == kRouteDeepSeekV3;
   if (ds) {
-    p.logits_bf16 ? StageScores<true, true>(p, t, a, lane)
-                  : StageScores<false, true>(p, t, a, lane);
+    StageDeepSeekScores(p, t, a, lane);
   } else {
     p.logits_bf16 ? StageScores<true, false>(p, t, a, lane)
                   : StageScores<false, false>(p, t, a, lane);
@@ -410,6 +419,7 @@ constexpr int kScanItems = (kMoeSortMaxExperts + 1 + kMoeSortThreads - 1) / kMoe
 // one pass, instead of a radix sort of a whole padded chunk: a few hundred shared-memory
 // reads against several block-wide passes.
 constexpr int kSmallSort = 256;
+static_assert(kMoeRouteSortMaxSlots <= kSmallSort, "route-and-sort sorts small only");
 static_assert(kSmallSort <= kMoeSortThreads, "one slot per thread");
 using SortBins = cub::BlockRadixSort<uint32_t, kMoeSortThreads, kSortItems, int32_t>;
 using ScanBins = cub::BlockScan<int32_t, kMoeSortThreads>;
@@ -558,13 +568,17 @@ namespace {
 
 // The whole sort of up to kMoeSortChunk slots by one CTA: histogram, offsets, ranks.
 // `ids`: p.topk_ids, or the route-and-sort kernel's shared copy of them (no global round
-// trip between its routing and its sort at decode).
+// trip between its routing and its sort at decode). kSmallOnly: at most kSmallSort slots
+// (route-and-sort's limit), so the radix sort is not compiled in - at one token that
+// kernel is bound by instruction fetch, and dead code between its live parts is fetched
+// too.
+template <bool kSmallOnly>
 __device__ __forceinline__ void SortOneChunk(const MoeSortParams& p, SortShared& s,
                                              const int32_t* ids) {
-  const int n = max(0, min(p.num_slots, kMoeSortChunk));
+  const int n = max(0, min(p.num_slots, kSmallOnly ? kSmallSort : kMoeSortChunk));
   ChunkHistogram(p, ids, 0, n, s.bins);
   PublishOffsets(p, s);
-  if (n <= kSmallSort) {
+  if (kSmallOnly || n <= kSmallSort) {
     SmallScatter(p, ids, n, s);
     return;
   }
@@ -581,7 +595,7 @@ extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
   __shared__ SortShared s;
   GridDependencyWait();
   LaunchDependents();
-  SortOneChunk(p, s, p.topk_ids);
+  SortOneChunk</*kSmallOnly=*/false>(p, s, p.topk_ids);
 }
 
 // Decode's routing and sort in one launch (one kernel boundary less on the critical path
@@ -602,7 +616,7 @@ extern "C" __global__ void __launch_bounds__(kMoeSortThreads, 1)
     RouteToken(p.route, warp, route_scores + warp * p.route.num_experts, lane, route_ids);
   }
   __syncthreads();
-  SortOneChunk(p.sort, s, route_ids);
+  SortOneChunk</*kSmallOnly=*/true>(p.sort, s, route_ids);
 }
 
 // Chunk c = blockIdx.x: chunk_counts[c * (L + 1) + e] = its slots of bin e, e = 0..L.
