@@ -38,4 +38,15 @@ echo half >"$foreign/half"
 rc=0; PATH=$tmp/fakebin:$PATH "$script" "$foreign" >"$tmp/out" 2>&1 || rc=$?
 ((rc == 3)) || fail "marked DIR: exit $rc, want 3: $(cat "$tmp/out")"
 [[ $(ls -A "$foreign") == .cubist-wheel-toolchain ]] || fail "marked DIR was not emptied"
+
+# A second caller waits for the build that holds DIR's lock, touching nothing meanwhile.
+echo half >"$foreign/half"
+flock "$foreign" sleep 5 >/dev/null 2>&1 &
+holder=$!
+sleep 0.5
+rc=0; PATH=$tmp/fakebin:$PATH timeout 2 "$script" "$foreign" >"$tmp/out" 2>&1 || rc=$?
+((rc == 124)) || fail "locked DIR: exit $rc, want 124 (still waiting): $(cat "$tmp/out")"
+[[ -f $foreign/half ]] || fail "locked DIR was changed while another build held it"
+kill "$holder" 2>/dev/null || true
+wait "$holder" 2>/dev/null || true
 echo "wheel-toolchain directory rules: ok"
